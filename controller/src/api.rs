@@ -1,0 +1,323 @@
+//! The `SingletonJob` API (`singleton.dev/v1alpha1`).
+//!
+//! Doc comments on these types become the CRD's OpenAPI descriptions, so they are written for the
+//! user who runs `kubectl explain singletonjob.spec`.
+
+use k8s_openapi::api::batch::v1::JobTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use crate::schedule::{DstPolicy, FoldPolicy, GapPolicy};
+
+/// API group of every resource this project defines.
+pub const GROUP: &str = "singleton.dev";
+
+/// Runs a Job from `jobTemplate` at most once per scheduled period, and hands every run a fencing
+/// token that only increases, so that a stale run's writes can be refused by the target database.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "singleton.dev",
+    version = "v1alpha1",
+    kind = "SingletonJob",
+    plural = "singletonjobs",
+    shortname = "sj",
+    category = "all",
+    namespaced,
+    status = "SingletonJobStatus",
+    derive = "PartialEq",
+    doc = "A scheduled Job that runs at most once per period, each run with a fencing token.",
+    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
+    printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
+    printcolumn(name = "Active", type_ = "integer", json_path = ".status.activeCount"),
+    printcolumn(
+        name = "Last Result",
+        type_ = "string",
+        json_path = ".status.lastResult"
+    ),
+    printcolumn(
+        name = "Last Schedule",
+        type_ = "date",
+        json_path = ".status.lastScheduleTime"
+    ),
+    printcolumn(
+        name = "Next",
+        type_ = "string",
+        json_path = ".status.nextScheduleTime"
+    ),
+    printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SingletonJobSpec {
+    /// When runs are due: standard 5-field cron (`minute hour day-of-month month day-of-week`),
+    /// 6 fields with leading seconds, or a macro (`@hourly`, `@daily`, `@weekly`, `@monthly`,
+    /// `@yearly`). When both day-of-month and day-of-week are restricted, a day matching either
+    /// runs (as in Vixie cron and CronJob). Check a schedule with `kubectl singleton schedule`.
+    #[x_kube(validation = Rule::new("self.trim() != ''").message("schedule must not be empty"))]
+    #[schemars(length(min = 1, max = 256))]
+    pub schedule: String,
+
+    /// IANA time zone the schedule is read in, such as `Europe/Berlin`. Default: UTC (never the
+    /// controller's local zone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub time_zone: Option<String>,
+
+    /// What to do with wall times that daylight-saving changes skip or repeat. The default runs a
+    /// skipped wall time once at the first instant after the gap, and a repeated one once, at its
+    /// first occurrence: never twice, never lost.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dst_policy: DstPolicy,
+
+    /// A period that cannot start within this many seconds of its scheduled instant is recorded as
+    /// Missed (reason DeadlineExceeded) instead of starting late. Unset: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 315_360_000))]
+    pub starting_deadline_seconds: Option<i64>,
+
+    /// What happens to periods that fell due while they could not start (the controller was down,
+    /// the SingletonJob was suspended, or a Forbid run was still active). `Latest` (default, like
+    /// CronJob) starts only the newest and records the older ones as Missed; `All` starts every one,
+    /// oldest first, each exactly once; `None` starts none of them late.
+    #[serde(default)]
+    pub catch_up: CatchUp,
+
+    /// Whether a new run may start while an earlier one is still active. `Forbid` (default): it
+    /// waits, or is Skipped when `catchUp` is `None`; `Replace`: the active run is fenced and
+    /// deleted first; `Allow`: runs overlap.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+
+    /// Stops new runs from starting; active runs continue. Periods falling due while suspended are
+    /// recorded as Skipped (reason Suspended) unless `catchUp` starts them on resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+
+    /// How many finished successful Jobs to keep. Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub successful_jobs_history_limit: Option<i32>,
+
+    /// How many finished failed Jobs to keep. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub failed_jobs_history_limit: Option<i32>,
+
+    /// How runs are protected beyond the Kubernetes API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<LockSpec>,
+
+    /// The Job created for each period, as in CronJob. Every container receives the environment
+    /// variables SINGLETON_JOB, SINGLETON_PERIOD, SINGLETON_FENCING_TOKEN and
+    /// SINGLETON_IDEMPOTENCY_KEY. `ttlSecondsAfterFinished` is not honoured: finished Jobs are pruned
+    /// by the history limits, so that a Job is never gone before its outcome is recorded.
+    #[schemars(schema_with = "job_template_schema")]
+    pub job_template: JobTemplateSpec,
+}
+
+fn is_default<T: Default + PartialEq>(t: &T) -> bool {
+    *t == T::default()
+}
+
+/// The pod template is validated by the API server when each Job is created (and by a dry run at
+/// reconcile time); embedding the full PodSpec schema would make the CRD several hundred KiB.
+fn job_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "A batch/v1 JobTemplateSpec (metadata and spec of the Job to create per period).",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Handling of periods that could not start on time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CatchUp {
+    /// Start no late period: each is recorded as Missed.
+    None,
+    /// Start only the newest late period within the deadline; older ones are recorded as Missed.
+    #[default]
+    Latest,
+    /// Start every late period within the deadline, oldest first, each exactly once.
+    All,
+}
+
+/// Overlap of runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ConcurrencyPolicy {
+    /// Never two active runs: a due period waits for the active one (or is Skipped with catchUp None).
+    #[default]
+    Forbid,
+    /// Fence and delete the active run, then start the new one.
+    Replace,
+    /// Runs may overlap.
+    Allow,
+}
+
+/// Protection of runs beyond the Kubernetes API.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockSpec {
+    /// `Correctness` (default): a run whose claim cannot be recorded in the configured backstop
+    /// does not start. `Efficiency`: the run starts anyway and status says the claim was skipped.
+    #[serde(default)]
+    pub purpose: LockPurpose,
+}
+
+/// Why the job is locked, after Kleppmann: for efficiency or for correctness.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum LockPurpose {
+    /// A double run is a bug: never start without every configured layer of defence.
+    #[default]
+    Correctness,
+    /// A double run only wastes work: prefer running over waiting for the backstop.
+    Efficiency,
+}
+
+/// Observed state, written only by the controller.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SingletonJobStatus {
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready, ScheduleValid, Suspended, ClockTrusted: Kubernetes API conventions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+
+    /// The highest fencing token issued to a run of this SingletonJob. Strictly increasing.
+    #[serde(default)]
+    pub fencing_token: u64,
+
+    /// Every scheduled period at or before this instant has been decided (started or recorded
+    /// with an outcome); periods after it are still to come. Moves only forward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_through: Option<Time>,
+
+    /// Fingerprint of schedule, time zone and DST policy that `decidedThrough` refers to; a change
+    /// restarts the schedule from the time of the change, so an edit never fires retroactively.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_fingerprint: Option<String>,
+
+    /// A period claimed (token issued) whose Job is not yet known to exist. Whoever acts next
+    /// creates that Job, with the same name and token, before doing anything else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_claim: Option<RunRef>,
+
+    /// The scheduled instant of the latest started run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<Time>,
+
+    /// When the latest successful run finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_time: Option<Time>,
+
+    /// Outcome of the latest finished or decided period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_result: Option<Outcome>,
+
+    /// The next scheduled instant (RFC 3339), for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_schedule_time: Option<String>,
+
+    /// The next three scheduled instants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub next_schedule_times: Vec<Time>,
+
+    /// Number of active runs.
+    #[serde(default)]
+    pub active_count: i32,
+
+    /// Runs whose Job exists and has not finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<RunRef>,
+
+    /// The most recent periods, newest first, with their outcome (bounded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+}
+
+/// One run: its period, token and Job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    /// The scheduled instant this run is for.
+    pub period: Time,
+    /// The fencing token issued to this run.
+    pub token: u64,
+    /// Name of the Job (deterministic per SingletonJob and period).
+    pub job_name: String,
+    /// When the claim was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_at: Option<Time>,
+}
+
+/// What happened to a period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Outcome {
+    /// The run is active.
+    Running,
+    /// The Job completed.
+    Succeeded,
+    /// The Job failed (or was deleted before it finished).
+    Failed,
+    /// The period was deliberately not run (suspend, Forbid with catchUp None).
+    Skipped,
+    /// The period could not be started in time (deadline, superseded by a newer period).
+    Missed,
+    /// The run was fenced and deleted for a newer one (concurrencyPolicy Replace).
+    Replaced,
+}
+
+/// A period and its outcome. Consecutive periods with the same outcome and reason that were never
+/// started are folded into one entry with `count` > 1 (from `period` to `lastPeriod`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    /// The scheduled instant (the first of a folded range).
+    pub period: Time,
+    /// The last scheduled instant of a folded range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_period: Option<Time>,
+    /// How many periods this entry stands for.
+    #[serde(default = "one")]
+    pub count: u64,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Why, as a CamelCase word (DeadlineExceeded, Superseded, Suspended, ConcurrencyForbid, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The run's Job, if one was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// The run's fencing token, if one was issued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// When the run started (claim time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the run finished, or when the outcome was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_time: Option<Time>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl SingletonJob {
+    /// `namespace/name`, the value of SINGLETON_JOB.
+    pub fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+}

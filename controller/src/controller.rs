@@ -1,0 +1,549 @@
+//! The reconcile loop: read what is, decide ([`crate::decide`]), act ([`crate::run`]), record.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+
+use crate::api::{HistoryEntry, Outcome, RunRef, SingletonJob};
+use crate::clock::ClockState;
+use crate::decide::{self, JobState, Observed, Waiting};
+use crate::schedule::Schedule;
+use crate::{Error, Result, conditions, naming, run};
+
+/// Entries kept in `status.history`.
+pub const HISTORY_LIMIT: usize = 20;
+const DEFAULT_SUCCESS_LIMIT: i32 = 3;
+const DEFAULT_FAILED_LIMIT: i32 = 1;
+
+/// Whether this replica may act, published on a channel (leader election feeds it; a single
+/// replica is always allowed). Checked before every write of the run path.
+#[derive(Clone)]
+pub struct Gate {
+    rx: watch::Receiver<GateState>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateState {
+    pub may_act: bool,
+    /// Leader epoch (the Lease's `leaseTransitions`), 0 without election.
+    pub epoch: u64,
+}
+
+impl Gate {
+    pub fn new(rx: watch::Receiver<GateState>) -> Self {
+        Gate { rx }
+    }
+
+    /// A gate that is always open (single-replica mode).
+    pub fn always() -> Self {
+        let (tx, rx) = watch::channel(GateState {
+            may_act: true,
+            epoch: 0,
+        });
+        // The sender lives as long as the process: the state never changes.
+        std::mem::forget(tx);
+        Gate { rx }
+    }
+
+    pub fn check(&self) -> Result<()> {
+        if self.rx.borrow().may_act {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.rx.borrow().epoch
+    }
+}
+
+/// Events for humans, one per state change they care about.
+pub struct Events {
+    recorder: Recorder,
+}
+
+impl Events {
+    async fn publish(
+        &self,
+        sj: &SingletonJob,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &sj.object_ref(&())).await {
+            tracing::warn!(sj = %sj.key(), error = %e, "could not publish event");
+        }
+    }
+
+    pub async fn run_started(&self, sj: &SingletonJob, run: &RunRef) {
+        let note = format!(
+            "Created Job {} for period {} with fencing token {}",
+            run.job_name,
+            naming::period_rfc3339(run.period.0),
+            run.token
+        );
+        self.publish(sj, EventType::Normal, "RunStarted", "StartRun", note)
+            .await;
+    }
+
+    async fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
+        let type_ = match e.outcome {
+            Outcome::Succeeded | Outcome::Running => EventType::Normal,
+            _ => EventType::Warning,
+        };
+        let what = match (&e.job_name, e.count) {
+            (Some(job), _) => format!("Job {job} (token {})", e.token.unwrap_or_default()),
+            (None, 1) => "period".to_string(),
+            (None, n) => format!(
+                "{n} periods through {}",
+                e.last_period
+                    .as_ref()
+                    .map(|t| naming::period_rfc3339(t.0))
+                    .unwrap_or_default()
+            ),
+        };
+        let note = format!(
+            "{what} from {} {:?}{}",
+            naming::period_rfc3339(e.period.0),
+            e.outcome,
+            e.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+        self.publish(
+            sj,
+            type_,
+            &format!("Run{:?}", e.outcome),
+            "RecordOutcome",
+            note,
+        )
+        .await;
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub events: Events,
+    /// Jobs labelled `singleton.dev/job`, kept current by a watch.
+    pub jobs: Store<Job>,
+    pub clock: watch::Receiver<ClockState>,
+    pub gate: Gate,
+}
+
+/// The state of a Job as the decision core sees it.
+fn job_state(job: &Job) -> JobState {
+    let status = job.status.as_ref();
+    let conds = status.and_then(|s| s.conditions.as_ref());
+    let done = |types: &[&str]| {
+        conds.and_then(|cs| {
+            cs.iter()
+                .find(|c| types.contains(&c.type_.as_str()) && c.status == "True")
+                .map(|c| {
+                    c.last_transition_time
+                        .as_ref()
+                        .map(|t| t.0)
+                        .unwrap_or_else(Timestamp::now)
+                })
+        })
+    };
+    if let Some(at) = done(&["Complete"]) {
+        JobState::Succeeded(
+            status
+                .and_then(|s| s.completion_time.as_ref())
+                .map(|t| t.0)
+                .unwrap_or(at),
+        )
+    } else if let Some(at) = done(&["Failed"]) {
+        JobState::Failed(at)
+    } else {
+        JobState::Active
+    }
+}
+
+/// The state of each active run's Job: from the cache, or from the API server when the cache does
+/// not have it (it may lag behind a Job we just created, and "gone" must be a fact, not a guess).
+async fn active_job_states(
+    ctx: &Context,
+    sj: &SingletonJob,
+    active: &[RunRef],
+) -> Result<HashMap<String, JobState>> {
+    let ns = sj.namespace().unwrap_or_default();
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut out = HashMap::new();
+    for run in active {
+        let cached = ctx.jobs.get(&ObjectRef::new(&run.job_name).within(&ns));
+        let state = match cached {
+            Some(job) => job_state(&job),
+            None => match api.get_opt(&run.job_name).await? {
+                Some(job) => job_state(&job),
+                None => JobState::Gone,
+            },
+        };
+        out.insert(run.job_name.clone(), state);
+    }
+    Ok(out)
+}
+
+pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
+    if sj.metadata.deletion_timestamp.is_some() {
+        // Owner references garbage-collect the Jobs.
+        return Ok(Action::await_change());
+    }
+    let now = Timestamp::now();
+    let generation = sj.metadata.generation;
+    let mut status = sj.status.clone().unwrap_or_default();
+
+    // A claim left half-done by a replica that died: finish it first, with its name and token.
+    if let Some(claim) = status.pending_claim.clone() {
+        run::complete_claim(&ctx, &sj, claim, &[]).await?;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+
+    status.observed_generation = generation;
+    let schedule = match Schedule::parse(
+        &sj.spec.schedule,
+        sj.spec.time_zone.as_deref(),
+        sj.spec.dst_policy,
+    ) {
+        Ok(s) => s,
+        Err(err) => {
+            let msg = err.to_string();
+            let mut changed = conditions::set(
+                &mut status.conditions,
+                conditions::SCHEDULE_VALID,
+                false,
+                "InvalidSchedule",
+                &msg,
+                generation,
+                now,
+            );
+            changed |= conditions::set(
+                &mut status.conditions,
+                conditions::READY,
+                false,
+                "InvalidSchedule",
+                &msg,
+                generation,
+                now,
+            );
+            status.next_schedule_time = None;
+            status.next_schedule_times.clear();
+            if changed || sj.status.as_ref().map(|s| s.observed_generation) != Some(generation) {
+                run::write_status(&ctx, &sj, status).await?;
+                ctx.events
+                    .publish(
+                        &sj,
+                        EventType::Warning,
+                        "InvalidSchedule",
+                        "ParseSchedule",
+                        msg,
+                    )
+                    .await;
+            }
+            // Nothing will change until the spec does.
+            return Ok(Action::await_change());
+        }
+    };
+
+    let states = active_job_states(&ctx, &sj, &status.active).await?;
+    let clock = *ctx.clock.borrow();
+    let created = sj
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now);
+    let obs = Observed {
+        now,
+        created,
+        clock_trusted: clock.trusted,
+        job_states: &states,
+    };
+    let plan = decide::plan(
+        &sj.spec,
+        &schedule,
+        status.decided_through.as_ref().map(|t| t.0),
+        status.schedule_fingerprint.as_deref(),
+        &status.active,
+        &obs,
+    );
+
+    // Record what the plan decided.
+    let mut new_entries: Vec<HistoryEntry> = Vec::new();
+    for (run, outcome, at) in &plan.finished {
+        if *outcome == Outcome::Succeeded {
+            status.last_successful_time = Some((*at).into());
+        }
+        let reason = matches!(states.get(&run.job_name), Some(JobState::Gone))
+            .then(|| decide::reason::JOB_DELETED.to_string());
+        // The run's "Running" entry becomes its outcome.
+        status
+            .history
+            .retain(|h| h.job_name.as_deref() != Some(&run.job_name));
+        new_entries.push(HistoryEntry {
+            period: run.period.clone(),
+            last_period: None,
+            count: 1,
+            outcome: *outcome,
+            reason,
+            job_name: Some(run.job_name.clone()),
+            token: Some(run.token),
+            start_time: run.claimed_at.clone(),
+            finish_time: Some((*at).into()),
+        });
+    }
+    new_entries.extend(plan.records.iter().cloned());
+    for e in &new_entries {
+        status.history.insert(0, e.clone());
+        status.last_result = Some(e.outcome);
+    }
+    status.history.truncate(HISTORY_LIMIT);
+    status.active = plan.still_active.clone();
+    status.active_count = status.active.len() as i32;
+    status.decided_through = plan.decided_through.map(Into::into);
+    status.schedule_fingerprint = Some(plan.fingerprint.clone());
+    let next: Vec<Timestamp> = schedule.iter_after(now).take(3).collect();
+    status.next_schedule_time = next.first().map(|t| naming::period_rfc3339(*t));
+    status.next_schedule_times = next.iter().map(|t| (*t).into()).collect();
+
+    // Conditions.
+    let suspended = sj.spec.suspend.unwrap_or(false);
+    let conds = &mut status.conditions;
+    conditions::set(
+        conds,
+        conditions::SCHEDULE_VALID,
+        true,
+        "Parsed",
+        format!(
+            "{} in {}",
+            schedule.expr(),
+            sj.spec.time_zone.as_deref().unwrap_or("UTC")
+        ),
+        generation,
+        now,
+    );
+    conditions::set(
+        conds,
+        conditions::SUSPENDED,
+        suspended,
+        if suspended { "Suspended" } else { "Active" },
+        "",
+        generation,
+        now,
+    );
+    let clock_msg = match clock.offset {
+        Some(o) => format!("API server clock minus local clock: {} ms", o.as_millis()),
+        None => "not measured yet".to_string(),
+    };
+    conditions::set(
+        conds,
+        conditions::CLOCK_TRUSTED,
+        clock.trusted,
+        if clock.trusted { "InSync" } else { "ClockSkew" },
+        clock_msg,
+        generation,
+        now,
+    );
+    let (ready, why) = match plan.waiting {
+        Some(Waiting::ClockUntrusted) => (false, "ClockSkew"),
+        _ => (true, "Scheduled"),
+    };
+    conditions::set(conds, conditions::READY, ready, why, "", generation, now);
+
+    // Act.
+    if let Some(period) = plan.start {
+        run::start(&ctx, &sj, status, period, &plan.replace).await?;
+    } else if sj.status.as_ref() != Some(&status) {
+        run::write_status(&ctx, &sj, status.clone()).await?;
+    }
+    for e in &new_entries {
+        ctx.events.recorded(&sj, e).await;
+    }
+
+    prune_jobs(&ctx, &sj).await?;
+
+    Ok(match plan.wake_at {
+        Some(at) => Action::requeue(until(now, at)),
+        None => Action::await_change(),
+    })
+}
+
+/// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.
+fn until(now: Timestamp, at: Timestamp) -> Duration {
+    let d = at.duration_since(now);
+    if d <= SignedDuration::ZERO {
+        return Duration::ZERO;
+    }
+    let ms = d.as_millis() as u64 + u64::from(d.subsec_nanos() % 1_000_000 != 0);
+    Duration::from_millis(ms)
+}
+
+/// Deletes finished Jobs beyond the history limits, oldest first. Only Jobs whose outcome is
+/// already recorded (not active, not a pending claim) are candidates.
+async fn prune_jobs(ctx: &Context, sj: &SingletonJob) -> Result<()> {
+    let ns = sj.namespace().unwrap_or_default();
+    let uid = sj.uid().unwrap_or_default();
+    let status = sj.status.clone().unwrap_or_default();
+    let keep_ok = sj
+        .spec
+        .successful_jobs_history_limit
+        .unwrap_or(DEFAULT_SUCCESS_LIMIT)
+        .max(0) as usize;
+    let keep_failed = sj
+        .spec
+        .failed_jobs_history_limit
+        .unwrap_or(DEFAULT_FAILED_LIMIT)
+        .max(0) as usize;
+    let mut ok = Vec::new();
+    let mut failed = Vec::new();
+    for job in ctx.jobs.state() {
+        let owned = job.namespace().as_deref() == Some(ns.as_str())
+            && job.owner_references().iter().any(|o| o.uid == uid);
+        let name = job.name_any();
+        let busy = status.active.iter().any(|r| r.job_name == name)
+            || status
+                .pending_claim
+                .as_ref()
+                .is_some_and(|r| r.job_name == name);
+        if !owned || busy {
+            continue;
+        }
+        match job_state(&job) {
+            JobState::Succeeded(at) => ok.push((at, name)),
+            JobState::Failed(at) => failed.push((at, name)),
+            _ => {}
+        }
+    }
+    for (list, keep) in [(&mut ok, keep_ok), (&mut failed, keep_failed)] {
+        list.sort();
+        let excess = list.len().saturating_sub(keep);
+        for (_, name) in list.drain(..excess) {
+            run::delete_job(ctx, sj, &name).await?;
+        }
+    }
+    Ok(())
+}
+
+fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Action {
+    match err {
+        // Someone else wrote first: re-read (the watch brings the new object) and decide again.
+        Error::Conflict(_) => Action::requeue(Duration::from_millis(50)),
+        Error::NotLeader => Action::await_change(),
+        _ => {
+            tracing::warn!(sj = %sj.key(), kind = err.kind(), error = %err, "reconcile failed");
+            Action::requeue(Duration::from_secs(5))
+        }
+    }
+}
+
+/// Configuration of a controller instance.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Watch only this namespace (all when None).
+    pub namespace: Option<String>,
+    /// Reporting controller name in Events.
+    pub reporter: String,
+    /// Instance name (pod name) in Events.
+    pub instance: Option<String>,
+    /// Largest tolerated difference between the local clock and the API server's.
+    pub max_clock_skew: SignedDuration,
+    /// How often the clocks are compared.
+    pub clock_check_interval: Duration,
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    cfg: Config,
+    gate: Gate,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let (sjs, jobs_api): (Api<SingletonJob>, Api<Job>) = match &cfg.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    // Fail fast with a clear message if the CRD is not installed.
+    sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
+
+    let (clock_tx, clock_rx) = watch::channel(ClockState::UNKNOWN);
+    if let Some(first) = crate::clock::measure(&client, cfg.max_clock_skew).await {
+        clock_tx.send_replace(first);
+    }
+    tokio::spawn(crate::clock::watch_clock(
+        client.clone(),
+        cfg.max_clock_skew,
+        cfg.clock_check_interval,
+        clock_tx,
+    ));
+
+    let (reader, writer) = reflector::store::<Job>();
+    let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
+    let job_stream = reflector::reflector(writer, watcher(jobs_api, job_watch))
+        .default_backoff()
+        .touched_objects();
+
+    let reporter = Reporter {
+        controller: cfg.reporter.clone(),
+        instance: cfg.instance.clone(),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        events: Events {
+            recorder: Recorder::new(client.clone(), reporter),
+        },
+        jobs: reader,
+        clock: clock_rx.clone(),
+        gate,
+    });
+
+    // A clock verdict that changes re-evaluates every SingletonJob.
+    let reconcile_all = WatchStream::from_changes(clock_rx).map(|_| ());
+
+    let (stop_tx, mut stop_rx) = watch::channel(());
+    tokio::spawn(async move {
+        shutdown.await;
+        stop_tx.send_replace(());
+    });
+
+    Controller::new(sjs, watcher::Config::default())
+        .owns_stream(job_stream)
+        .reconcile_all_on(reconcile_all)
+        .graceful_shutdown_on(async move {
+            // The controller wants a Sync future; a watch receiver is one.
+            let _ = stop_rx.changed().await;
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile error");
+            }
+        })
+        .await;
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! Pure decisions: given a SingletonJob's spec, its status, what is known of its Jobs, and the time,
+//! which periods are due and what to do now. No I/O and no clock here, so every rule is tested with
+//! fixed instants (see the tests below and the property tests).
+//!
+//! The model: `status.decidedThrough` is a cursor. Every scheduled period at or before it has been
+//! decided, either started (a claim was written) or recorded with an outcome and a reason. The
+//! periods after it and at or before `now` are *pending*. Each reconcile moves the cursor forward
+//! over pending periods, in order, so a period is decided once (G1) and none is passed over without
+//! a record (G2).
+
+use std::collections::HashMap;
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::api::{CatchUp, ConcurrencyPolicy, HistoryEntry, Outcome, RunRef, SingletonJobSpec};
+use crate::schedule::Schedule;
+
+/// With `catchUp: None` and no `startingDeadlineSeconds`, a period that has not started within this
+/// long of its instant is late and is not started.
+pub const CATCH_UP_NONE_GRACE: SignedDuration = SignedDuration::from_secs(60);
+
+/// What the controller knows of one run's Job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// The Job exists and has not finished.
+    Active,
+    /// The Job completed; when.
+    Succeeded(Timestamp),
+    /// The Job failed; when.
+    Failed(Timestamp),
+    /// The API server says the Job does not exist (checked, not merely absent from a cache).
+    Gone,
+}
+
+/// Inputs besides spec and status.
+#[derive(Clone, Debug)]
+pub struct Observed<'a> {
+    pub now: Timestamp,
+    /// When the SingletonJob was created: periods before it are never due.
+    pub created: Timestamp,
+    /// Whether the local clock agrees with the API server's (see `clock`). When it does not, no
+    /// run starts: a run must never start before its scheduled instant (G4).
+    pub clock_trusted: bool,
+    /// State of the Job of each entry of `status.active`, by job name (missing: Active).
+    pub job_states: &'a HashMap<String, JobState>,
+}
+
+/// The outcome of one decision.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// The cursor after this plan (see module docs).
+    pub decided_through: Option<Timestamp>,
+    /// The schedule fingerprint the cursor now refers to.
+    pub fingerprint: String,
+    /// Periods decided without a run, oldest first, already folded into ranges.
+    pub records: Vec<HistoryEntry>,
+    /// Active runs that finished: (run, outcome, when).
+    pub finished: Vec<(RunRef, Outcome, Timestamp)>,
+    /// Runs still active after `finished` are removed.
+    pub still_active: Vec<RunRef>,
+    /// The period to claim and start now.
+    pub start: Option<Timestamp>,
+    /// Active runs to fence and delete before `start` (concurrencyPolicy Replace).
+    pub replace: Vec<RunRef>,
+    /// When to decide again (the next scheduled instant, or a deadline), if ever.
+    pub wake_at: Option<Timestamp>,
+    /// Why nothing started although a period is pending (for a condition).
+    pub waiting: Option<Waiting>,
+}
+
+/// Why a pending period has not started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waiting {
+    /// The SingletonJob is suspended.
+    Suspended,
+    /// concurrencyPolicy Forbid and a run is active.
+    ConcurrencyForbid,
+    /// The local clock disagrees with the API server's.
+    ClockUntrusted,
+}
+
+/// Reasons recorded with periods that did not run. CamelCase, as Kubernetes reasons are.
+pub mod reason {
+    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    pub const SUPERSEDED: &str = "Superseded";
+    pub const CATCH_UP_NONE: &str = "CatchUpNone";
+    pub const SUSPENDED: &str = "Suspended";
+    pub const CONCURRENCY_FORBID: &str = "ConcurrencyForbid";
+    pub const JOB_DELETED: &str = "JobDeleted";
+    pub const REPLACED: &str = "Replaced";
+}
+
+/// Identifies what the cursor refers to: a change of any part re-anchors the schedule.
+pub fn fingerprint(spec: &SingletonJobSpec) -> String {
+    format!(
+        "{}|{}|{:?}/{:?}",
+        spec.schedule.trim(),
+        spec.time_zone.as_deref().unwrap_or("UTC"),
+        spec.dst_policy.gap,
+        spec.dst_policy.fold
+    )
+}
+
+/// Decides what to do now. `status_*` are the relevant parts of the current status.
+pub fn plan(
+    spec: &SingletonJobSpec,
+    schedule: &Schedule,
+    decided_through: Option<Timestamp>,
+    status_fingerprint: Option<&str>,
+    active: &[RunRef],
+    obs: &Observed<'_>,
+) -> Plan {
+    let now = obs.now;
+    let fp = fingerprint(spec);
+    let mut plan = Plan {
+        fingerprint: fp.clone(),
+        ..Plan::default()
+    };
+
+    // Where pending periods begin. A new SingletonJob starts at its creation; a changed schedule
+    // starts at the time the change is seen, so an edit never fires periods retroactively.
+    let cursor = match (decided_through, status_fingerprint) {
+        (Some(c), Some(f)) if f == fp => c,
+        (Some(c), _) => c.max(now),
+        (None, _) => obs.created,
+    };
+
+    // Runs that finished since the last look.
+    for run in active {
+        match obs
+            .job_states
+            .get(&run.job_name)
+            .copied()
+            .unwrap_or(JobState::Active)
+        {
+            JobState::Active => plan.still_active.push(run.clone()),
+            JobState::Succeeded(at) => plan.finished.push((run.clone(), Outcome::Succeeded, at)),
+            JobState::Failed(at) => plan.finished.push((run.clone(), Outcome::Failed, at)),
+            JobState::Gone => plan.finished.push((run.clone(), Outcome::Failed, now)),
+        }
+    }
+
+    let suspended = spec.suspend.unwrap_or(false);
+    let deadline = spec
+        .starting_deadline_seconds
+        .map(SignedDuration::from_secs)
+        .or((spec.catch_up == CatchUp::None).then_some(CATCH_UP_NONE_GRACE));
+    // Periods at or before this instant can no longer start.
+    let too_old = deadline.map(|d| now - d);
+
+    let mut records = Records::default();
+    let mut cursor_out = cursor;
+
+    // 1. Periods past the deadline: one folded record, however many (no "too many missed" cliff).
+    if let Some(limit) = too_old
+        && limit > cursor
+        && let Some(last) = schedule.latest_at_or_before(limit).filter(|l| *l > cursor)
+    {
+        let first = schedule.next_after(cursor).unwrap_or(last);
+        let count = schedule.count_between(cursor, last, u64::MAX);
+        let (outcome, why) = if suspended {
+            (Outcome::Skipped, reason::SUSPENDED)
+        } else {
+            (Outcome::Missed, reason::DEADLINE_EXCEEDED)
+        };
+        records.push_range(first, last, count, outcome, why, now);
+        cursor_out = last;
+    }
+
+    // 2. The periods still within the deadline, oldest first.
+    let newest = schedule
+        .latest_at_or_before(now)
+        .filter(|n| *n > cursor_out);
+    let oldest = newest.and_then(|_| schedule.next_after(cursor_out));
+
+    if let (Some(oldest), Some(newest)) = (oldest, newest) {
+        // Which pending period is the candidate to start now; the ones before it that the
+        // catch-up mode will never start are recorded now.
+        let candidate = match spec.catch_up {
+            CatchUp::All => oldest,
+            CatchUp::Latest | CatchUp::None => {
+                if newest > oldest {
+                    let before = newest - SignedDuration::from_nanos(1);
+                    let last_older = schedule.latest_at_or_before(before).unwrap_or(oldest);
+                    let count = schedule.count_between(cursor_out, before, u64::MAX);
+                    let (outcome, why) = match (suspended, spec.catch_up) {
+                        (true, _) => (Outcome::Skipped, reason::SUSPENDED),
+                        (false, CatchUp::None) => (Outcome::Missed, reason::CATCH_UP_NONE),
+                        (false, _) => (Outcome::Missed, reason::SUPERSEDED),
+                    };
+                    records.push_range(oldest, last_older, count, outcome, why, now);
+                    cursor_out = last_older;
+                }
+                newest
+            }
+        };
+
+        let blocked_by_forbid =
+            spec.concurrency_policy == ConcurrencyPolicy::Forbid && !plan.still_active.is_empty();
+        if suspended {
+            if spec.catch_up == CatchUp::None {
+                // Resuming will never start it: decide it now.
+                records.push_range(
+                    candidate,
+                    candidate,
+                    1,
+                    Outcome::Skipped,
+                    reason::SUSPENDED,
+                    now,
+                );
+                cursor_out = candidate;
+            } else {
+                plan.waiting = Some(Waiting::Suspended);
+            }
+        } else if blocked_by_forbid {
+            if spec.catch_up == CatchUp::None {
+                let why = reason::CONCURRENCY_FORBID;
+                records.push_range(candidate, candidate, 1, Outcome::Skipped, why, now);
+                cursor_out = candidate;
+            } else {
+                plan.waiting = Some(Waiting::ConcurrencyForbid);
+            }
+        } else if !obs.clock_trusted {
+            plan.waiting = Some(Waiting::ClockUntrusted);
+        } else {
+            // Never before its instant (G4): candidate <= latest_at_or_before(now) <= now.
+            debug_assert!(candidate <= now);
+            plan.start = Some(candidate);
+            if spec.concurrency_policy == ConcurrencyPolicy::Replace {
+                plan.replace = plan.still_active.clone();
+            }
+        }
+
+        // Look again when the candidate's deadline passes (it will be recorded then).
+        if plan.start.is_none()
+            && let Some(d) = deadline
+        {
+            plan.wake_at = Some(candidate + d + SignedDuration::from_millis(1));
+        }
+    }
+
+    plan.decided_through = Some(cursor_out);
+    plan.records = records.into_vec();
+
+    // Next look: the next scheduled instant after now (a later period may also already be pending
+    // behind a started one: then look again right away).
+    let next = schedule.next_after(now.max(cursor_out));
+    let pending_behind_start = plan
+        .start
+        .is_some_and(|s| s < schedule.latest_at_or_before(now).unwrap_or(s));
+    plan.wake_at = match (plan.wake_at, next) {
+        _ if pending_behind_start => Some(now),
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    plan
+}
+
+/// Folds consecutive records with the same outcome and reason into one range entry.
+#[derive(Default)]
+struct Records(Vec<HistoryEntry>);
+
+impl Records {
+    fn push_range(
+        &mut self,
+        first: Timestamp,
+        last: Timestamp,
+        count: u64,
+        outcome: Outcome,
+        why: &str,
+        now: Timestamp,
+    ) {
+        if count == 0 {
+            return;
+        }
+        if let Some(prev) = self.0.last_mut()
+            && prev.outcome == outcome
+            && prev.reason.as_deref() == Some(why)
+        {
+            prev.last_period = Some(last.into());
+            prev.count += count;
+            return;
+        }
+        self.0.push(HistoryEntry {
+            period: first.into(),
+            last_period: (count > 1 || first != last).then(|| last.into()),
+            count,
+            outcome,
+            reason: Some(why.to_string()),
+            job_name: None,
+            token: None,
+            start_time: None,
+            finish_time: Some(now.into()),
+        });
+    }
+
+    fn into_vec(self) -> Vec<HistoryEntry> {
+        self.0
+    }
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

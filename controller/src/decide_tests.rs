@@ -1,0 +1,431 @@
+//! Tests of the pure decision core with fixed instants (a fake clock).
+
+use std::collections::HashMap;
+
+use jiff::{SignedDuration, Timestamp};
+use proptest::prelude::*;
+
+use super::*;
+use crate::api::{CatchUp, ConcurrencyPolicy, Outcome, RunRef, SingletonJobSpec};
+use crate::schedule::{DstPolicy, Schedule};
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+fn spec(schedule: &str) -> SingletonJobSpec {
+    SingletonJobSpec {
+        schedule: schedule.into(),
+        time_zone: None,
+        dst_policy: DstPolicy::default(),
+        starting_deadline_seconds: None,
+        catch_up: CatchUp::Latest,
+        concurrency_policy: ConcurrencyPolicy::Forbid,
+        suspend: None,
+        successful_jobs_history_limit: None,
+        failed_jobs_history_limit: None,
+        lock: None,
+        job_template: Default::default(),
+    }
+}
+
+fn sched(s: &SingletonJobSpec) -> Schedule {
+    Schedule::parse(&s.schedule, s.time_zone.as_deref(), s.dst_policy).unwrap()
+}
+
+/// The controller's memory between two decisions, as status holds it.
+#[derive(Clone, Debug, Default)]
+struct State {
+    decided_through: Option<Timestamp>,
+    fingerprint: Option<String>,
+    active: Vec<RunRef>,
+}
+
+fn run_ref(p: Timestamp) -> RunRef {
+    RunRef {
+        period: p.into(),
+        token: 0,
+        job_name: format!("job-{}", p.as_second()),
+        claimed_at: None,
+    }
+}
+
+fn decide(
+    s: &SingletonJobSpec,
+    st: &State,
+    now: Timestamp,
+    created: Timestamp,
+    states: &HashMap<String, JobState>,
+) -> Plan {
+    let obs = Observed {
+        now,
+        created,
+        clock_trusted: true,
+        job_states: states,
+    };
+    plan(
+        s,
+        &sched(s),
+        st.decided_through,
+        st.fingerprint.as_deref(),
+        &st.active,
+        &obs,
+    )
+}
+
+/// Applies a plan as the controller does: cursor, fingerprint, active runs (+ the started one).
+fn apply(st: &mut State, p: &Plan) {
+    st.decided_through = p.decided_through;
+    st.fingerprint = Some(p.fingerprint.clone());
+    st.active = p.still_active.clone();
+    st.active
+        .retain(|r| !p.replace.iter().any(|o| o.job_name == r.job_name));
+    if let Some(start) = p.start {
+        st.decided_through = Some(start);
+        st.active.push(run_ref(start));
+    }
+}
+
+fn recorded(p: &Plan) -> Vec<(Outcome, &str, u64)> {
+    p.records
+        .iter()
+        .map(|r| (r.outcome, r.reason.as_deref().unwrap_or(""), r.count))
+        .collect()
+}
+
+const NONE: &[(&str, JobState)] = &[];
+
+fn states(entries: &[(&str, JobState)]) -> HashMap<String, JobState> {
+    entries.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[test]
+fn never_starts_before_the_instant_and_starts_at_it() {
+    let s = spec("*/10 * * * *");
+    let created = ts("2027-01-01T00:03:00Z");
+    let st = State::default();
+    let early = decide(
+        &s,
+        &st,
+        ts("2027-01-01T00:09:59.999Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(early.start, None);
+    assert_eq!(early.wake_at, Some(ts("2027-01-01T00:10:00Z")));
+    let on_time = decide(&s, &st, ts("2027-01-01T00:10:00Z"), created, &states(NONE));
+    assert_eq!(on_time.start, Some(ts("2027-01-01T00:10:00Z")));
+    assert!(
+        on_time.records.is_empty(),
+        "periods before creation are never due"
+    );
+}
+
+#[test]
+fn catch_up_all_starts_every_missed_period_in_order_once() {
+    let mut s = spec("*/10 * * * *");
+    s.catch_up = CatchUp::All;
+    s.concurrency_policy = ConcurrencyPolicy::Allow;
+    let created = ts("2027-01-01T00:00:00Z");
+    let now = ts("2027-01-01T00:55:00Z"); // controller was down: 00:10 .. 00:50 are pending
+    let mut st = State::default();
+    let mut started = vec![];
+    for _ in 0..10 {
+        let p = decide(&s, &st, now, created, &states(NONE));
+        assert!(p.records.is_empty());
+        apply(&mut st, &p);
+        match p.start {
+            Some(x) => started.push(x),
+            None => break,
+        }
+    }
+    let want: Vec<Timestamp> = (1..=5)
+        .map(|i| created + SignedDuration::from_mins(10 * i))
+        .collect();
+    assert_eq!(started, want);
+}
+
+#[test]
+fn catch_up_latest_starts_the_newest_and_records_the_rest_folded() {
+    let s = spec("*/10 * * * *");
+    let created = ts("2027-01-01T00:00:00Z");
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-01-01T00:55:00Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, Some(ts("2027-01-01T00:50:00Z")));
+    assert_eq!(recorded(&p), vec![(Outcome::Missed, reason::SUPERSEDED, 4)]);
+    assert_eq!(p.records[0].period.0, ts("2027-01-01T00:10:00Z"));
+    assert_eq!(
+        p.records[0].last_period.as_ref().unwrap().0,
+        ts("2027-01-01T00:40:00Z")
+    );
+}
+
+#[test]
+fn catch_up_none_starts_nothing_late() {
+    let mut s = spec("*/10 * * * *");
+    s.catch_up = CatchUp::None;
+    let created = ts("2027-01-01T00:00:00Z");
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-01-01T00:55:00Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, None);
+    assert_eq!(
+        recorded(&p),
+        vec![(Outcome::Missed, reason::DEADLINE_EXCEEDED, 5)]
+    );
+    // On time (within the grace) it runs.
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-01-01T00:10:30Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, Some(ts("2027-01-01T00:10:00Z")));
+}
+
+#[test]
+fn deadline_records_old_periods_and_all_starts_the_rest() {
+    let mut s = spec("* * * * * *"); // every second
+    s.catch_up = CatchUp::All;
+    s.concurrency_policy = ConcurrencyPolicy::Allow;
+    s.starting_deadline_seconds = Some(5);
+    let created = ts("2027-01-01T00:00:00Z");
+    // Two weeks down: 1.2 million periods, folded into one record, decided without iterating.
+    let now = ts("2027-01-15T00:00:00Z");
+    let p = decide(&s, &State::default(), now, created, &states(NONE));
+    assert_eq!(
+        recorded(&p),
+        vec![(Outcome::Missed, reason::DEADLINE_EXCEEDED, 14 * 86400 - 5)]
+    );
+    assert_eq!(p.start, Some(now - SignedDuration::from_secs(4)));
+    assert_eq!(
+        p.wake_at,
+        Some(now),
+        "more are pending: decide again at once"
+    );
+}
+
+#[test]
+fn suspended_periods_wait_within_the_deadline_and_run_on_resume_with_all() {
+    let mut s = spec("*/10 * * * *");
+    s.catch_up = CatchUp::All;
+    s.starting_deadline_seconds = Some(25 * 60);
+    s.suspend = Some(true);
+    let created = ts("2027-01-01T00:00:00Z");
+    let now = ts("2027-01-01T00:55:00Z");
+    let p = decide(&s, &State::default(), now, created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert_eq!(p.waiting, Some(Waiting::Suspended));
+    assert_eq!(recorded(&p), vec![(Outcome::Skipped, reason::SUSPENDED, 3)]); // 00:10..00:30
+    let mut st = State::default();
+    apply(&mut st, &p);
+    s.suspend = Some(false);
+    let p = decide(&s, &st, now, created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-01-01T00:40:00Z")));
+}
+
+#[test]
+fn suspended_with_catch_up_none_skips_at_once_and_resume_fires_nothing_old() {
+    let mut s = spec("*/10 * * * *");
+    s.catch_up = CatchUp::None;
+    s.suspend = Some(true);
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    let p = decide(&s, &st, ts("2027-01-01T00:10:00Z"), created, &states(NONE));
+    assert_eq!(recorded(&p), vec![(Outcome::Skipped, reason::SUSPENDED, 1)]);
+    apply(&mut st, &p);
+    s.suspend = Some(false);
+    let p = decide(&s, &st, ts("2027-01-01T00:15:00Z"), created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert!(p.records.is_empty());
+}
+
+#[test]
+fn forbid_waits_or_skips_and_replace_replaces() {
+    let created = ts("2027-01-01T00:00:00Z");
+    let now = ts("2027-01-01T00:20:00Z");
+    let running = run_ref(ts("2027-01-01T00:10:00Z"));
+    let st = State {
+        decided_through: Some(running.period.0),
+        fingerprint: Some(fingerprint(&spec("*/10 * * * *"))),
+        active: vec![running.clone()],
+    };
+    let active = states(&[(running.job_name.as_str(), JobState::Active)]);
+
+    let s = spec("*/10 * * * *");
+    let p = decide(&s, &st, now, created, &active);
+    assert_eq!(
+        (p.start, p.waiting),
+        (None, Some(Waiting::ConcurrencyForbid))
+    );
+
+    let mut none = s.clone();
+    none.catch_up = CatchUp::None;
+    let p = decide(&none, &st, now, created, &active);
+    assert_eq!(p.start, None);
+    assert_eq!(
+        recorded(&p),
+        vec![(Outcome::Skipped, reason::CONCURRENCY_FORBID, 1)]
+    );
+
+    let mut replace = s.clone();
+    replace.concurrency_policy = ConcurrencyPolicy::Replace;
+    let p = decide(&replace, &st, now, created, &active);
+    assert_eq!(p.start, Some(now));
+    assert_eq!(p.replace, vec![running.clone()]);
+
+    let mut allow = s.clone();
+    allow.concurrency_policy = ConcurrencyPolicy::Allow;
+    let p = decide(&allow, &st, now, created, &active);
+    assert_eq!(p.start, Some(now));
+    assert!(p.replace.is_empty());
+
+    // Once the run finishes, Forbid starts the waiting period.
+    let done = states(&[(running.job_name.as_str(), JobState::Succeeded(now))]);
+    let p = decide(&s, &st, now, created, &done);
+    assert_eq!(p.start, Some(now));
+    assert_eq!(p.finished.len(), 1);
+}
+
+#[test]
+fn a_schedule_edit_never_fires_retroactively() {
+    let created = ts("2027-01-01T00:00:00Z");
+    let old = spec("0 0 * * *");
+    let st = State {
+        decided_through: Some(created),
+        fingerprint: Some(fingerprint(&old)),
+        active: vec![],
+    };
+    // At 10:30 the schedule becomes hourly: 01:00 .. 10:00 are not due under the new schedule.
+    let new = spec("0 * * * *");
+    let now = ts("2027-01-01T10:30:00Z");
+    let p = decide(&new, &st, now, created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert!(p.records.is_empty());
+    assert_eq!(p.decided_through, Some(now));
+    assert_eq!(p.wake_at, Some(ts("2027-01-01T11:00:00Z")));
+}
+
+#[test]
+fn an_untrusted_clock_starts_nothing() {
+    let s = spec("*/10 * * * *");
+    let created = ts("2027-01-01T00:00:00Z");
+    let st = states(NONE);
+    let obs = Observed {
+        now: ts("2027-01-01T00:10:00Z"),
+        created,
+        clock_trusted: false,
+        job_states: &st,
+    };
+    let p = plan(&s, &sched(&s), None, None, &[], &obs);
+    assert_eq!((p.start, p.waiting), (None, Some(Waiting::ClockUntrusted)));
+}
+
+#[test]
+fn finished_runs_are_reported_with_their_outcome() {
+    let s = spec("0 0 1 1 *");
+    let now = ts("2027-06-01T00:00:00Z");
+    let (a, b, c) = (
+        run_ref(ts("2027-01-01T00:00:00Z")),
+        run_ref(ts("2026-01-01T00:00:00Z")),
+        run_ref(ts("2025-01-01T00:00:00Z")),
+    );
+    let st = State {
+        decided_through: Some(a.period.0),
+        fingerprint: Some(fingerprint(&s)),
+        active: vec![a.clone(), b.clone(), c.clone()],
+    };
+    let js = states(&[
+        (a.job_name.as_str(), JobState::Succeeded(now)),
+        (b.job_name.as_str(), JobState::Failed(now)),
+        (c.job_name.as_str(), JobState::Gone),
+    ]);
+    let p = decide(&s, &st, now, ts("2024-01-01T00:00:00Z"), &js);
+    let outcomes: Vec<Outcome> = p.finished.iter().map(|f| f.1).collect();
+    assert_eq!(
+        outcomes,
+        vec![Outcome::Succeeded, Outcome::Failed, Outcome::Failed]
+    );
+    assert!(p.still_active.is_empty());
+}
+
+/// A random schedule from a small generator of common shapes.
+fn schedule_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (5u32..30).prop_map(|n| format!("*/{n} * * * * *")),
+        (1u32..30).prop_map(|n| format!("*/{n} * * * *")),
+        (0u32..60, 0u32..24).prop_map(|(m, h)| format!("{m} {h} * * *")),
+        (0u32..60).prop_map(|m| format!("{m} * * * *")),
+        Just("0 9 * * MON-FRI".to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Random outages of a controller that wakes when told to: every period in the window is
+    /// started at most once, never before its instant, and every period is started or recorded.
+    #[test]
+    fn each_period_started_at_most_once_and_none_lost(
+        schedule in schedule_strategy(),
+        catch_up in prop_oneof![Just(CatchUp::None), Just(CatchUp::Latest), Just(CatchUp::All)],
+        deadline in proptest::option::of(1i64..7200),
+        outages in proptest::collection::vec((0i64..4_000, 0i64..20_000), 0..4),
+        start_offset in 0i64..86_400,
+    ) {
+        let mut s = spec(&schedule);
+        s.catch_up = catch_up;
+        s.starting_deadline_seconds = deadline;
+        s.concurrency_policy = ConcurrencyPolicy::Allow;
+        let sc = sched(&s);
+        let created = ts("2027-01-01T00:00:00Z") + SignedDuration::from_secs(start_offset);
+        let end = created + SignedDuration::from_secs(12 * 3600);
+        let down: Vec<(Timestamp, Timestamp)> = outages.iter().map(|(a, len)| {
+            let a = created + SignedDuration::from_secs(*a * 10);
+            (a, a + SignedDuration::from_secs(*len))
+        }).collect();
+        let is_down = |t: Timestamp| down.iter().any(|(a, b)| t >= *a && t < *b);
+
+        let mut st = State::default();
+        let mut started: Vec<Timestamp> = vec![];
+        let mut recorded_count = 0u64;
+        let mut now = created;
+        let none = states(NONE);
+        let mut steps = 0;
+        while now <= end && steps < 200_000 {
+            steps += 1;
+            if is_down(now) {
+                now = down.iter().filter(|(a, b)| now >= *a && now < *b).map(|(_, b)| *b).max().unwrap();
+                continue;
+            }
+            let p = decide(&s, &st, now, created, &none);
+            recorded_count += p.records.iter().map(|r| r.count).sum::<u64>();
+            if let Some(x) = p.start {
+                prop_assert!(x <= now, "started {x} before its instant (now {now})");
+                started.push(x);
+            }
+            apply(&mut st, &p);
+            // Finished instantly: Allow never waits anyway.
+            st.active.clear();
+            now = match p.wake_at { Some(w) if w > now => w, Some(_) => now, None => break };
+        }
+        // Started strictly increasing: never twice.
+        for w in started.windows(2) {
+            prop_assert!(w[0] < w[1], "started out of order or twice: {:?}", w);
+        }
+        // Nothing lost: every period up to the cursor was started or recorded, exactly once.
+        let through = st.decided_through.unwrap();
+        let due = sc.count_between(created, through, u64::MAX);
+        prop_assert_eq!(started.len() as u64 + recorded_count, due);
+    }
+}

@@ -1,0 +1,66 @@
+//! The crate's one error type.
+
+use crate::schedule::ScheduleError;
+
+/// Everything that can go wrong in the controller. Variant names double as metric label values.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
+    /// Someone else wrote the object since we read it (HTTP 409): re-read and decide again.
+    #[error("lost a compare-and-swap race on {0}")]
+    Conflict(String),
+
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+
+    #[error("invalid jobTemplate: {0}")]
+    JobTemplate(String),
+
+    /// A Job with the run's deterministic name exists but belongs to another run.
+    #[error(
+        "job {name} exists but is not the run for this period (token {found:?}, expected {expected})"
+    )]
+    ForeignJob {
+        name: String,
+        found: Option<u64>,
+        expected: u64,
+    },
+
+    #[error("serialization: {0}")]
+    Serialize(#[from] serde_json::Error),
+
+    #[error("configuration: {0}")]
+    Config(String),
+
+    /// This replica may not act (not the leader, or shutting down).
+    #[error("not allowed to act: not the leader")]
+    NotLeader,
+}
+
+impl Error {
+    /// A bounded label for metrics and logs: the variant name, never the message.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "Kube",
+            Error::Conflict(_) => "Conflict",
+            Error::Schedule(_) => "Schedule",
+            Error::JobTemplate(_) => "JobTemplate",
+            Error::ForeignJob { .. } => "ForeignJob",
+            Error::Serialize(_) => "Serialize",
+            Error::Config(_) => "Config",
+            Error::NotLeader => "NotLeader",
+        }
+    }
+
+    /// Turns the API server's 409 into [`Error::Conflict`].
+    pub fn from_write(err: kube::Error, what: &str) -> Self {
+        match &err {
+            kube::Error::Api(s) if s.code == 409 => Error::Conflict(what.to_string()),
+            _ => Error::Kube(err),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,197 @@
+//! Names, labels and the Job built for a run. Deterministic: the same SingletonJob and period always
+//! give the same Job name, so the API server's name uniqueness refuses a second Job for a period
+//! (layer 3 of the defence, G1).
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::EnvVar;
+use kube::Resource;
+use kube::api::ObjectMeta;
+use sha2::{Digest, Sha256};
+
+use crate::api::SingletonJob;
+use crate::{Error, Result};
+
+pub const LABEL_JOB: &str = "singleton.dev/job";
+pub const LABEL_PERIOD: &str = "singleton.dev/period";
+pub const LABEL_TOKEN: &str = "singleton.dev/fencing-token";
+
+pub const ENV_JOB: &str = "SINGLETON_JOB";
+pub const ENV_PERIOD: &str = "SINGLETON_PERIOD";
+pub const ENV_TOKEN: &str = "SINGLETON_FENCING_TOKEN";
+pub const ENV_IDEMPOTENCY_KEY: &str = "SINGLETON_IDEMPOTENCY_KEY";
+
+/// Job names become the `job-name` label of pods, limited to 63 characters.
+const MAX_NAME: usize = 63;
+
+fn short_hash(s: &str, hex_len: usize) -> String {
+    let digest = Sha256::digest(s.as_bytes());
+    digest
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..hex_len]
+        .to_string()
+}
+
+/// Trims a name to `max` characters so it still ends in an alphanumeric (DNS-1123).
+fn trim_name(name: &str, max: usize) -> &str {
+    let mut end = name.len().min(max);
+    while end > 0 && !name.as_bytes()[end - 1].is_ascii_alphanumeric() {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+/// A label-safe (at most 63 characters) form of the SingletonJob name: the name itself when it
+/// fits, else a prefix and a hash of the whole name, so distinct names stay distinct.
+pub fn job_label(sj_name: &str) -> String {
+    if sj_name.len() <= MAX_NAME {
+        sj_name.to_string()
+    } else {
+        format!(
+            "{}-{}",
+            trim_name(sj_name, MAX_NAME - 11),
+            short_hash(sj_name, 10)
+        )
+    }
+}
+
+/// Label-safe compact period: `20270328T010000Z`.
+pub fn period_label(period: Timestamp) -> String {
+    period.strftime("%Y%m%dT%H%M%SZ").to_string()
+}
+
+/// RFC 3339 UTC with seconds, the value of SINGLETON_PERIOD.
+pub fn period_rfc3339(period: Timestamp) -> String {
+    period.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The Job name for a period: `<name>-<unix seconds>`, with the name shortened and a hash of the
+/// full name added when the result would exceed 63 characters.
+pub fn job_name(sj_name: &str, period: Timestamp) -> String {
+    let suffix = period.as_second().to_string();
+    let full = format!("{sj_name}-{suffix}");
+    if full.len() <= MAX_NAME {
+        return full;
+    }
+    let hash = short_hash(sj_name, 8);
+    let room = MAX_NAME - suffix.len() - hash.len() - 2;
+    format!("{}-{hash}-{suffix}", trim_name(sj_name, room))
+}
+
+/// Stable per SingletonJob and period, also across re-creation of the SingletonJob; 64 hex
+/// characters fit every idempotency-key field we know of (Stripe allows 255).
+pub fn idempotency_key(sj_key: &str, period: Timestamp) -> String {
+    short_hash(&format!("{sj_key}@{}", period_rfc3339(period)), 64)
+}
+
+/// Builds the Job for a run from the SingletonJob's template.
+pub fn build_job(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
+    let name = sj.metadata.name.clone().unwrap_or_default();
+    let template = &sj.spec.job_template;
+    let mut spec = template
+        .spec
+        .clone()
+        .ok_or_else(|| Error::JobTemplate("jobTemplate.spec is required".into()))?;
+    // History limits prune finished Jobs only after their outcome is recorded; a TTL could delete a
+    // Job before any controller saw it finish, and then its period would look unrun.
+    spec.ttl_seconds_after_finished = None;
+
+    let env = [
+        (ENV_JOB, sj.key()),
+        (ENV_PERIOD, period_rfc3339(period)),
+        (ENV_TOKEN, token.to_string()),
+        (ENV_IDEMPOTENCY_KEY, idempotency_key(&sj.key(), period)),
+    ];
+    let pod = spec.template.spec.get_or_insert_with(Default::default);
+    for c in pod
+        .containers
+        .iter_mut()
+        .chain(pod.init_containers.iter_mut().flatten())
+    {
+        let vars = c.env.get_or_insert_with(Vec::new);
+        vars.retain(|v| !env.iter().any(|(k, _)| v.name == *k));
+        vars.extend(env.iter().map(|(k, v)| EnvVar {
+            name: k.to_string(),
+            value: Some(v.clone()),
+            value_from: None,
+        }));
+    }
+
+    let tmeta = template.metadata.clone().unwrap_or_default();
+    let mut labels: BTreeMap<String, String> = tmeta.labels.unwrap_or_default();
+    labels.insert(LABEL_JOB.into(), job_label(&name));
+    labels.insert(LABEL_PERIOD.into(), period_label(period));
+    labels.insert(LABEL_TOKEN.into(), token.to_string());
+    let mut annotations = tmeta.annotations.unwrap_or_default();
+    annotations.insert(LABEL_JOB.into(), name.clone());
+    annotations.insert(LABEL_PERIOD.into(), period_rfc3339(period));
+    annotations.insert(LABEL_TOKEN.into(), token.to_string());
+
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(&name, period)),
+            namespace: sj.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: sj.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// The fencing token a Job was created with, from its annotation.
+pub fn job_token(job: &Job) -> Option<u64> {
+    job.metadata
+        .annotations
+        .as_ref()?
+        .get(LABEL_TOKEN)?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_deterministic_and_short() {
+        let p: Timestamp = "2027-03-28T01:00:00Z".parse().unwrap();
+        assert_eq!(job_name("hello", p), "hello-1806195600");
+        assert_eq!(job_name("hello", p), job_name("hello", p));
+        let long = "a".repeat(253);
+        let other = format!("{}b", "a".repeat(252));
+        let n1 = job_name(&long, p);
+        let n2 = job_name(&other, p);
+        assert!(n1.len() <= 63 && n2.len() <= 63, "{n1} {n2}");
+        assert_ne!(n1, n2, "long names differing only at the end stay distinct");
+        assert!(n1.ends_with("-1806195600"));
+        assert_ne!(
+            job_name("x", p),
+            job_name("x", p + jiff::SignedDuration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn trimmed_names_end_alphanumeric() {
+        let name = format!("{}-x", "a".repeat(50));
+        let n = job_name(&name, "2027-03-28T01:00:00Z".parse().unwrap());
+        assert!(n.len() <= 63);
+        assert!(!n.contains("--"), "{n}");
+        let l = job_label(&format!("{}-{}", "b".repeat(51), "c".repeat(40)));
+        assert!(l.len() <= 63 && !l.contains("--"), "{l}");
+    }
+
+    #[test]
+    fn labels_are_label_safe() {
+        let p: Timestamp = "2027-03-28T01:00:00Z".parse().unwrap();
+        assert_eq!(period_label(p), "20270328T010000Z");
+        assert_eq!(period_rfc3339(p), "2027-03-28T01:00:00Z");
+        assert_eq!(idempotency_key("ns/a", p).len(), 64);
+        assert_ne!(idempotency_key("ns/a", p), idempotency_key("ns/b", p));
+    }
+}

@@ -1,0 +1,299 @@
+//! Test harness for end-to-end tests against a real API server (`make up`).
+//!
+//! Each test gets its own namespace labelled `singleton.dev/e2e=true`, runs its own controller
+//! process restricted to that namespace, polls with deadlines (never a fixed sleep to wait for a
+//! condition), and on failure prints what it last saw: the SingletonJob, its Jobs, Events and the
+//! controller's log.
+
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use singleton::api::SingletonJob;
+use tokio::process::{Child, Command};
+
+pub use singleton;
+
+/// One test's world: a namespace, a client, and controller processes.
+pub struct Env {
+    pub client: Client,
+    pub ns: String,
+    controllers: Vec<Controller>,
+    log_dir: PathBuf,
+}
+
+/// A controller process started by a test.
+pub struct Controller {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The controller binary: `SINGLETON_CONTROLLER_BIN`, or the workspace's debug build.
+pub fn controller_bin() -> PathBuf {
+    std::env::var_os("SINGLETON_CONTROLLER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug/singleton-controller"))
+}
+
+impl Env {
+    /// Creates a fresh namespace `e2e-<name>-<random>` labelled for cleanup.
+    pub async fn new(name: &str) -> Result<Env> {
+        let client = Client::try_default().await.context(
+            "no cluster: run `make up` and `eval \"$(make -s env)\"`, or use `make test`",
+        )?;
+        let suffix = format!("{:06x}", rand_u32() & 0xffffff);
+        let ns = format!("e2e-{name}-{suffix}");
+        let nss: Api<Namespace> = Api::all(client.clone());
+        let obj = Namespace {
+            metadata: ObjectMeta {
+                name: Some(ns.clone()),
+                labels: Some([("singleton.dev/e2e".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        nss.create(&PostParams::default(), &obj).await?;
+        let log_dir = repo_root().join(".cache/e2e-logs").join(&ns);
+        std::fs::create_dir_all(&log_dir)?;
+        Ok(Env {
+            client,
+            ns,
+            controllers: Vec::new(),
+            log_dir,
+        })
+    }
+
+    pub fn sjs(&self) -> Api<SingletonJob> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Starts a controller process watching only this namespace; returns its index.
+    pub async fn start_controller(&mut self, extra: &[&str]) -> Result<usize> {
+        let idx = self.controllers.len();
+        let log = self.log_dir.join(format!("controller-{idx}.log"));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(controller_bin())
+            .arg("--namespace")
+            .arg(&self.ns)
+            .arg("--instance")
+            .arg(format!("e2e-{idx}"))
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info,singleton=debug".into()),
+            )
+            .stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "starting {} (build it with `cargo build -p singleton-controller`)",
+                    controller_bin().display()
+                )
+            })?;
+        self.controllers.push(Controller { child, log });
+        Ok(idx)
+    }
+
+    /// Stops a controller: SIGKILL (a crash) when `kill`, else SIGTERM and wait.
+    pub async fn stop_controller(&mut self, idx: usize, kill: bool) -> Result<()> {
+        let c = &mut self.controllers[idx];
+        if kill {
+            c.child.kill().await?;
+        } else if let Some(pid) = c.child.id() {
+            Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await?;
+            tokio::time::timeout(Duration::from_secs(20), c.child.wait()).await??;
+        }
+        Ok(())
+    }
+
+    /// Applies a SingletonJob from YAML text (`metadata.namespace` is set to this test's).
+    pub async fn create_sj(&self, yaml: &str) -> Result<SingletonJob> {
+        let mut sj: SingletonJob = serde_yaml::from_str(yaml)?;
+        sj.metadata.namespace = Some(self.ns.clone());
+        Ok(self.sjs().create(&PostParams::default(), &sj).await?)
+    }
+
+    /// Polls `check` every 200 ms until it returns Some, or fails after `timeout` with a dump of
+    /// what the cluster and the controllers last showed.
+    pub async fn wait_for<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>>>,
+    {
+        let start = Instant::now();
+        let mut last_err = None;
+        loop {
+            match check().await {
+                Ok(Some(v)) => return Ok(v),
+                Ok(None) => {}
+                Err(e) => last_err = Some(e),
+            }
+            if start.elapsed() > timeout {
+                let dump = self.dump().await;
+                bail!(
+                    "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{dump}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Jobs of this namespace, sorted by name.
+    pub async fn job_list(&self) -> Result<Vec<Job>> {
+        let mut jobs = self.jobs().list(&ListParams::default()).await?.items;
+        jobs.sort_by_key(|j| j.name_any());
+        Ok(jobs)
+    }
+
+    /// What a human would look at when a test fails.
+    pub async fn dump(&self) -> String {
+        let mut out = format!("==== namespace {} ====\n", self.ns);
+        if let Ok(list) = self.sjs().list(&ListParams::default()).await {
+            for sj in list {
+                out += &format!(
+                    "---- SingletonJob {}\n{}\n",
+                    sj.name_any(),
+                    serde_yaml::to_string(&sj.status).unwrap_or_default()
+                );
+            }
+        }
+        if let Ok(jobs) = self.job_list().await {
+            out += "---- Jobs\n";
+            for j in jobs {
+                let st = j.status.as_ref();
+                out += &format!(
+                    "{} token={:?} active={:?} succeeded={:?} failed={:?}\n",
+                    j.name_any(),
+                    j.annotations().get("singleton.dev/fencing-token"),
+                    st.and_then(|s| s.active),
+                    st.and_then(|s| s.succeeded),
+                    st.and_then(|s| s.failed)
+                );
+            }
+        }
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        if let Ok(evs) = events.list(&ListParams::default()).await {
+            out += "---- Events\n";
+            for e in evs.items.iter().rev().take(30) {
+                out += &format!(
+                    "{} {} {}: {}\n",
+                    e.type_.clone().unwrap_or_default(),
+                    e.involved_object.name.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.message.clone().unwrap_or_default()
+                );
+            }
+        }
+        for c in &self.controllers {
+            let text = std::fs::read_to_string(&c.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            out += &format!("---- {} (last 40 lines)\n", c.log.display());
+            for l in tail.into_iter().rev() {
+                out += l;
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// The SingletonJob as the API server has it now.
+    pub async fn get_sj(&self, name: &str) -> Result<SingletonJob> {
+        Ok(self.sjs().get(name).await?)
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Controllers die with their handles (kill_on_drop); the namespace is deleted in the
+        // background so a failed test still cleans up.
+        for c in &mut self.controllers {
+            let _ = c.child.start_kill();
+        }
+        let client = self.client.clone();
+        let ns = self.ns.clone();
+        let handle = tokio::runtime::Handle::try_current();
+        if let Ok(h) = handle {
+            h.spawn(async move {
+                let nss: Api<Namespace> = Api::all(client);
+                let _ = nss.delete(&ns, &DeleteParams::background()).await;
+            });
+        }
+        // The spawned task may not finish if the runtime is shutting down: `make e2e` also deletes
+        // every namespace labelled singleton.dev/e2e=true at the end.
+        let _ = std::process::Command::new("kubectl")
+            .args([
+                "delete",
+                "namespace",
+                &self.ns,
+                "--wait=false",
+                "--ignore-not-found",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn rand_u32() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.subsec_nanos() ^ std::process::id().rotate_left(16)).wrapping_mul(2_654_435_761)
+}
+
+/// Asserts with the cluster dump on failure.
+pub async fn ensure(env: &Env, ok: bool, what: impl Debug) -> Result<()> {
+    if !ok {
+        bail!("assertion failed: {what:?}\n{}", env.dump().await);
+    }
+    Ok(())
+}
+
+/// The Job template used by most tests: one container, completed by the fake node.
+pub fn sj_yaml(name: &str, schedule: &str, extra_spec: &str) -> String {
+    format!(
+        r#"apiVersion: singleton.dev/v1alpha1
+kind: SingletonJob
+metadata:
+  name: {name}
+spec:
+  schedule: "{schedule}"
+{extra_spec}
+  jobTemplate:
+    spec:
+      backoffLimit: 0
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+          - name: work
+            image: busybox
+            command: ["sh", "-c", "echo $SINGLETON_FENCING_TOKEN"]
+"#
+    )
+}

@@ -1,0 +1,11 @@
+# Pinned versions of everything the local control plane is built from.
+# Bumping one of these rebuilds that tool on the next `make up` (the cache key includes the version).
+K8S_VERSION=v1.37.2          # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+K8S_STAGING_VERSION=v0.37.2  # k8s.io/* staging modules matching K8S_VERSION
+ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3
+HELM_VERSION=v4.3.2          # helm.sh/helm/v4
+KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok (fake node)
+
+# Where built tools, cluster state and logs live: outside the repo, reused across clones.
+SINGLETON_CACHE=${SINGLETON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/singleton-controller}
+TOOLS_DIR=$SINGLETON_CACHE/tools
