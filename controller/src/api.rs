@@ -59,7 +59,10 @@ pub struct SingletonJobSpec {
     /// 6 fields with leading seconds, or a macro (`@hourly`, `@daily`, `@weekly`, `@monthly`,
     /// `@yearly`). When both day-of-month and day-of-week are restricted, a day matching either
     /// runs (as in Vixie cron and CronJob). Check a schedule with `kubectl singleton schedule`.
-    #[x_kube(validation = Rule::new("self.trim() != ''").message("schedule must not be empty"))]
+    #[x_kube(
+        validation = Rule::new("self.startsWith('@') || size(self.trim().split(' ').filter(f, f != '')) in [5, 6]")
+            .message("schedule must have 5 fields (minute hour day-of-month month day-of-week), 6 with leading seconds, or be a macro such as @daily")
+    )]
     #[schemars(length(min = 1, max = 256))]
     pub schedule: String,
 
@@ -67,6 +70,10 @@ pub struct SingletonJobSpec {
     /// controller's local zone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$')")
+            .message("timeZone must be an IANA name such as Europe/Berlin or UTC")
+    )]
     pub time_zone: Option<String>,
 
     /// What to do with wall times that daylight-saving changes skip or repeat. The default runs a

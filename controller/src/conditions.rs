@@ -8,6 +8,7 @@ pub const READY: &str = "Ready";
 pub const SCHEDULE_VALID: &str = "ScheduleValid";
 pub const SUSPENDED: &str = "Suspended";
 pub const CLOCK_TRUSTED: &str = "ClockTrusted";
+pub const JOB_TEMPLATE_VALID: &str = "JobTemplateValid";
 
 /// Sets (or adds) a condition; returns whether anything a reader would notice changed.
 pub fn set(
@@ -45,6 +46,17 @@ pub fn set(
         });
         true
     }
+}
+
+/// The condition of this type, if it was set for `generation`.
+pub fn for_generation<'a>(
+    conditions: &'a [Condition],
+    type_: &str,
+    generation: Option<i64>,
+) -> Option<&'a Condition> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.observed_generation == generation)
 }
 
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {

@@ -76,7 +76,7 @@ pub struct Events {
 }
 
 impl Events {
-    async fn publish(
+    pub async fn publish(
         &self,
         sj: &SingletonJob,
         type_: EventType,
@@ -107,7 +107,7 @@ impl Events {
             .await;
     }
 
-    async fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
+    pub async fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
         let type_ = match e.outcome {
             Outcome::Succeeded | Outcome::Running => EventType::Normal,
             _ => EventType::Warning,
@@ -268,8 +268,62 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         }
     };
 
+    // The API server itself judges the Job template, once per spec generation (a dry-run create),
+    // so a template it would reject is reported before any period is claimed for it.
+    let template = match conditions::for_generation(
+        &status.conditions,
+        conditions::JOB_TEMPLATE_VALID,
+        generation,
+    ) {
+        Some(c) => (c.status == "True")
+            .then_some(())
+            .ok_or_else(|| c.message.clone()),
+        None => run::dry_run_job(&ctx, &sj, now).await?,
+    };
+    match &template {
+        Ok(()) => conditions::set(
+            &mut status.conditions,
+            conditions::JOB_TEMPLATE_VALID,
+            true,
+            "Accepted",
+            "the API server accepts the Job template (dry run)",
+            generation,
+            now,
+        ),
+        Err(msg) => {
+            let changed = conditions::set(
+                &mut status.conditions,
+                conditions::JOB_TEMPLATE_VALID,
+                false,
+                "Rejected",
+                msg.clone(),
+                generation,
+                now,
+            );
+            if changed {
+                ctx.events
+                    .publish(
+                        &sj,
+                        EventType::Warning,
+                        "JobTemplateRejected",
+                        "ValidateTemplate",
+                        msg.clone(),
+                    )
+                    .await;
+            }
+            changed
+        }
+    };
+
     let states = active_job_states(&ctx, &sj, &status.active).await?;
     let clock = *ctx.clock.borrow();
+    let blocked = if template.is_err() {
+        Some(Waiting::JobTemplateInvalid)
+    } else if !clock.trusted {
+        Some(Waiting::ClockUntrusted)
+    } else {
+        None
+    };
     let created = sj
         .metadata
         .creation_timestamp
@@ -279,7 +333,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let obs = Observed {
         now,
         created,
-        clock_trusted: clock.trusted,
+        blocked,
         job_states: &states,
     };
     let plan = decide::plan(
@@ -367,8 +421,9 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         generation,
         now,
     );
-    let (ready, why) = match plan.waiting {
+    let (ready, why) = match plan.waiting.or(blocked) {
         Some(Waiting::ClockUntrusted) => (false, "ClockSkew"),
+        Some(Waiting::JobTemplateInvalid) => (false, "JobTemplateRejected"),
         _ => (true, "Scheduled"),
     };
     conditions::set(conds, conditions::READY, ready, why, "", generation, now);

@@ -38,9 +38,9 @@ pub struct Observed<'a> {
     pub now: Timestamp,
     /// When the SingletonJob was created: periods before it are never due.
     pub created: Timestamp,
-    /// Whether the local clock agrees with the API server's (see `clock`). When it does not, no
-    /// run starts: a run must never start before its scheduled instant (G4).
-    pub clock_trusted: bool,
+    /// Why no run may start now, if so: the local clock disagrees with the API server's (a run
+    /// must never start before its instant, G4), or the API server rejects the Job template.
+    pub blocked: Option<Waiting>,
     /// State of the Job of each entry of `status.active`, by job name (missing: Active).
     pub job_states: &'a HashMap<String, JobState>,
 }
@@ -77,6 +77,8 @@ pub enum Waiting {
     ConcurrencyForbid,
     /// The local clock disagrees with the API server's.
     ClockUntrusted,
+    /// The API server rejects the Job template (a dry run failed).
+    JobTemplateInvalid,
 }
 
 /// Reasons recorded with periods that did not run. CamelCase, as Kubernetes reasons are.
@@ -88,6 +90,7 @@ pub mod reason {
     pub const CONCURRENCY_FORBID: &str = "ConcurrencyForbid";
     pub const JOB_DELETED: &str = "JobDeleted";
     pub const REPLACED: &str = "Replaced";
+    pub const JOB_REJECTED: &str = "JobRejected";
 }
 
 /// Identifies what the cursor refers to: a change of any part re-anchors the schedule.
@@ -220,8 +223,8 @@ pub fn plan(
             } else {
                 plan.waiting = Some(Waiting::ConcurrencyForbid);
             }
-        } else if !obs.clock_trusted {
-            plan.waiting = Some(Waiting::ClockUntrusted);
+        } else if let Some(why) = obs.blocked {
+            plan.waiting = Some(why);
         } else {
             // Never before its instant (G4): candidate <= latest_at_or_before(now) <= now.
             debug_assert!(candidate <= now);

@@ -317,7 +317,7 @@ fn a_schedule_edit_never_fires_retroactively() {
 }
 
 #[test]
-fn an_untrusted_clock_starts_nothing() {
+fn an_untrusted_clock_or_a_rejected_template_starts_nothing() {
     let s = spec("*/10 * * * *");
     let created = ts("2027-01-01T00:00:00Z");
     let st = states(NONE);

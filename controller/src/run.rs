@@ -81,6 +81,41 @@ pub async fn complete_claim(
         Ok(_) => {
             ctx.events.run_started(sj, &claim).await;
         }
+        // The API server will never accept this Job: the period is decided, as Failed, rather than
+        // retried forever with the claim blocking every later period (G2).
+        Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => {
+            let mut status = sj.status.clone().unwrap_or_default();
+            status.pending_claim = None;
+            status.last_result = Some(Outcome::Failed);
+            let entry = HistoryEntry {
+                period: claim.period.clone(),
+                last_period: None,
+                count: 1,
+                outcome: Outcome::Failed,
+                reason: Some(reason::JOB_REJECTED.into()),
+                job_name: Some(claim.job_name.clone()),
+                token: Some(claim.token),
+                start_time: claim.claimed_at.clone(),
+                finish_time: Some(Timestamp::now().into()),
+            };
+            status.history.insert(0, entry.clone());
+            status.history.truncate(crate::controller::HISTORY_LIMIT);
+            write_status(ctx, sj, status).await?;
+            let note = format!(
+                "the API server rejected Job {}: {}",
+                claim.job_name, s.message
+            );
+            ctx.events
+                .publish(
+                    sj,
+                    kube::runtime::events::EventType::Warning,
+                    reason::JOB_REJECTED,
+                    "CreateJob",
+                    note,
+                )
+                .await;
+            return Ok(());
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             let existing = jobs.get(&claim.job_name).await?;
             let found = naming::job_token(&existing);
@@ -137,6 +172,32 @@ pub async fn complete_claim(
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     write_status(ctx, sj, status).await?;
     Ok(())
+}
+
+/// Asks the API server whether it would accept this SingletonJob's Job (a dry-run create, which
+/// runs validation and admission but stores nothing). `Ok(Err(message))` when it would not.
+pub async fn dry_run_job(
+    ctx: &Context,
+    sj: &SingletonJob,
+    now: Timestamp,
+) -> Result<std::result::Result<(), String>> {
+    let job = match naming::build_job(sj, now, 0) {
+        Ok(job) => job,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    match jobs.create(&pp, &job).await {
+        // 409: a Job of that name exists, so the template itself was not the problem.
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => Ok(Err(s.message)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Writes `status` to `sj`'s status subresource with `sj`'s resourceVersion as precondition

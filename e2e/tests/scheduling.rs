@@ -1,0 +1,488 @@
+//! Scheduling semantics end to end: concurrency policies, suspend/resume, catch-up after an
+//! outage, schedule edits, a half-done claim finished after a restart, and bad specs.
+//!
+//! Seconds-level schedules keep these fast. A Job that must stay active gets a nodeSelector no
+//! node matches, so its pod stays Pending and the Job never finishes.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Result;
+use e2e::{Env, ensure, sj_yaml};
+use jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams, PostParams};
+use singleton::api::{Outcome, RunRef, SingletonJob};
+
+const STUCK: &str = "  # (jobs of this SingletonJob never get a node)\n";
+
+/// A SingletonJob whose Jobs never finish.
+fn stuck_yaml(name: &str, schedule: &str, extra_spec: &str) -> String {
+    sj_yaml(name, schedule, &format!("{STUCK}{extra_spec}")).replace(
+        "          restartPolicy: Never\n",
+        "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
+    )
+}
+
+fn periods(jobs: &[k8s_openapi::api::batch::v1::Job]) -> Vec<Timestamp> {
+    let mut v: Vec<Timestamp> = jobs
+        .iter()
+        .filter_map(|j| j.annotations().get("singleton.dev/period")?.parse().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+fn history_has(sj: &SingletonJob, outcome: Outcome, reason: Option<&str>) -> bool {
+    sj.status.as_ref().is_some_and(|s| {
+        s.history
+            .iter()
+            .any(|h| h.outcome == outcome && (reason.is_none() || h.reason.as_deref() == reason))
+    })
+}
+
+#[tokio::test]
+async fn forbid_never_runs_two_at_once() -> Result<()> {
+    let mut env = Env::new("forbid").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&stuck_yaml(
+        "f",
+        "*/2 * * * * *",
+        "  concurrencyPolicy: Forbid\n",
+    ))
+    .await?;
+    env.wait_for("the first Job", Duration::from_secs(30), || async {
+        Ok((!env.job_list().await?.is_empty()).then_some(()))
+    })
+    .await?;
+    // Several more periods fall due while the first run is active: none may start.
+    let t0 = Timestamp::now();
+    env.wait_for(
+        "three more periods to pass",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("f").await?;
+            let waited = Timestamp::now().duration_since(t0) > SignedDuration::from_secs(6);
+            Ok((waited && sj.status.is_some()).then_some(()))
+        },
+    )
+    .await?;
+    let jobs = env.job_list().await?;
+    ensure(
+        &env,
+        jobs.len() == 1,
+        ("Forbid: exactly one Job", jobs.len()),
+    )
+    .await?;
+    let sj = env.get_sj("f").await?;
+    ensure(
+        &env,
+        sj.status.as_ref().is_some_and(|s| s.active.len() == 1),
+        "one active run",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn forbid_with_catch_up_none_skips() -> Result<()> {
+    let mut env = Env::new("forbid-skip").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&stuck_yaml(
+        "s",
+        "*/2 * * * * *",
+        "  concurrencyPolicy: Forbid\n  catchUp: None\n",
+    ))
+    .await?;
+    env.wait_for(
+        "a period Skipped for ConcurrencyForbid",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("s").await?;
+            Ok(history_has(&sj, Outcome::Skipped, Some("ConcurrencyForbid")).then_some(()))
+        },
+    )
+    .await?;
+    let jobs = env.job_list().await?;
+    ensure(&env, jobs.len() == 1, ("one Job", jobs.len())).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn replace_deletes_the_old_run_before_the_new_one() -> Result<()> {
+    let mut env = Env::new("replace").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&stuck_yaml(
+        "r",
+        "*/2 * * * * *",
+        "  concurrencyPolicy: Replace\n",
+    ))
+    .await?;
+    let sj = env
+        .wait_for("two runs Replaced", Duration::from_secs(40), || async {
+            let sj = env.get_sj("r").await?;
+            let n = sj.status.as_ref().map_or(0, |s| {
+                s.history
+                    .iter()
+                    .filter(|h| h.outcome == Outcome::Replaced)
+                    .count()
+            });
+            Ok((n >= 2).then_some(sj))
+        })
+        .await?;
+    let status = sj.status.unwrap_or_default();
+    ensure(
+        &env,
+        status.active.len() == 1,
+        ("one active run", &status.active),
+    )
+    .await?;
+    // Tokens of replaced runs are below the active run's token.
+    let active_token = status.active[0].token;
+    for h in status
+        .history
+        .iter()
+        .filter(|h| h.outcome == Outcome::Replaced)
+    {
+        ensure(
+            &env,
+            h.token.unwrap_or(u64::MAX) < active_token,
+            ("replaced token is older", h.token, active_token),
+        )
+        .await?;
+    }
+    // The old Jobs are gone (or going): at most the active one and one being deleted remain.
+    let live: Vec<_> = env
+        .job_list()
+        .await?
+        .into_iter()
+        .filter(|j| j.metadata.deletion_timestamp.is_none())
+        .collect();
+    ensure(&env, live.len() <= 2, ("old Jobs deleted", live.len())).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn allow_overlaps_runs() -> Result<()> {
+    let mut env = Env::new("allow").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&stuck_yaml(
+        "a",
+        "*/2 * * * * *",
+        "  concurrencyPolicy: Allow\n",
+    ))
+    .await?;
+    env.wait_for(
+        "three overlapping active runs",
+        Duration::from_secs(40),
+        || async {
+            let sj = env.get_sj("a").await?;
+            Ok(sj
+                .status
+                .as_ref()
+                .is_some_and(|s| s.active.len() >= 3)
+                .then_some(()))
+        },
+    )
+    .await?;
+    let ps = periods(&env.job_list().await?);
+    let distinct: BTreeSet<_> = ps.iter().collect();
+    ensure(
+        &env,
+        distinct.len() == ps.len(),
+        ("one Job per period", &ps),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn suspend_and_resume_with_catch_up_none_fires_nothing_old() -> Result<()> {
+    let mut env = Env::new("suspend").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml(
+        "p",
+        "*/2 * * * * *",
+        "  suspend: true\n  catchUp: None\n",
+    ))
+    .await?;
+    env.wait_for(
+        "periods Skipped while suspended",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("p").await?;
+            let n: u64 = sj.status.as_ref().map_or(0, |s| {
+                s.history
+                    .iter()
+                    .filter(|h| h.reason.as_deref() == Some("Suspended"))
+                    .map(|h| h.count)
+                    .sum()
+            });
+            Ok((n >= 2).then_some(()))
+        },
+    )
+    .await?;
+    ensure(
+        &env,
+        env.job_list().await?.is_empty(),
+        "no Job while suspended",
+    )
+    .await?;
+    let sj = env.get_sj("p").await?;
+    ensure(
+        &env,
+        singleton::conditions::is_true(
+            &sj.status.clone().unwrap_or_default().conditions,
+            "Suspended",
+        ),
+        "Suspended condition",
+    )
+    .await?;
+
+    let resumed = Timestamp::now();
+    let patch = serde_json::json!({"spec": {"suspend": false}});
+    env.sjs()
+        .patch("p", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    env.wait_for("a run after resume", Duration::from_secs(30), || async {
+        Ok((!env.job_list().await?.is_empty()).then_some(()))
+    })
+    .await?;
+    let ps = periods(&env.job_list().await?);
+    // Date-header resolution: a period in the second before the patch could be "now" at resume.
+    let bound = resumed - SignedDuration::from_secs(1);
+    ensure(
+        &env,
+        ps.iter().all(|p| *p >= bound),
+        ("no period from the suspended interval ran", &ps, resumed),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn catch_up_all_runs_every_period_missed_while_the_controller_was_down() -> Result<()> {
+    let mut env = Env::new("catchup").await?;
+    let c = env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml(
+        "c",
+        "*/2 * * * * *",
+        "  catchUp: All\n  concurrencyPolicy: Allow\n",
+    ))
+    .await?;
+    env.wait_for("the first run", Duration::from_secs(30), || async {
+        Ok((!env.job_list().await?.is_empty()).then_some(()))
+    })
+    .await?;
+    // The fault: the controller is down across several periods.
+    env.stop_controller(c, true).await?;
+    let down_at = Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    env.start_controller(&[]).await?;
+    let want_through = down_at + SignedDuration::from_secs(9);
+    let ps = env
+        .wait_for(
+            "every missed period run",
+            Duration::from_secs(60),
+            || async {
+                let ps = periods(&env.job_list().await?);
+                Ok(ps.last().is_some_and(|l| *l >= want_through).then_some(ps))
+            },
+        )
+        .await?;
+    // Consecutive 2-second periods from the first to the last: none lost, none twice.
+    for w in ps.windows(2) {
+        ensure(
+            &env,
+            w[1].duration_since(w[0]) == SignedDuration::from_secs(2),
+            ("gap or duplicate", w),
+        )
+        .await?;
+    }
+    ensure(&env, ps.len() >= 6, ("periods", ps.len())).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_schedule_edit_never_fires_retroactively() -> Result<()> {
+    let mut env = Env::new("edit").await?;
+    env.start_controller(&[]).await?;
+    // Yearly, with catchUp All: if an edit counted from creation, every second since would run.
+    env.create_sj(&sj_yaml(
+        "e",
+        "0 0 1 1 *",
+        "  catchUp: All\n  concurrencyPolicy: Allow\n",
+    ))
+    .await?;
+    env.wait_for(
+        "the controller to see it",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("e").await?;
+            Ok(sj
+                .status
+                .as_ref()
+                .and_then(|s| s.decided_through.clone())
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await; // periods of the new schedule would pile up here
+    let edited = Timestamp::now();
+    let patch = serde_json::json!({"spec": {"schedule": "*/2 * * * * *"}});
+    env.sjs()
+        .patch("e", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    env.wait_for(
+        "a run under the new schedule",
+        Duration::from_secs(30),
+        || async { Ok((!env.job_list().await?.is_empty()).then_some(())) },
+    )
+    .await?;
+    let ps = periods(&env.job_list().await?);
+    ensure(
+        &env,
+        ps.iter().all(|p| *p >= edited),
+        ("no period before the edit", &ps, edited),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_claim_whose_job_was_never_created_is_completed_after_a_restart() -> Result<()> {
+    let mut env = Env::new("pending").await?;
+    // No controller yet: write the state a claimer leaves when it dies between claim and create.
+    let sj = env.create_sj(&sj_yaml("k", "0 0 1 1 *", "")).await?;
+    let period: Timestamp = "2027-01-01T00:00:00Z".parse()?;
+    let claim = RunRef {
+        period: period.into(),
+        token: 7,
+        job_name: singleton::naming::job_name("k", period),
+        claimed_at: Some(Timestamp::now().into()),
+    };
+    let mut obj = sj.clone();
+    let mut status = obj.status.clone().unwrap_or_default();
+    status.fencing_token = 7;
+    status.pending_claim = Some(claim.clone());
+    status.decided_through = Some(period.into());
+    status.schedule_fingerprint = Some(singleton::decide::fingerprint(&sj.spec));
+    obj.status = Some(status);
+    env.sjs()
+        .replace_status("k", &PostParams::default(), &obj)
+        .await?;
+
+    env.start_controller(&[]).await?;
+    let job = env
+        .wait_for("the claimed Job", Duration::from_secs(30), || async {
+            Ok(env
+                .job_list()
+                .await?
+                .into_iter()
+                .find(|j| j.name_any() == claim.job_name))
+        })
+        .await?;
+    ensure(
+        &env,
+        job.annotations()
+            .get("singleton.dev/fencing-token")
+            .map(String::as_str)
+            == Some("7"),
+        "same token",
+    )
+    .await?;
+    env.wait_for(
+        "the claim moved to active/history",
+        Duration::from_secs(30),
+        || async {
+            let s = env.get_sj("k").await?.status.unwrap_or_default();
+            Ok((s.pending_claim.is_none()
+                && s.fencing_token == 7
+                && s.history.iter().any(|h| h.token == Some(7)))
+            .then_some(()))
+        },
+    )
+    .await?;
+    ensure(&env, env.job_list().await?.len() == 1, "exactly one Job").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_bad_spec_gets_a_condition_and_does_not_disturb_a_good_one() -> Result<()> {
+    let mut env = Env::new("bad").await?;
+    env.start_controller(&[]).await?;
+    // What CEL can express is refused at apply time, with a clear message.
+    let err = env
+        .create_sj(&sj_yaml("cel", "* *", ""))
+        .await
+        .expect_err("two fields must be refused");
+    ensure(
+        &env,
+        err.to_string().contains("5 fields"),
+        ("CEL message", err.to_string()),
+    )
+    .await?;
+    let err = env
+        .create_sj(&sj_yaml("tz", "* * * * *", "  timeZone: \"not a zone!\"\n"))
+        .await
+        .expect_err("bad zone syntax");
+    ensure(
+        &env,
+        err.to_string().contains("IANA"),
+        ("CEL message", err.to_string()),
+    )
+    .await?;
+
+    // The rest is the controller's: a condition and an Event, and the good one keeps running.
+    env.create_sj(&sj_yaml("bad-cron", "61 * * * *", ""))
+        .await?;
+    env.create_sj(&sj_yaml(
+        "bad-zone",
+        "* * * * *",
+        "  timeZone: Mars/Olympus_Mons\n",
+    ))
+    .await?;
+    env.create_sj(&sj_yaml("good", "*/2 * * * * *", "")).await?;
+    for (name, needle) in [("bad-cron", "61"), ("bad-zone", "Mars/Olympus_Mons")] {
+        env.wait_for(
+            &format!("{name} ScheduleValid=False"),
+            Duration::from_secs(30),
+            || async {
+                let s = env.get_sj(name).await?.status.unwrap_or_default();
+                Ok(s.conditions
+                    .iter()
+                    .any(|c| {
+                        c.type_ == "ScheduleValid"
+                            && c.status == "False"
+                            && c.message.contains(needle)
+                    })
+                    .then_some(()))
+            },
+        )
+        .await?;
+    }
+    env.wait_for(
+        "two runs of the good one",
+        Duration::from_secs(30),
+        || async {
+            let n = env
+                .job_list()
+                .await?
+                .iter()
+                .filter(|j| j.name_any().starts_with("good-"))
+                .count();
+            Ok((n >= 2).then_some(()))
+        },
+    )
+    .await?;
+    ensure(
+        &env,
+        env.job_list()
+            .await?
+            .iter()
+            .all(|j| j.name_any().starts_with("good-")),
+        "no Job for a bad spec",
+    )
+    .await?;
+    Ok(())
+}
