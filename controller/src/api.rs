@@ -128,6 +128,19 @@ pub struct SingletonJobSpec {
     pub job_template: JobTemplateSpec,
 }
 
+/// Tokens are u64 in Rust; OpenAPI has no unsigned format Kubernetes knows, so publish int64 >= 0.
+fn token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int64", "minimum": 0})
+}
+
+fn optional_token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int64", "minimum": 0, "nullable": true})
+}
+
+fn count_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int64", "minimum": 1})
+}
+
 fn is_default<T: Default + PartialEq>(t: &T) -> bool {
     *t == T::default()
 }
@@ -200,6 +213,7 @@ pub struct SingletonJobStatus {
 
     /// The highest fencing token issued to a run of this SingletonJob. Strictly increasing.
     #[serde(default)]
+    #[schemars(schema_with = "token_schema")]
     pub fencing_token: u64,
 
     /// Every scheduled period at or before this instant has been decided (started or recorded
@@ -257,6 +271,7 @@ pub struct RunRef {
     /// The scheduled instant this run is for.
     pub period: Time,
     /// The fencing token issued to this run.
+    #[schemars(schema_with = "token_schema")]
     pub token: u64,
     /// Name of the Job (deterministic per SingletonJob and period).
     pub job_name: String,
@@ -294,6 +309,7 @@ pub struct HistoryEntry {
     pub last_period: Option<Time>,
     /// How many periods this entry stands for.
     #[serde(default = "one")]
+    #[schemars(schema_with = "count_schema")]
     pub count: u64,
     /// What happened.
     pub outcome: Outcome,
@@ -305,6 +321,7 @@ pub struct HistoryEntry {
     pub job_name: Option<String>,
     /// The run's fencing token, if one was issued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_token_schema")]
     pub token: Option<u64>,
     /// When the run started (claim time).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -71,7 +71,8 @@ pub async fn watch_clock(
     tx: watch::Sender<ClockState>,
 ) {
     loop {
-        if let Some(state) = measure(&client, bound).await {
+        let measured = measure(&client, bound).await;
+        if let Some(state) = measured {
             if !state.trusted {
                 tracing::warn!(
                     offset_ms = state.offset.map(|o| o.as_millis()),
@@ -84,7 +85,14 @@ pub async fn watch_clock(
                 changed
             });
         }
-        tokio::time::sleep(every).await;
+        // Until a first verdict exists no run may start, so retry quickly rather than wait a period.
+        let unknown = tx.borrow().offset.is_none();
+        let pause = if measured.is_none() && unknown {
+            Duration::from_secs(1).min(every)
+        } else {
+            every
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 

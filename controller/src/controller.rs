@@ -408,9 +408,17 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         generation,
         now,
     );
-    let clock_msg = match clock.offset {
-        Some(o) => format!("API server clock minus local clock: {} ms", o.as_millis()),
-        None => "not measured yet".to_string(),
+    // The exact offset changes with every measurement; only a verdict change is worth a write.
+    let clock_msg = match (clock.trusted, clock.offset) {
+        (true, _) => "the local clock agrees with the API server's".to_string(),
+        (false, Some(o)) => format!(
+            "API server clock minus local clock: {} s; no run starts until they agree",
+            o.as_secs()
+        ),
+        (false, None) => {
+            "the API server's clock has not been measured yet; no run starts until it is"
+                .to_string()
+        }
     };
     conditions::set(
         conds,

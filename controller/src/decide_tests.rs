@@ -60,7 +60,7 @@ fn decide(
     let obs = Observed {
         now,
         created,
-        clock_trusted: true,
+        blocked: None,
         job_states: states,
     };
     plan(
@@ -321,14 +321,16 @@ fn an_untrusted_clock_or_a_rejected_template_starts_nothing() {
     let s = spec("*/10 * * * *");
     let created = ts("2027-01-01T00:00:00Z");
     let st = states(NONE);
-    let obs = Observed {
-        now: ts("2027-01-01T00:10:00Z"),
-        created,
-        clock_trusted: false,
-        job_states: &st,
-    };
-    let p = plan(&s, &sched(&s), None, None, &[], &obs);
-    assert_eq!((p.start, p.waiting), (None, Some(Waiting::ClockUntrusted)));
+    for why in [Waiting::ClockUntrusted, Waiting::JobTemplateInvalid] {
+        let obs = Observed {
+            now: ts("2027-01-01T00:10:00Z"),
+            created,
+            blocked: Some(why),
+            job_states: &st,
+        };
+        let p = plan(&s, &sched(&s), None, None, &[], &obs);
+        assert_eq!((p.start, p.waiting), (None, Some(why)));
+    }
 }
 
 #[test]

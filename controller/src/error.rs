@@ -37,6 +37,16 @@ pub enum Error {
     /// This replica may not act (not the leader, or shutting down).
     #[error("not allowed to act: not the leader")]
     NotLeader,
+
+    /// The leader could not renew its Lease within the renew deadline, or saw another holder: it
+    /// has stopped acting and the process exits so it restarts as a standby.
+    #[error("lost leadership of lease {0}")]
+    LeadershipLost(String),
+
+    /// The Lease could not be read or written for a reason other than a lost race (also the
+    /// failures an in-memory test lock injects).
+    #[error("lease {lease}: {message}")]
+    Lease { lease: String, message: String },
 }
 
 impl Error {
@@ -51,6 +61,8 @@ impl Error {
             Error::Serialize(_) => "Serialize",
             Error::Config(_) => "Config",
             Error::NotLeader => "NotLeader",
+            Error::LeadershipLost(_) => "LeadershipLost",
+            Error::Lease { .. } => "Lease",
         }
     }
 

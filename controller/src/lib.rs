@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod controller;
 pub mod decide;
 pub mod error;
+pub mod lease;
 pub mod naming;
 pub mod run;
 pub mod schedule;

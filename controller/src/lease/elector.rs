@@ -1,0 +1,609 @@
+//! The elector: client-go's leader election rules over a [`Lock`].
+//!
+//! - Expiry is judged by *local monotonic* time since this process last saw the record change
+//!   (`observed_at`), never by comparing the holder's `renewTime` with our wall clock: two clocks
+//!   may disagree by any amount, but both measure durations well.
+//! - The leader counts its renew deadline from the *start* of its last successful attempt. Anyone
+//!   else starts counting the lease duration only after that write is visible, i.e. later; and
+//!   `lease_duration > renew_deadline`, so the leader closes its gate before any other replica can
+//!   consider the lease expired. The deadline timer is armed in every wait of the leader, so it
+//!   fires even while a renew request hangs.
+//! - Every write carries the observed resourceVersion; a 409 means another candidate won.
+//! - `leaseTransitions` increments on every new grant and is the leader epoch.
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use jiff::Timestamp;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use super::lock::{LeaderRecord, LeaseEvent, Lock, Versioned};
+use crate::controller::{Gate, GateState};
+use crate::{Error, Result};
+
+/// Retry waits are stretched by up to this factor, so candidates do not retry in lockstep.
+pub const JITTER_FACTOR: f64 = 1.2;
+
+/// Durations and identity of one candidate.
+#[derive(Clone, Debug)]
+pub struct ElectionConfig {
+    /// Unique per process (see [`super::identity`]).
+    pub identity: String,
+    /// How long others wait, after last seeing the record change, before taking the lease over.
+    pub lease_duration: Duration,
+    /// How long the leader keeps acting without a successful renewal.
+    pub renew_deadline: Duration,
+    /// How often candidates retry, and the leader retries a failed renewal.
+    pub retry_period: Duration,
+}
+
+impl ElectionConfig {
+    /// client-go's rules: lease duration > renew deadline > retry period × jitter, all positive.
+    /// The first gap is the margin in which a leader that stopped renewing is still the only one
+    /// acting; the second makes sure a leader gets at least one retry before giving up.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(format!("leader election: {msg}")));
+        if self.identity.is_empty() {
+            return bad("identity must not be empty".into());
+        }
+        if self.retry_period.is_zero() {
+            return bad("retry period must be positive".into());
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return bad(format!(
+                "lease duration ({:?}) must be greater than the renew deadline ({:?})",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline.as_secs_f64() <= self.retry_period.as_secs_f64() * JITTER_FACTOR {
+            return bad(format!(
+                "renew deadline ({:?}) must be greater than {JITTER_FACTOR} × the retry period ({:?})",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        Ok(())
+    }
+
+    /// The leader renews about every third of the lease, and at least twice per renew deadline so
+    /// one failed attempt still leaves time for retries.
+    pub fn renew_interval(&self) -> Duration {
+        (self.lease_duration / 3).min(self.renew_deadline / 2)
+    }
+}
+
+/// What this replica is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Waiting for the lease, watching it.
+    Standby,
+    /// Holding the lease and allowed to act.
+    Leader,
+    /// Holding the lease but no longer acting: draining before a release.
+    SteppingDown,
+    /// Not taking part any more (released, lost, or shut down).
+    Stopped,
+}
+
+/// The election as this replica sees it, published on a watch channel (health, logs, tests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionState {
+    pub role: Role,
+    /// Holder of the lease as last observed; empty when free or unknown.
+    pub holder: String,
+    /// `leaseTransitions` of the record last observed: the current leader epoch.
+    pub epoch: u64,
+    /// Leader: when it stops acting unless it renews (last renewal + renew deadline).
+    /// Standby: when the observed holder's lease expires by our clock.
+    pub expires: Option<Instant>,
+    /// The Lease watch has listed the Lease and is not failing.
+    pub watching: bool,
+    /// Last turn of the elector's loop (liveness).
+    pub heartbeat: Instant,
+}
+
+/// How a call to [`Elector::hold`] ended.
+#[derive(Debug)]
+pub enum Held<T> {
+    /// Leadership is lost (the gate is already closed). The reason is for the log.
+    Lost(String),
+    /// The `until` future resolved while still holding the lease.
+    Until(T),
+}
+
+/// How a call to [`Elector::acquire`] ended.
+#[derive(Debug)]
+pub enum Acquired<T> {
+    /// We hold the lease and the gate is open.
+    Leading,
+    /// The `until` future resolved first; the elector is stopped.
+    Until(T),
+}
+
+/// One candidate for the lease.
+pub struct Elector<L: Lock> {
+    lock: L,
+    cfg: ElectionConfig,
+    /// Lease watch; None when it ended (then polling at the retry period still works).
+    events: Option<BoxStream<'static, LeaseEvent>>,
+    /// The record as last read, watched or written, and when (locally) it last changed.
+    observed: Option<Versioned>,
+    observed_at: Instant,
+    /// We hold the lease: our last write of it succeeded and the renew deadline has not passed.
+    leading: bool,
+    /// Start of the last successful acquire or renew attempt.
+    renewed_at: Instant,
+    /// Shutting down: keep renewing, but never reopen the gate.
+    draining: bool,
+    watching: bool,
+    stopped: bool,
+    gate: watch::Sender<GateState>,
+    state: watch::Sender<ElectionState>,
+    rng: u64,
+}
+
+impl<L: Lock> Elector<L> {
+    /// A candidate that has not tried yet: its gate is closed. `events` is the Lease watch
+    /// ([`super::lock::watch_lease`]); pass an empty stream to rely on polling alone.
+    pub fn new(
+        lock: L,
+        cfg: ElectionConfig,
+        events: BoxStream<'static, LeaseEvent>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let now = Instant::now();
+        let (gate, _) = watch::channel(GateState {
+            may_act: false,
+            epoch: 0,
+        });
+        let (state, _) = watch::channel(ElectionState {
+            role: Role::Standby,
+            holder: String::new(),
+            epoch: 0,
+            expires: None,
+            watching: false,
+            heartbeat: now,
+        });
+        // Seeded by the OS (RandomState), so replicas started together jitter differently.
+        let rng = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+            | 1;
+        Ok(Elector {
+            lock,
+            cfg,
+            events: Some(events),
+            observed: None,
+            observed_at: now,
+            leading: false,
+            renewed_at: now,
+            draining: false,
+            watching: false,
+            stopped: false,
+            gate,
+            state,
+            rng,
+        })
+    }
+
+    /// The gate the run path checks before each write.
+    pub fn gate(&self) -> Gate {
+        Gate::new(self.gate.subscribe())
+    }
+
+    pub fn state(&self) -> watch::Receiver<ElectionState> {
+        self.state.subscribe()
+    }
+
+    pub fn config(&self) -> &ElectionConfig {
+        &self.cfg
+    }
+
+    pub fn is_leading(&self) -> bool {
+        self.leading
+    }
+
+    /// Takes note of the record as read or watched. Only a change (another resourceVersion)
+    /// restarts the local expiry clock, so a holder that stopped renewing expires after exactly
+    /// one lease duration of local time, whatever its `renewTime` says.
+    pub fn observe(&mut self, seen: Option<Versioned>, now: Instant) {
+        let changed = match (&self.observed, &seen) {
+            (Some(a), Some(b)) => a.resource_version != b.resource_version || a.record != b.record,
+            (None, None) => false,
+            _ => true,
+        };
+        if changed {
+            tracing::debug!(lease = %self.lock.describe(), holder = seen.as_ref().map(|v| v.record.holder.as_str()).unwrap_or(""), "lease record changed");
+            self.observed = seen;
+            self.observed_at = now;
+        }
+        // A leader that sees someone else's record has lost, whatever its deadline says.
+        if self.leading && self.held_by_other(now) {
+            self.step_down("another candidate holds the lease");
+        }
+        self.publish();
+    }
+
+    /// The lease duration the observed record asks for (ours if it states none).
+    fn observed_duration(&self) -> Duration {
+        match &self.observed {
+            Some(v) if !v.record.lease_duration.is_zero() => v.record.lease_duration,
+            _ => self.cfg.lease_duration,
+        }
+    }
+
+    /// When the observed holder's lease expires by our clock; None if nobody else holds it.
+    fn other_expiry(&self) -> Option<Instant> {
+        let v = self.observed.as_ref()?;
+        let holder = &v.record.holder;
+        (!holder.is_empty() && *holder != self.cfg.identity)
+            .then(|| self.observed_at + self.observed_duration())
+    }
+
+    fn held_by_other(&self, now: Instant) -> bool {
+        self.other_expiry().is_some_and(|exp| now < exp)
+    }
+
+    /// One round of client-go's `tryAcquireOrRenew`. Ok(true) when we hold the lease afterwards.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<bool> {
+        // 1. The moment of the attempt. A success counts from here, not from the reply: the
+        //    write cannot be visible to anyone before we sent it.
+        let started = Instant::now();
+        let wall = Timestamp::now();
+        let me = self.cfg.identity.clone();
+
+        // 2. Read the current record.
+        let Some(current) = self.lock.get().await? else {
+            // 3. No Lease yet: create it. Its first grant is epoch 1 (0 means "no election").
+            let record = LeaderRecord {
+                holder: me,
+                lease_duration: self.cfg.lease_duration,
+                acquire_time: Some(wall),
+                renew_time: Some(wall),
+                transitions: 1,
+            };
+            return match self.lock.create(&record).await {
+                Ok(v) => Ok(self.granted(v, started)),
+                // Someone else created it first.
+                Err(Error::Conflict(_)) => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+
+        // 4. Restart the expiry clock if the record changed since we last saw it.
+        self.observe(Some(current.clone()), Instant::now());
+
+        // 5. Held by someone else whose lease has not expired by our clock: not ours to take.
+        if self.held_by_other(Instant::now()) {
+            return Ok(false);
+        }
+
+        // 6. The new record. A renewal keeps the acquire time and the epoch; any other grant
+        //    (a free, expired, or our own stale record) starts a new epoch.
+        let renewing = self.leading && current.record.holder == me;
+        let record = if renewing {
+            LeaderRecord {
+                renew_time: Some(wall),
+                lease_duration: self.cfg.lease_duration,
+                ..current.record.clone()
+            }
+        } else {
+            LeaderRecord {
+                holder: me,
+                lease_duration: self.cfg.lease_duration,
+                acquire_time: Some(wall),
+                renew_time: Some(wall),
+                transitions: current.record.transitions + 1,
+            }
+        };
+
+        // 7. Compare-and-swap on the observed resourceVersion: a 409 means we lost a race.
+        match self.lock.update(&current, &record).await {
+            Ok(v) => Ok(self.granted(v, started)),
+            Err(Error::Conflict(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Our write `v`, started at `started`, succeeded.
+    fn granted(&mut self, v: Versioned, started: Instant) -> bool {
+        let epoch = v.record.transitions;
+        let new_term = !self.leading;
+        self.observed = Some(v);
+        self.observed_at = started;
+        self.leading = true;
+        self.renewed_at = started;
+        if new_term {
+            tracing::info!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch, "became leader");
+        }
+        self.publish();
+        true
+    }
+
+    /// Stops acting at once: the gate closes before anything else happens.
+    fn step_down(&mut self, why: &str) {
+        self.gate.send_replace(GateState {
+            may_act: false,
+            epoch: self.epoch(),
+        });
+        if self.leading {
+            tracing::warn!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch = self.epoch(), reason = why, "stopped leading");
+        }
+        self.leading = false;
+        self.publish();
+    }
+
+    fn epoch(&self) -> u64 {
+        self.observed
+            .as_ref()
+            .map(|v| v.record.transitions)
+            .unwrap_or(0)
+    }
+
+    /// Publishes the gate and the state. The gate only ever opens here, for a leader that is
+    /// not draining.
+    fn publish(&mut self) {
+        let may_act = self.leading && !self.draining && !self.stopped;
+        let gate = GateState {
+            may_act,
+            epoch: self.epoch(),
+        };
+        self.gate.send_if_modified(|g| {
+            let changed = *g != gate;
+            *g = gate;
+            changed
+        });
+        let role = match (self.stopped, self.leading, self.draining) {
+            (true, _, _) => Role::Stopped,
+            (false, true, false) => Role::Leader,
+            (false, true, true) => Role::SteppingDown,
+            (false, false, _) => Role::Standby,
+        };
+        let state = ElectionState {
+            role,
+            holder: self
+                .observed
+                .as_ref()
+                .map(|v| v.record.holder.clone())
+                .unwrap_or_default(),
+            epoch: self.epoch(),
+            expires: if self.leading {
+                Some(self.renewed_at + self.cfg.renew_deadline)
+            } else {
+                self.other_expiry()
+            },
+            watching: self.watching,
+            heartbeat: Instant::now(),
+        };
+        self.state.send_replace(state);
+    }
+
+    fn handle_event(&mut self, ev: Option<LeaseEvent>) {
+        match ev {
+            Some(LeaseEvent::Observed(v)) => {
+                self.watching = true;
+                self.observe(v, Instant::now());
+            }
+            Some(LeaseEvent::WatchError(e)) => {
+                if self.watching {
+                    tracing::warn!(lease = %self.lock.describe(), error = %e, "lease watch failed; retrying");
+                }
+                self.watching = false;
+                self.publish();
+            }
+            None => {
+                // Not expected (the watch retries forever); polling still works without it.
+                tracing::warn!(lease = %self.lock.describe(), "lease watch ended");
+                self.events = None;
+                self.watching = false;
+                self.publish();
+            }
+        }
+    }
+
+    /// The retry period stretched by a random factor in [1, JITTER_FACTOR).
+    fn jittered_retry(&mut self) -> Duration {
+        // xorshift64: plenty for spreading retries.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        self.cfg
+            .retry_period
+            .mul_f64(1.0 + (JITTER_FACTOR - 1.0) * unit)
+    }
+
+    /// Standby: tries at once, then every retry period, and at once whenever the watch shows the
+    /// lease free (released, deleted) or the observed holder's lease expires. Returns when
+    /// leading, or when `until` resolved first.
+    pub async fn acquire<T>(&mut self, until: impl Future<Output = T>) -> Acquired<T> {
+        tokio::pin!(until);
+        let mut next_try = Instant::now();
+        loop {
+            self.publish();
+            enum Wake<T> {
+                Until(T),
+                Event(Option<LeaseEvent>),
+                Try,
+            }
+            let wake = tokio::select! {
+                biased;
+                v = &mut until => Wake::Until(v),
+                ev = next_event(&mut self.events) => Wake::Event(ev),
+                _ = sleep_until(next_try) => Wake::Try,
+            };
+            match wake {
+                Wake::Until(v) => {
+                    // Stopped while standing by: nothing to release.
+                    self.stopped = true;
+                    self.publish();
+                    return Acquired::Until(v);
+                }
+                Wake::Event(ev) => {
+                    self.handle_event(ev);
+                    let now = Instant::now();
+                    let free = match &self.observed {
+                        None => true,
+                        Some(v) => v.record.holder.is_empty(),
+                    };
+                    if free {
+                        next_try = now;
+                    } else if let Some(exp) = self.other_expiry() {
+                        next_try = next_try.min(exp.max(now));
+                    }
+                }
+                Wake::Try => {
+                    // A hung request must not wedge the standby: give up after the renew deadline.
+                    let attempt =
+                        tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew())
+                            .await;
+                    match attempt {
+                        Ok(Ok(true)) => return Acquired::Leading,
+                        Ok(Ok(false)) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(lease = %self.lock.describe(), error = %e, "could not acquire the lease")
+                        }
+                        Err(_) => {
+                            tracing::warn!(lease = %self.lock.describe(), "acquiring the lease timed out")
+                        }
+                    }
+                    let now = Instant::now();
+                    next_try = now + self.jittered_retry();
+                    if let Some(exp) = self.other_expiry().filter(|e| *e > now) {
+                        next_try = next_try.min(exp);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Leader: renews every [`ElectionConfig::renew_interval`], retries failures every retry
+    /// period, and steps down (gate closed first) the moment the renew deadline passes without a
+    /// successful renewal, or the lease shows another holder. Returns when leadership is lost or
+    /// `until` resolves (still leading).
+    pub async fn hold<T>(&mut self, until: impl Future<Output = T>) -> Held<T> {
+        tokio::pin!(until);
+        if !self.leading {
+            return Held::Lost("not leading".into());
+        }
+        let mut next_try = self.renewed_at + self.cfg.renew_interval();
+        loop {
+            self.publish();
+            if !self.leading {
+                return Held::Lost("another candidate holds the lease".into());
+            }
+            let deadline = self.renewed_at + self.cfg.renew_deadline;
+            enum Wake<T> {
+                Deadline,
+                Until(T),
+                Event(Option<LeaseEvent>),
+                Try,
+            }
+            // The deadline comes first: after a pause (SIGSTOP, a stalled VM) every timer is
+            // due at once, and stepping down must win.
+            let wake = tokio::select! {
+                biased;
+                _ = sleep_until(deadline) => Wake::Deadline,
+                v = &mut until => Wake::Until(v),
+                ev = next_event(&mut self.events) => Wake::Event(ev),
+                _ = sleep_until(next_try) => Wake::Try,
+            };
+            match wake {
+                Wake::Deadline => return self.lost_deadline(),
+                Wake::Until(v) => return Held::Until(v),
+                Wake::Event(ev) => self.handle_event(ev),
+                Wake::Try => {
+                    let attempt = tokio::select! {
+                        biased;
+                        _ = sleep_until(deadline) => None,
+                        r = self.try_acquire_or_renew() => Some(r),
+                    };
+                    match attempt {
+                        None => return self.lost_deadline(),
+                        Some(Ok(true)) => {
+                            next_try = self.renewed_at + self.cfg.renew_interval();
+                        }
+                        Some(Ok(false)) => {
+                            if self.held_by_other(Instant::now()) {
+                                self.step_down("another candidate holds the lease");
+                                return Held::Lost("another candidate holds the lease".into());
+                            }
+                            // A 409 from an unrelated edit of the Lease: read again soon.
+                            next_try = Instant::now() + self.cfg.retry_period;
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(lease = %self.lock.describe(), error = %e, "could not renew the lease");
+                            next_try = Instant::now() + self.cfg.retry_period;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn lost_deadline<T>(&mut self) -> Held<T> {
+        self.step_down("renew deadline passed without a successful renewal");
+        Held::Lost(format!(
+            "no successful renewal within the renew deadline ({:?})",
+            self.cfg.renew_deadline
+        ))
+    }
+
+    /// Stops acting (closes the gate for good) but keeps holding the lease, so in-flight work can
+    /// finish before [`Elector::release`].
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+        self.gate.send_replace(GateState {
+            may_act: false,
+            epoch: self.epoch(),
+        });
+        self.publish();
+    }
+
+    /// Gives the lease up (holder cleared, with the resourceVersion precondition) so a standby
+    /// takes over at once instead of waiting for expiry. Ok(false) if it was no longer ours.
+    pub async fn release(&mut self) -> Result<bool> {
+        self.begin_drain();
+        let was_leading = self.leading;
+        self.leading = false;
+        self.stopped = true;
+        self.publish();
+        let Some(current) = self.observed.clone() else {
+            return Ok(false);
+        };
+        if !was_leading || current.record.holder != self.cfg.identity {
+            return Ok(false);
+        }
+        let record = LeaderRecord {
+            holder: String::new(),
+            // As client-go: a released record asks nobody to wait.
+            lease_duration: Duration::from_secs(1),
+            acquire_time: None,
+            renew_time: None,
+            transitions: current.record.transitions,
+        };
+        match self.lock.update(&current, &record).await {
+            Ok(v) => {
+                tracing::info!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch = record.transitions, "released the lease");
+                self.observed = Some(v);
+                self.observed_at = Instant::now();
+                self.publish();
+                Ok(true)
+            }
+            // Someone else wrote since: it is not ours to release any more.
+            Err(Error::Conflict(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The next watch event; pending forever once the watch is gone.
+async fn next_event(events: &mut Option<BoxStream<'static, LeaseEvent>>) -> Option<LeaseEvent> {
+    match events {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,137 @@
+//! One replica's life: stand by, lead, and either hand over (SIGTERM) or exit (leadership lost).
+//!
+//! After losing leadership the process **exits** (non-zero) rather than staying up as a standby,
+//! as client-go's users do by default. Exiting is the one cancellation that reaches everything at
+//! once: reconciles in flight, requeue timers, the controller's caches and any state they built
+//! while leading. The Deployment restarts the pod, which comes back as a fresh standby with a new
+//! identity. Staying up would need every in-flight task to be found and cancelled, and a leader
+//! that resumes after a pause (SIGSTOP, a frozen VM) would carry stale caches into its next term.
+//!
+//! The controller itself starts only on the leader (client-go's `OnStartedLeading`): a standby
+//! runs the Lease watch and the health server, nothing that could write.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::{Either, select};
+use kube::Client;
+use tokio::sync::watch;
+
+use super::elector::{Acquired, ElectionConfig, Elector, Held};
+use super::health::{self, HealthSource};
+use super::lock::{KubeLock, watch_lease};
+use crate::controller::{self, Gate};
+use crate::{Error, Result};
+
+/// Where the Lease lives and how the election is timed.
+#[derive(Clone, Debug)]
+pub struct ElectionOptions {
+    pub lease_namespace: String,
+    pub lease_name: String,
+    pub config: ElectionConfig,
+}
+
+/// How a replica runs.
+#[derive(Clone, Debug)]
+pub struct ReplicaOptions {
+    /// None: single-replica mode, no election, the gate always open.
+    pub election: Option<ElectionOptions>,
+    pub health_addr: SocketAddr,
+}
+
+/// Runs the controller as one replica until `shutdown` resolves. Returns
+/// [`Error::LeadershipLost`] when this replica led and lost the lease: the caller should exit.
+pub async fn run_replica(
+    client: Client,
+    cfg: controller::Config,
+    opts: ReplicaOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let Some(election) = opts.election else {
+        health::serve(opts.health_addr, HealthSource::Always).await?;
+        return controller::run(client, cfg, Gate::always(), shutdown).await;
+    };
+    let ElectionOptions {
+        lease_namespace,
+        lease_name,
+        config,
+    } = election;
+    config.validate()?;
+    let lock = KubeLock::new(client.clone(), &lease_namespace, &lease_name);
+    let events = watch_lease(client.clone(), &lease_namespace, &lease_name).boxed();
+    let mut elector = Elector::new(lock, config.clone(), events)?;
+    health::serve(
+        opts.health_addr,
+        HealthSource::Election {
+            state: elector.state(),
+            stale_after: config.lease_duration + config.renew_deadline,
+        },
+    )
+    .await?;
+    let lease = format!("{lease_namespace}/{lease_name}");
+    tracing::info!(%lease, identity = %config.identity, "standing by for the lease");
+
+    let mut shutdown = Box::pin(shutdown);
+    if let Acquired::Until(()) = elector.acquire(&mut shutdown).await {
+        return Ok(());
+    }
+
+    // Leading: start the controller behind the elector's gate.
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let mut ctrl = tokio::spawn(controller::run(client, cfg, elector.gate(), async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    }));
+
+    match elector.hold(select(&mut shutdown, &mut ctrl)).await {
+        Held::Lost(reason) => {
+            // The gate is closed already; returning lets the process exit, which cancels every
+            // in-flight reconcile before it can write again.
+            tracing::error!(%lease, %reason, "lost leadership; exiting to restart as a standby");
+            return Err(Error::LeadershipLost(lease));
+        }
+        Held::Until(Either::Right((ended, _))) => {
+            // The controller stopped by itself (e.g. the CRD is missing): hand over and report.
+            elector.begin_drain();
+            release(&mut elector, &lease).await;
+            return match ended {
+                Ok(Ok(())) => Err(Error::Config("the controller stopped unexpectedly".into())),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(Error::Config(format!("the controller task failed: {e}"))),
+            };
+        }
+        Held::Until(Either::Left(((), _))) => {}
+    }
+
+    // Graceful shutdown: stop starting writes, let in-flight reconciles finish while still
+    // renewing (bounded by the renew deadline), then release so a standby takes over at once.
+    elector.begin_drain();
+    let _ = stop_tx.send(true);
+    let drain = tokio::time::timeout(config.renew_deadline, &mut ctrl);
+    match elector.hold(drain).await {
+        Held::Lost(reason) => {
+            tracing::error!(%lease, %reason, "lost leadership while draining");
+            return Err(Error::LeadershipLost(lease));
+        }
+        Held::Until(Err(_)) => {
+            tracing::warn!(%lease, "in-flight reconciles did not finish within the renew deadline; releasing anyway (their writes are fenced by resourceVersion)")
+        }
+        Held::Until(Ok(_)) => {}
+    }
+    release(&mut elector, &lease).await;
+    Ok(())
+}
+
+/// Releases the lease, bounded so a dead API server cannot hold up the exit (the lease then
+/// simply expires).
+async fn release(elector: &mut Elector<KubeLock>, lease: &str) {
+    let limit = elector.config().renew_deadline.max(Duration::from_secs(1));
+    match tokio::time::timeout(limit, elector.release()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(%lease, error = %e, "could not release the lease; it will expire")
+        }
+        Err(_) => tracing::warn!(%lease, "releasing the lease timed out; it will expire"),
+    }
+}
