@@ -38,6 +38,11 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `kubectl`: `KUBECTL` (set by `make e2e` to the cached build), else the one on PATH.
+pub fn kubectl() -> std::process::Command {
+    std::process::Command::new(std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into()))
+}
+
 /// The controller binary: `SINGLETON_CONTROLLER_BIN`, or the workspace's debug build.
 pub fn controller_bin() -> PathBuf {
     std::env::var_os("SINGLETON_CONTROLLER_BIN")
@@ -245,7 +250,7 @@ impl Drop for Env {
         }
         // The spawned task may not finish if the runtime is shutting down: `make e2e` also deletes
         // every namespace labelled singleton.dev/e2e=true at the end.
-        let _ = std::process::Command::new("kubectl")
+        let _ = kubectl()
             .args([
                 "delete",
                 "namespace",
