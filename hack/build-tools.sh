@@ -4,10 +4,22 @@
 # Usage: hack/build-tools.sh [tool ...]   (default: all)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=SCRIPTDIR/versions.sh
 . "$here/versions.sh"
 
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
 log() { printf '[build-tools] %s\n' "$*" >&2; }
+
+# quiet <cmd...>: hides the chatter of a successful step, shows it all when the step fails.
+quiet() {
+  local out
+  out=$("$@" 2>&1) || { printf '%s\n' "$out" >&2; log "failed: $*"; return 1; }
+}
+
+# Work dirs of builds in flight; removed on any exit, so a failed build leaves no litter behind.
+WORKDIRS=()
+trap 'rm -rf "${WORKDIRS[@]}"' EXIT
+newwork() { mktemp -d "$TOOLS_DIR/.$1-work.XXXX"; }
 
 # Runs a build into a temporary dir and moves it into place only when complete, so an interrupted
 # build never leaves a half-filled cache entry that later runs would trust.
@@ -20,7 +32,7 @@ build_k8s() {
   [ -x "$dest/kube-apiserver" ] && [ -x "$dest/kubectl" ] && [ -x "$dest/kube-controller-manager" ] \
     && [ -x "$dest/kube-scheduler" ] && return 0
   log "building kubernetes $K8S_VERSION (cold: tens of minutes on 2 cores)"
-  local work; work=$(mktemp -d "$TOOLS_DIR/.k8s-work.XXXX")
+  local work; work=$(newwork k8s); WORKDIRS+=("$work")
   mkdir -p "$work/mod" "$work/bin"
   # k8s.io/kubernetes replaces its staging modules with local paths; a consumer must replace each
   # with the published v0.X.Y. The list is read from the pinned go.mod so it never goes stale.
@@ -60,7 +72,7 @@ build_etcd() {
   local dest=$TOOLS_DIR/etcd-$ETCD_VERSION
   [ -x "$dest/etcd" ] && return 0
   log "building etcd $ETCD_VERSION"
-  local work; work=$(mktemp -d "$TOOLS_DIR/.etcd-work.XXXX")
+  local work; work=$(newwork etcd); WORKDIRS+=("$work")
   mkdir -p "$work/mod" "$work/bin"
   # etcd's own main package lives in a module that is awkward to consume; a three-line wrapper
   # around server/v3's etcdmain builds the same server.
@@ -76,7 +88,7 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-   go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1
+   quiet go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
    go mod tidy >/dev/null
    go build -trimpath -ldflags "-s -w" -o "$work/bin/etcd" .)
   finish "$work/bin" "$dest"; rm -rf "$work"
@@ -87,11 +99,11 @@ build_simple() { # build_simple <name> <module> <version> <package> [extra ldfla
   local dest=$TOOLS_DIR/$name-$version
   [ -x "$dest/$name" ] && return 0
   log "building $name $version"
-  local work; work=$(mktemp -d "$TOOLS_DIR/.$name-work.XXXX")
+  local work; work=$(newwork "$name"); WORKDIRS+=("$work")
   mkdir -p "$work/mod" "$work/bin"
   (cd "$work/mod" && go mod init "singleton.dev/$name-tool" >/dev/null 2>&1
    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
-   go get "$module@$version" >/dev/null 2>&1
+   quiet go get "$module@$version"
    go mod tidy -e >/dev/null 2>&1 || true
    go build -trimpath -ldflags "-s -w $ldextra" -o "$work/bin/$name" "$pkg")
   finish "$work/bin" "$dest"; rm -rf "$work"

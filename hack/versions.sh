@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: the variables are used by the caller
 # Pinned versions of everything the local control plane is built from.
 # Bumping one of these rebuilds that tool on the next `make up` (the cache key includes the version).
 K8S_VERSION=v1.37.2          # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl

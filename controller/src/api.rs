@@ -14,6 +14,8 @@ pub use crate::schedule::{DstPolicy, FoldPolicy, GapPolicy};
 /// API group of every resource this project defines.
 pub const GROUP: &str = "singleton.dev";
 
+// clippy reads the repeated `type_` keys of separate printcolumn(...) groups as duplicates.
+#[allow(clippy::duplicated_attributes)]
 /// Runs a Job from `jobTemplate` at most once per scheduled period, and hands every run a fencing
 /// token that only increases, so that a stale run's writes can be refused by the target database.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -1,7 +1,8 @@
 //! The run protocol: how one period becomes one Job. Read it top to bottom; each step names the
 //! guarantee it serves (DESIGN.md G1 to G5).
 //!
-//! 1. Gate    : act only while allowed to (leader, clock trusted)                   G4
+//! ```text
+//! 1. Gate    : act only while this replica may (the leader, not shutting down)     G4
 //! 2. Claim   : one status write, carrying the observed resourceVersion, records the
 //!              period as decided and issues the next fencing token. A 409 means
 //!              someone else acted: abort, re-read, decide again. This write is the
@@ -12,7 +13,8 @@
 //!              refuses a second Job for the same period.                          G1
 //! 5. Confirm : a second status write moves the claim to `active`. If we die
 //!              between 2 and 5, whoever acts next finds `pendingClaim` and
-//!              completes it with the same name and token ([`complete_claim`]).    G1, G2
+//!              completes it with the same name and token (complete_claim).      G1, G2
+//! ```
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;

@@ -128,9 +128,7 @@ async fn a_due_period_gets_one_job_that_completes() -> Result<()> {
     .await?;
 
     // `kubectl get sj` shows the printer columns.
-    let out = e2e::kubectl()
-        .args(["get", "sj", "-n", &env.ns])
-        .output()?;
+    let out = e2e::kubectl().args(["get", "sj", "-n", &env.ns]).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure(
         &env,

@@ -486,3 +486,66 @@ async fn a_bad_spec_gets_a_condition_and_does_not_disturb_a_good_one() -> Result
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn history_limits_prune_finished_jobs_and_every_outcome_has_an_event() -> Result<()> {
+    let mut env = Env::new("history").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml(
+        "h",
+        "*/2 * * * * *",
+        "  successfulJobsHistoryLimit: 1\n",
+    ))
+    .await?;
+    // Four successful runs recorded...
+    env.wait_for(
+        "four Succeeded runs in history",
+        Duration::from_secs(60),
+        || async {
+            let sj = env.get_sj("h").await?;
+            let n = sj.status.as_ref().map_or(0, |s| {
+                s.history
+                    .iter()
+                    .filter(|h| h.outcome == Outcome::Succeeded)
+                    .count()
+            });
+            Ok((n >= 4).then_some(()))
+        },
+    )
+    .await?;
+    // ...while at most one finished Job is kept (plus, at most, the one running now).
+    env.wait_for(
+        "finished Jobs pruned to the limit",
+        Duration::from_secs(30),
+        || async {
+            let finished = env
+                .job_list()
+                .await?
+                .into_iter()
+                .filter(|j| j.metadata.deletion_timestamp.is_none())
+                .filter(|j| j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0)
+                .count();
+            Ok((finished <= 1).then_some(()))
+        },
+    )
+    .await?;
+    // An Event for each start and each outcome.
+    let events: kube::Api<k8s_openapi::api::core::v1::Event> =
+        kube::Api::namespaced(env.client.clone(), &env.ns);
+    let reasons: Vec<String> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for want in ["RunStarted", "RunSucceeded"] {
+        ensure(
+            &env,
+            reasons.iter().any(|r| r == want),
+            ("event", want, &reasons),
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# A local Kubernetes control plane from source-built binaries, no containers: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler and a kwok fake node that "runs" pods (Job pods complete
+# within about a second), plus PostgreSQL (hack/postgres.sh). Everything listens on 127.0.0.1 only.
+#
+# Usage: hack/cluster.sh up|down|status|env
+#   up      start what is missing; a no-op when all is healthy. If only part of it runs (a crash),
+#           it is torn down and started fresh, so `up` always yields a known state.
+#   down    stop exactly the processes `up` started and delete the cluster and database state.
+#   status  say what runs; exit 0 only if everything is healthy.
+#   env     print `export KUBECONFIG=...` and `export DATABASE_URL=...` for eval.
+# Env: SINGLETON_ETCD_PORT (32379), SINGLETON_ETCD_PEER_PORT (32380), SINGLETON_APISERVER_PORT
+#      (36443), SINGLETON_KCM_PORT (36257), SINGLETON_SCHEDULER_PORT (36259), SINGLETON_PG_PORT (35432)
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+LOG_TAG=cluster
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$REPO/hack/lib.sh"
+
+ETCD_PORT=${SINGLETON_ETCD_PORT:-32379}
+ETCD_PEER_PORT=${SINGLETON_ETCD_PEER_PORT:-32380}
+APISERVER_PORT=${SINGLETON_APISERVER_PORT:-36443}
+KCM_PORT=${SINGLETON_KCM_PORT:-36257}
+SCHEDULER_PORT=${SINGLETON_SCHEDULER_PORT:-36259}
+SERVICE_CIDR=10.96.0.0/16
+NODE=kwok-node-0
+
+STATE=$REPO/.cache/cluster
+PKI=$STATE/pki
+PIDS=$STATE/pids
+LOGS=$STATE/logs
+KUBECONFIG_FILE=$STATE/kubeconfig
+DEMO_PIDS=$REPO/.cache/demo   # the demo's controller; `down` stops it before the API goes away
+
+K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
+ETCD_BIN=$TOOLS_DIR/etcd-$ETCD_VERSION/etcd
+KWOK_DIR=$TOOLS_DIR/kwok-$KWOK_VERSION
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)  # start order
+
+kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+ensure_tools() {
+  ensure_cmd openssl openssl
+  ensure_cmd curl curl
+  ensure_cmd setsid util-linux
+  ensure_cmd ps procps
+  if [ ! -x "$ETCD_BIN" ] || [ ! -x "$K8S_BIN/kube-apiserver" ] || [ ! -x "$K8S_BIN/kubectl" ] \
+     || [ ! -x "$K8S_BIN/kube-controller-manager" ] || [ ! -x "$K8S_BIN/kube-scheduler" ] \
+     || [ ! -x "$KWOK_DIR/kwok" ] || [ ! -s "$KWOK_DIR/stages.yaml" ]; then
+    "$REPO/hack/build-tools.sh" etcd kubernetes kwok
+  fi
+}
+
+# --- PKI -------------------------------------------------------------------------------------------
+# One CA signs the serving cert and every client cert. Kept across `down` (only state is wiped), and
+# remade when missing or within a day of expiry.
+cert() { # cert <name> <subject> <extensions>
+  openssl genrsa -out "$1.key" 2048 2>/dev/null
+  openssl req -new -key "$1.key" -subj "$2" -out "$1.csr"
+  openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -sha256 \
+    -extfile <(printf '%s\n' "$3") -out "$1.crt" 2>/dev/null
+  rm -f "$1.csr"
+}
+
+ensure_pki() {
+  local ok=1 c
+  for c in ca apiserver admin kube-controller-manager kube-scheduler front-proxy-client; do
+    [ -s "$PKI/$c.crt" ] && openssl x509 -checkend 86400 -noout -in "$PKI/$c.crt" >/dev/null || ok=0
+  done
+  [ -s "$PKI/sa.key" ] || ok=0
+  [ $ok = 1 ] && return 0
+  log "creating PKI in $PKI"
+  local tmp; tmp=$(mktemp -d "$STATE/.pki.XXXX")
+  (
+    cd "$tmp"
+    openssl genrsa -out ca.key 2048 2>/dev/null
+    # rustls (used by the kube crate) insists on proper v3 extensions: CA:TRUE on the CA, CA:FALSE
+    # plus an EKU on leaves, and IP SANs for an https://127.0.0.1 server.
+    openssl req -x509 -new -key ca.key -subj "/CN=singleton-local-ca" -days 3650 -sha256 -out ca.crt \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
+    local leaf="basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment"
+    cert apiserver "/CN=kube-apiserver" "$leaf
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    cert admin "/O=system:masters/CN=singleton-admin" "$leaf
+extendedKeyUsage=clientAuth"
+    # The control-plane components get the identities the bootstrap RBAC policy grants to them.
+    cert kube-controller-manager "/CN=system:kube-controller-manager" "$leaf
+extendedKeyUsage=clientAuth"
+    cert kube-scheduler "/CN=system:kube-scheduler" "$leaf
+extendedKeyUsage=clientAuth"
+    # The aggregation layer's client identity; its CA must also be published as the request-header
+    # CA, or every delegated-auth client (KCM, scheduler) logs "missing content for CA bundle".
+    cert front-proxy-client "/CN=front-proxy-client" "$leaf
+extendedKeyUsage=clientAuth"
+    # Service-account token signing key (TokenRequest API, `kubectl create token`).
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f ca.srl
+  )
+  rm -rf "$PKI"; mv "$tmp" "$PKI"
+}
+
+# Self-contained (certs embedded), so it keeps working if copied elsewhere.
+write_kubeconfig() { # write_kubeconfig <file> <cert name>
+  local f=$1
+  (umask 077; cat > "$f.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: singleton
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/$2.crt")
+    client-key-data: $(base64 -w0 "$PKI/$2.key")
+contexts:
+- name: singleton
+  context:
+    cluster: singleton
+    user: $2
+    namespace: default
+current-context: singleton
+EOF
+  )
+  mv "$f.tmp" "$f"
+}
+
+# --- processes -------------------------------------------------------------------------------------
+pidfile() { echo "$PIDS/$1.pid"; }
+logfile() { echo "$LOGS/$1.log"; }
+
+start() { # start <name> <binary> [args...]
+  local name=$1; shift
+  : > "$(logfile "$name")"   # a fresh start gets a fresh log; `down` leaves the last one for reading
+  start_daemon "$(pidfile "$name")" "$(logfile "$name")" "$@"
+}
+
+check_ports_free() {
+  local p
+  for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KCM_PORT" "$SCHEDULER_PORT"; do
+    port_taken "$p" && die "127.0.0.1:$p is already taken by another process (not one of ours);" \
+      "set SINGLETON_*_PORT to move the cluster (see hack/cluster.sh header)"
+  done
+  return 0
+}
+
+etcd_healthy() { curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'; }
+readyz() { kubectl get --raw /readyz --request-timeout=5s; }
+healthz() { curl -ksfS --max-time 2 "https://127.0.0.1:$1/healthz"; }
+node_ready() {
+  local s
+  s=$(kubectl get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')
+  [ "$s" = True ] || { echo "node $NODE Ready=${s:-<unset>}"; return 1; }
+}
+
+all_alive() {
+  local c
+  for c in "${COMPONENTS[@]}"; do pid_alive "$(pidfile "$c")" || return 1; done
+}
+
+healthy() { all_alive && readyz >/dev/null 2>&1 && node_ready >/dev/null 2>&1; }
+
+start_all() {
+  mkdir -p "$PIDS" "$LOGS" "$STATE/run"
+  check_ports_free
+  ensure_pki
+  write_kubeconfig "$KUBECONFIG_FILE" admin
+  write_kubeconfig "$STATE/kube-controller-manager.kubeconfig" kube-controller-manager
+  write_kubeconfig "$STATE/kube-scheduler.kubeconfig" kube-scheduler
+
+  log "starting etcd on 127.0.0.1:$ETCD_PORT"
+  start etcd "$ETCD_BIN" --name=singleton --data-dir="$STATE/etcd" \
+    --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster="singleton=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --unsafe-no-fsync --log-level=warn   # throwaway data: fsync only costs time
+  WAIT_PIDFILE=$(pidfile etcd) wait_for "etcd health" 30 "$(logfile etcd)" etcd_healthy
+
+  # --endpoint-reconciler-type=none: the `kubernetes` Service's Endpoints may not hold a loopback
+  # address, and with the default reconciler the apiserver refuses to start on 127.0.0.1.
+  log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
+  start kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --authorization-mode=Node,RBAC \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --requestheader-client-ca-file="$PKI/ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
+    --endpoint-reconciler-type=none \
+    --allow-privileged=true \
+    --cert-dir="$STATE/run/kube-apiserver"
+  WAIT_PIDFILE=$(pidfile kube-apiserver) wait_for "kube-apiserver /readyz" 120 "$(logfile kube-apiserver)" readyz
+
+  # Both serve /healthz on loopback (not their default 0.0.0.0) with an in-memory self-signed cert.
+  log "starting kube-controller-manager, kube-scheduler and kwok"
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --cert-dir="$STATE/run/kube-controller-manager" \
+    --leader-elect=false --use-service-account-credentials=true \
+    --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key"
+  start kube-scheduler "$K8S_BIN/kube-scheduler" \
+    --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
+    --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --cert-dir="$STATE/run/kube-scheduler" \
+    --leader-elect=false
+  # kwok plays kubelet for nodes annotated kwok.x-k8s.io/node=fake only (a real node, should one
+  # join, is left alone). The stages are kwokctl's defaults: pods become Running at once, pods owned
+  # by a Job then Succeeded at once; the node keeps Ready through a Lease renewed by kwok.
+  # KWOK_WORKDIR keeps it from reading a user's ~/.kwok/kwok.yaml. It opens no port: no --node-port
+  # or --server-address, so no kubelet API (logs/exec) is served.
+  mkdir -p "$STATE/kwok"
+  KWOK_WORKDIR=$STATE/kwok start kwok "$KWOK_DIR/kwok" \
+    --kubeconfig="$KUBECONFIG_FILE" --config="$KWOK_DIR/stages.yaml" \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds=40 --node-ip=127.0.0.1
+
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $NODE
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/arch: amd64
+    kubernetes.io/hostname: $NODE
+    kubernetes.io/os: linux
+    type: kwok
+EOF
+
+  WAIT_PIDFILE=$(pidfile kube-controller-manager) \
+    wait_for "kube-controller-manager /healthz" 60 "$(logfile kube-controller-manager)" healthz "$KCM_PORT"
+  WAIT_PIDFILE=$(pidfile kube-scheduler) \
+    wait_for "kube-scheduler /healthz" 60 "$(logfile kube-scheduler)" healthz "$SCHEDULER_PORT"
+  WAIT_PIDFILE=$(pidfile kwok) wait_for "node $NODE Ready" 60 "$(logfile kwok)" node_ready
+  # Pods are rejected until the ServiceAccount admission finds `default`, made by the KCM.
+  WAIT_PIDFILE=$(pidfile kube-controller-manager) wait_for "ServiceAccount default/default" 60 \
+    "$(logfile kube-controller-manager)" kubectl get serviceaccount default -n default -o name
+}
+
+# Clients first, then the apiserver, then etcd, so nothing spends its shutdown retrying a dead peer;
+# each tier is stopped in parallel.
+stop_all() {
+  stop_pidfiles 20 "$DEMO_PIDS"/*.pid "$(pidfile kwok)" "$(pidfile kube-scheduler)" \
+    "$(pidfile kube-controller-manager)"
+  stop_pidfile "$(pidfile kube-apiserver)" 20
+  stop_pidfile "$(pidfile etcd)" 20
+}
+
+# --- commands --------------------------------------------------------------------------------------
+cmd_up() {
+  ensure_tools
+  if healthy; then
+    log "already up"
+    "$REPO/hack/postgres.sh" up
+  else
+    if [ -d "$PIDS" ] && ls "$PIDS"/*.pid >/dev/null 2>&1; then
+      local dead=() c
+      for c in "${COMPONENTS[@]}"; do pid_alive "$(pidfile "$c")" || dead+=("$c"); done
+      log "cluster is unhealthy (not running: ${dead[*]:-none}); restarting from a fresh state"
+      stop_all
+    fi
+    # A fresh cluster gets a fresh database too: tokens recorded there belong to the old cluster.
+    "$REPO/hack/postgres.sh" down
+    rm -rf "$STATE/etcd" "$STATE/run"
+    local t0=$SECONDS
+    # initdb (~2 s) overlaps the control plane's start.
+    "$REPO/hack/postgres.sh" up &
+    PG_JOB=$!
+    # A trap, not `if ! start_all`: errexit is suspended inside a function tested by `if`.
+    trap 'if [ $? != 0 ]; then
+            log "start failed; stopping what was started (logs stay in $LOGS)"
+            stop_all; wait "$PG_JOB" || true; "$REPO/hack/postgres.sh" down
+          fi' EXIT
+    start_all
+    wait "$PG_JOB"
+    trap - EXIT
+    log "cluster ready in $((SECONDS - t0))s"
+  fi
+  log "KUBECONFIG=$KUBECONFIG_FILE"
+}
+
+cmd_down() {
+  stop_all
+  "$REPO/hack/postgres.sh" down
+  rm -rf "$STATE/etcd" "$STATE/run" "$PIDS" "$STATE"/*.kubeconfig
+  log "down"
+}
+
+cmd_status() {
+  local rc=0 c f pid
+  for c in "${COMPONENTS[@]}"; do
+    f=$(pidfile "$c")
+    if pid_alive "$f"; then read -r pid _ < "$f"; printf '%-24s running  pid %s\n' "$c" "$pid"
+    else printf '%-24s stopped\n' "$c"; rc=1; fi
+  done
+  for f in "$DEMO_PIDS"/*.pid; do
+    [ -e "$f" ] || continue
+    if pid_alive "$f"; then read -r pid _ < "$f"; printf '%-24s running  pid %s\n' "demo $(basename "$f" .pid)" "$pid"; fi
+  done
+  if [ -s "$KUBECONFIG_FILE" ] && readyz >/dev/null 2>&1; then
+    printf '%-24s ready    https://127.0.0.1:%s\n' apiserver "$APISERVER_PORT"
+    if node_ready >/dev/null 2>&1; then printf '%-24s Ready\n' "node $NODE"
+    else printf '%-24s not Ready\n' "node $NODE"; rc=1; fi
+  else
+    printf '%-24s not ready\n' apiserver; rc=1
+  fi
+  "$REPO/hack/postgres.sh" status || rc=1
+  [ $rc = 0 ] && echo "KUBECONFIG=$KUBECONFIG_FILE"
+  return $rc
+}
+
+cmd_env() {
+  echo "export KUBECONFIG=$KUBECONFIG_FILE"
+  echo "export DATABASE_URL=$("$REPO/hack/postgres.sh" url)"
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
