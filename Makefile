@@ -71,8 +71,11 @@ e2e:
 	$(CARGO) build -p singleton-controller --bins
 	eval "$$(hack/cluster.sh env)"
 	export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
+	export KUBECTL="$(KUBECTL)"
 	"$(KUBECTL)" apply --server-side -f crds/
 	"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
+	# Each test deletes its namespace; this catches those a crashed test left behind.
+	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS)
 
 # Sub-makes rather than prerequisites, so the order holds under `make -j` too.

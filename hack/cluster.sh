@@ -45,6 +45,8 @@ ensure_tools() {
   ensure_cmd curl curl
   ensure_cmd setsid util-linux
   ensure_cmd ps procps
+  # e2e and chaos tests run a controller under a skewed clock.
+  ensure_cmd faketime faketime
   if [ ! -x "$ETCD_BIN" ] || [ ! -x "$K8S_BIN/kube-apiserver" ] || [ ! -x "$K8S_BIN/kubectl" ] \
      || [ ! -x "$K8S_BIN/kube-controller-manager" ] || [ ! -x "$K8S_BIN/kube-scheduler" ] \
      || [ ! -x "$KWOK_DIR/kwok" ] || [ ! -s "$KWOK_DIR/stages.yaml" ]; then

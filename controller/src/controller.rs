@@ -212,7 +212,14 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         // Owner references garbage-collect the Jobs.
         return Ok(Action::await_change());
     }
-    let now = Timestamp::now();
+    let local_now = Timestamp::now();
+    // A period is due when both clocks say it has come: if ours runs ahead of the API server's
+    // (within the tolerated bound), decide by the earlier one, so no Job is ever stamped by the
+    // API server before its scheduled instant (G4).
+    let now = match ctx.clock.borrow().offset {
+        Some(o) if o.is_negative() => local_now + o,
+        _ => local_now,
+    };
     let generation = sj.metadata.generation;
     let mut status = sj.status.clone().unwrap_or_default();
 

@@ -143,6 +143,15 @@ pub fn plan(
         }
     }
 
+    // When "now" itself is in doubt nothing is decided, not even which periods are late: a clock
+    // running ahead would otherwise record future periods as missed.
+    if obs.blocked == Some(Waiting::ClockUntrusted) {
+        plan.waiting = Some(Waiting::ClockUntrusted);
+        plan.decided_through = Some(decided_through.unwrap_or(obs.created));
+        plan.fingerprint = status_fingerprint.map_or(fp, str::to_string);
+        return plan;
+    }
+
     let suspended = spec.suspend.unwrap_or(false);
     let deadline = spec
         .starting_deadline_seconds

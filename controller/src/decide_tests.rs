@@ -334,6 +334,38 @@ fn an_untrusted_clock_or_a_rejected_template_starts_nothing() {
 }
 
 #[test]
+fn an_untrusted_clock_decides_nothing_not_even_misses() {
+    let s = spec("*/10 * * * *");
+    let created = ts("2027-01-01T00:00:00Z");
+    let cursor = ts("2027-01-01T00:10:00Z");
+    let st = states(NONE);
+    // Our clock says 05:00: by it, dozens of periods are pending; by the API server's, maybe none.
+    let obs = Observed {
+        now: ts("2027-01-01T05:00:00Z"),
+        created,
+        blocked: Some(Waiting::ClockUntrusted),
+        job_states: &st,
+    };
+    let fp = fingerprint(&s);
+    let p = plan(&s, &sched(&s), Some(cursor), Some(&fp), &[], &obs);
+    assert_eq!(p.decided_through, Some(cursor));
+    assert!(p.records.is_empty() && p.start.is_none());
+    // A schedule edit seen meanwhile is applied once the clock is trusted, not now.
+    let p = plan(
+        &spec("0 * * * *"),
+        &sched(&spec("0 * * * *")),
+        Some(cursor),
+        Some(&fp),
+        &[],
+        &obs,
+    );
+    assert_eq!(
+        (p.decided_through, p.fingerprint.as_str()),
+        (Some(cursor), fp.as_str())
+    );
+}
+
+#[test]
 fn finished_runs_are_reported_with_their_outcome() {
     let s = spec("0 0 1 1 *");
     let now = ts("2027-06-01T00:00:00Z");

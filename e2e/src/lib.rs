@@ -88,14 +88,38 @@ impl Env {
 
     /// Starts a controller process watching only this namespace; returns its index.
     pub async fn start_controller(&mut self, extra: &[&str]) -> Result<usize> {
+        self.start_controller_wrapped(&[], extra).await
+    }
+
+    /// Like [`Env::start_controller`], run through `wrapper` (e.g. `["faketime", "-f", "+40s"]`).
+    pub async fn start_controller_wrapped(
+        &mut self,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<usize> {
         let idx = self.controllers.len();
         let log = self.log_dir.join(format!("controller-{idx}.log"));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(controller_bin())
+        let bin = controller_bin();
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let child = cmd
             .arg("--namespace")
             .arg(&self.ns)
             .arg("--instance")
             .arg(format!("e2e-{idx}"))
+            // Defaults for every test; flags in `extra` win. Probes on a free port, so parallel
+            // tests never collide; a short lease, so a restarted controller takes over in seconds.
+            .env("SINGLETON_HEALTH_ADDR", "127.0.0.1:0")
+            .env("SINGLETON_LEASE_DURATION_SECONDS", "4")
+            .env("SINGLETON_RENEW_DEADLINE_SECONDS", "3")
+            .env("SINGLETON_RETRY_PERIOD_SECONDS", "0.5")
             .args(extra)
             .env(
                 "RUST_LOG",
@@ -301,4 +325,38 @@ spec:
             command: ["sh", "-c", "echo $SINGLETON_FENCING_TOKEN"]
 "#
     )
+}
+
+/// Process-level helpers for fault injection (signals) and log inspection.
+impl Env {
+    /// The OS process id of controller `idx`, while it runs.
+    pub fn controller_pid(&self, idx: usize) -> Option<u32> {
+        self.controllers[idx].child.id()
+    }
+
+    /// Sends a signal (`"STOP"`, `"CONT"`, `"TERM"`, `"KILL"`) to controller `idx`.
+    pub async fn signal_controller(&self, idx: usize, signal: &str) -> Result<()> {
+        let pid = self
+            .controller_pid(idx)
+            .with_context(|| format!("controller {idx} is not running"))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed: {status}");
+        }
+        Ok(())
+    }
+
+    /// The exit status of controller `idx` if it has exited (never blocks).
+    pub fn controller_exit(&mut self, idx: usize) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.controllers[idx].child.try_wait()?)
+    }
+
+    /// Everything controller `idx` has logged so far.
+    pub fn controller_log(&self, idx: usize) -> String {
+        std::fs::read_to_string(&self.controllers[idx].log).unwrap_or_default()
+    }
 }

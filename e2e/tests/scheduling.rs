@@ -549,3 +549,52 @@ async fn history_limits_prune_finished_jobs_and_every_outcome_has_an_event() -> 
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_controller_whose_clock_disagrees_with_the_api_server_starts_nothing() -> Result<()> {
+    let mut env = Env::new("clock").await?;
+    // This controller's clock runs 40 s ahead of the API server's (libfaketime).
+    let skewed = env
+        .start_controller_wrapped(&["faketime", "-f", "+40s"], &[])
+        .await?;
+    env.create_sj(&sj_yaml("k", "*/2 * * * * *", "")).await?;
+    let seen = env
+        .wait_for(
+            "ClockTrusted=False and Ready=False",
+            Duration::from_secs(30),
+            || async {
+                let s = env.get_sj("k").await?.status.unwrap_or_default();
+                let untrusted = s.conditions.iter().any(|c| {
+                    c.type_ == "ClockTrusted" && c.status == "False" && c.reason == "ClockSkew"
+                });
+                let unready = s
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "False");
+                Ok((untrusted && unready).then_some(Timestamp::now()))
+            },
+        )
+        .await?;
+    // Several periods fall due (by either clock): none may start.
+    env.wait_for("three periods to pass", Duration::from_secs(20), || async {
+        Ok((Timestamp::now().duration_since(seen) > SignedDuration::from_secs(6)).then_some(()))
+    })
+    .await?;
+    ensure(
+        &env,
+        env.job_list().await?.is_empty(),
+        "no Job from a skewed controller",
+    )
+    .await?;
+
+    // With a correct clock, runs start again.
+    env.stop_controller(skewed, false).await?;
+    env.start_controller(&[]).await?;
+    env.wait_for(
+        "a run once the clocks agree",
+        Duration::from_secs(30),
+        || async { Ok((!env.job_list().await?.is_empty()).then_some(())) },
+    )
+    .await?;
+    Ok(())
+}
