@@ -76,6 +76,10 @@ pub struct Events {
 }
 
 impl Events {
+    pub fn new(recorder: Recorder) -> Self {
+        Events { recorder }
+    }
+
     pub async fn publish(
         &self,
         sj: &SingletonJob,
@@ -584,9 +588,7 @@ pub async fn run(
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
-        events: Events {
-            recorder: Recorder::new(client.clone(), reporter),
-        },
+        events: Events::new(Recorder::new(client.clone(), reporter)),
         jobs: reader,
         clock: clock_rx.clone(),
         gate,

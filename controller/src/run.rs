@@ -241,3 +241,112 @@ pub async fn delete_job(ctx: &Context, sj: &SingletonJob, name: &str) -> Result<
         Err(e) => Err(e.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The exact shape of the claim's write, against kube's mock service: the one place where a
+    //! mock is right, since the real API server cannot show us the request we sent.
+    use super::*;
+    use crate::api::{SingletonJob, SingletonJobSpec};
+    use crate::controller::{Events, Gate};
+    use http::{Request, Response};
+    use kube::client::Body;
+    use kube::runtime::events::{Recorder, Reporter};
+    use kube::runtime::reflector;
+
+    fn context(client: kube::Client) -> Context {
+        let (clock_tx, clock) = tokio::sync::watch::channel(crate::clock::ClockState::UNKNOWN);
+        drop(clock_tx);
+        Context {
+            client: client.clone(),
+            events: Events::new(Recorder::new(
+                client,
+                Reporter {
+                    controller: "test".into(),
+                    instance: None,
+                },
+            )),
+            jobs: reflector::store().0,
+            clock,
+            gate: Gate::always(),
+        }
+    }
+
+    fn sj() -> SingletonJob {
+        let mut sj = SingletonJob::new(
+            "hello",
+            serde_yaml::from_str::<SingletonJobSpec>(
+                "schedule: '* * * * *'\njobTemplate: {spec: {template: {spec: {containers: []}}}}",
+            )
+            .unwrap(),
+        );
+        sj.metadata.namespace = Some("ns".into());
+        sj.metadata.resource_version = Some("4711".into());
+        sj
+    }
+
+    #[tokio::test]
+    async fn the_status_write_is_a_put_guarded_by_the_observed_resource_version() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let ctx = context(kube::Client::new(svc, "ns"));
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            assert_eq!(
+                req.method(),
+                http::Method::PUT,
+                "a replace, never a patch: patches carry no precondition"
+            );
+            assert_eq!(
+                req.uri().path(),
+                "/apis/singleton.dev/v1alpha1/namespaces/ns/singletonjobs/hello/status"
+            );
+            let body: serde_json::Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(body["metadata"]["resourceVersion"], "4711");
+            assert_eq!(body["status"]["fencingToken"], 8);
+            // Someone else wrote first.
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"});
+            send.send_response(
+                Response::builder()
+                    .status(409)
+                    .body(Body::from(serde_json::to_vec(&status).unwrap()))
+                    .unwrap(),
+            );
+        });
+        let status = SingletonJobStatus {
+            fencing_token: 8,
+            ..Default::default()
+        };
+        let err = write_status(&ctx, &sj(), status)
+            .await
+            .expect_err("409 must fail the claim");
+        assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn no_write_without_a_resource_version_or_without_the_gate() {
+        let (svc, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let ctx = context(kube::Client::new(svc, "ns"));
+        let mut blind = sj();
+        blind.metadata.resource_version = None;
+        let err = write_status(&ctx, &blind, SingletonJobStatus::default())
+            .await
+            .expect_err("blind write");
+        assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+
+        let (tx, rx) = tokio::sync::watch::channel(crate::controller::GateState {
+            may_act: false,
+            epoch: 3,
+        });
+        let closed = Context {
+            gate: Gate::new(rx),
+            ..ctx
+        };
+        let err = write_status(&closed, &sj(), SingletonJobStatus::default())
+            .await
+            .expect_err("gate closed");
+        assert!(matches!(err, Error::NotLeader), "{err:?}");
+        drop(tx);
+    }
+}
