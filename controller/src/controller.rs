@@ -39,6 +39,10 @@ pub struct GateState {
     pub may_act: bool,
     /// Leader epoch (the Lease's `leaseTransitions`), 0 without election.
     pub epoch: u64,
+    /// The leader's renew deadline (monotonic): past it the gate is closed whatever `may_act`
+    /// says, because the election loop may not have run yet (a pause, a busy runtime). None
+    /// without election.
+    pub valid_until: Option<tokio::time::Instant>,
 }
 
 impl Gate {
@@ -48,17 +52,22 @@ impl Gate {
 
     /// A gate that is always open (single-replica mode).
     pub fn always() -> Self {
-        let (tx, rx) = watch::channel(GateState {
+        // A receiver keeps the last value after its sender is gone: the state never changes.
+        let (_, rx) = watch::channel(GateState {
             may_act: true,
             epoch: 0,
+            valid_until: None,
         });
-        // The sender lives as long as the process: the state never changes.
-        std::mem::forget(tx);
         Gate { rx }
     }
 
     pub fn check(&self) -> Result<()> {
-        if self.rx.borrow().may_act {
+        let state = *self.rx.borrow();
+        if state.may_act
+            && state
+                .valid_until
+                .is_none_or(|v| tokio::time::Instant::now() < v)
+        {
             Ok(())
         } else {
             Err(Error::NotLeader)

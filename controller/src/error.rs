@@ -47,6 +47,28 @@ pub enum Error {
     /// failures an in-memory test lock injects).
     #[error("lease {lease}: {message}")]
     Lease { lease: String, message: String },
+
+    /// The backstop database could not be reached or did not answer in time: retry later; with
+    /// `lock.purpose: Correctness` no run starts meanwhile.
+    #[error("backstop unavailable: {0}")]
+    BackstopUnavailable(String),
+
+    /// A fencing token at or below the backstop's stored fence: a newer token exists.
+    #[error("stale fencing token {token} for job {job}: current is {current}")]
+    StaleToken {
+        job: String,
+        token: u64,
+        current: u64,
+    },
+
+    /// The backstop Secret or settings are unusable (missing, unlabelled, malformed). Never
+    /// carries a value from the Secret.
+    #[error("backstop configuration: {0}")]
+    BackstopConfig(String),
+
+    /// An unexpected error from the backstop database.
+    #[error("backstop: {0}")]
+    Backstop(String),
 }
 
 impl Error {
@@ -63,6 +85,10 @@ impl Error {
             Error::NotLeader => "NotLeader",
             Error::LeadershipLost(_) => "LeadershipLost",
             Error::Lease { .. } => "Lease",
+            Error::BackstopUnavailable(_) => "BackstopUnavailable",
+            Error::StaleToken { .. } => "StaleToken",
+            Error::BackstopConfig(_) => "BackstopConfig",
+            Error::Backstop(_) => "Backstop",
         }
     }
 

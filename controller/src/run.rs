@@ -338,6 +338,7 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(crate::controller::GateState {
             may_act: false,
             epoch: 3,
+            valid_until: None,
         });
         let closed = Context {
             gate: Gate::new(rx),
@@ -348,5 +349,20 @@ mod tests {
             .expect_err("gate closed");
         assert!(matches!(err, Error::NotLeader), "{err:?}");
         drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gate_closes_by_itself_at_the_renew_deadline() {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        let (_tx, rx) = tokio::sync::watch::channel(crate::controller::GateState {
+            may_act: true,
+            epoch: 1,
+            valid_until: Some(deadline),
+        });
+        let gate = Gate::new(rx);
+        assert!(gate.check().is_ok());
+        // Nobody updates the state (the election loop is stuck or paused): time alone closes it.
+        tokio::time::advance(std::time::Duration::from_secs(3)).await;
+        assert!(matches!(gate.check(), Err(Error::NotLeader)));
     }
 }

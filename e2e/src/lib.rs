@@ -38,6 +38,22 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Environment that makes a process's wall clock run `offset` (e.g. "+40s") off, by preloading
+/// Debian's libfaketime (installed by `make up`). Monotonic time stays real, as with a skewed
+/// NTP-less clock.
+pub fn skewed_clock(offset: &str) -> Result<Vec<(String, String)>> {
+    let lib = std::fs::read_dir("/usr/lib")?
+        .filter_map(|d| d.ok())
+        .map(|d| d.path().join("faketime/libfaketime.so.1"))
+        .find(|p| p.exists())
+        .context("libfaketime not found: install Debian's faketime package (make up does)")?;
+    Ok(vec![
+        ("LD_PRELOAD".into(), lib.display().to_string()),
+        ("FAKETIME".into(), offset.into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ])
+}
+
 /// `kubectl`: `KUBECTL` (set by `make e2e` to the cached build), else the one on PATH.
 pub fn kubectl() -> std::process::Command {
     std::process::Command::new(std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into()))
@@ -88,35 +104,31 @@ impl Env {
 
     /// Starts a controller process watching only this namespace; returns its index.
     pub async fn start_controller(&mut self, extra: &[&str]) -> Result<usize> {
-        self.start_controller_wrapped(&[], extra).await
+        self.start_controller_with_env(&[], extra).await
     }
 
-    /// Like [`Env::start_controller`], run through `wrapper` (e.g. `["faketime", "-f", "+40s"]`).
-    pub async fn start_controller_wrapped(
+    /// Like [`Env::start_controller`], with extra environment (e.g. [`skewed_clock`]). The
+    /// controller is always the direct child, so signals reach it and not a wrapper.
+    pub async fn start_controller_with_env(
         &mut self,
-        wrapper: &[&str],
+        envs: &[(String, String)],
         extra: &[&str],
     ) -> Result<usize> {
         let idx = self.controllers.len();
         let log = self.log_dir.join(format!("controller-{idx}.log"));
         let file = std::fs::File::create(&log)?;
-        let bin = controller_bin();
-        let mut cmd = match wrapper.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(&bin);
-                c
-            }
-            None => Command::new(&bin),
-        };
+        let mut cmd = Command::new(controller_bin());
+        cmd.envs(envs.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("--namespace")
             .arg(&self.ns)
             .arg("--instance")
             .arg(format!("e2e-{idx}"))
             // Defaults for every test; flags in `extra` win. Probes on a free port, so parallel
-            // tests never collide; a short lease, so a restarted controller takes over in seconds.
+            // tests never collide. Single-replica mode unless a test passes `--leader-elect`
+            // (tests/election.rs); then a short lease, so failover takes seconds.
             .env("SINGLETON_HEALTH_ADDR", "127.0.0.1:0")
+            .env("SINGLETON_LEADER_ELECT", "false")
             .env("SINGLETON_LEASE_DURATION_SECONDS", "4")
             .env("SINGLETON_RENEW_DEADLINE_SECONDS", "3")
             .env("SINGLETON_RETRY_PERIOD_SECONDS", "0.5")

@@ -555,7 +555,7 @@ async fn a_controller_whose_clock_disagrees_with_the_api_server_starts_nothing()
     let mut env = Env::new("clock").await?;
     // This controller's clock runs 40 s ahead of the API server's (libfaketime).
     let skewed = env
-        .start_controller_wrapped(&["faketime", "-f", "+40s"], &[])
+        .start_controller_with_env(&e2e::skewed_clock("+40s")?, &[])
         .await?;
     env.create_sj(&sj_yaml("k", "*/2 * * * * *", "")).await?;
     let seen = env

@@ -2,13 +2,16 @@
 use std::time::Duration;
 
 use clap::Parser;
-use singleton::controller::{self, Gate};
+use singleton::controller;
+use singleton::lease::{self, ElectionConfig, ElectionOptions, ReplicaOptions};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "singleton-controller",
     version,
-    about = "Runs SingletonJobs exactly once per period"
+    about = "Runs SingletonJobs exactly once per period",
+    // A later flag wins over an earlier one (test harnesses prepend defaults).
+    args_override_self = true
 )]
 struct Args {
     /// Watch only this namespace (default: all namespaces).
@@ -27,12 +30,56 @@ struct Args {
     /// Log as JSON lines instead of human-readable text.
     #[arg(long, env = "SINGLETON_LOG_JSON")]
     log_json: bool,
+    /// Elect one acting replica through a Lease (`--leader-elect=false`: single-replica mode,
+    /// this process always acts; never run two replicas so).
+    #[arg(long, env = "SINGLETON_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
+    /// Name of the Lease (the Helm release name).
+    #[arg(
+        long,
+        env = "SINGLETON_LEASE_NAME",
+        default_value = "singleton-controller"
+    )]
+    lease_name: String,
+    /// Namespace of the Lease (default: --namespace if set, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// How long standbys wait, after last seeing the Lease change, before taking it over.
+    #[arg(long, env = "SINGLETON_LEASE_DURATION_SECONDS", default_value_t = 15.0)]
+    lease_duration_seconds: f64,
+    /// How long the leader keeps acting without a successful renewal (< lease duration).
+    #[arg(long, env = "SINGLETON_RENEW_DEADLINE_SECONDS", default_value_t = 10.0)]
+    renew_deadline_seconds: f64,
+    /// How often candidates retry (renew deadline > 1.2 × this).
+    #[arg(long, env = "SINGLETON_RETRY_PERIOD_SECONDS", default_value_t = 2.0)]
+    retry_period_seconds: f64,
+    /// Address of /healthz and /readyz.
+    #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
+    health_addr: std::net::SocketAddr,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     singleton::telemetry::init_logging(args.log_json);
+    let election = if args.leader_elect {
+        Some(ElectionOptions {
+            lease_namespace: args
+                .lease_namespace
+                .or_else(|| args.namespace.clone())
+                .unwrap_or_else(|| "default".into()),
+            lease_name: args.lease_name,
+            config: ElectionConfig::from_secs(
+                lease::identity(args.instance.as_deref()),
+                args.lease_duration_seconds,
+                args.renew_deadline_seconds,
+                args.retry_period_seconds,
+            )?,
+        })
+    } else {
+        None
+    };
     let client = kube::Client::try_default().await?;
     let cfg = controller::Config {
         namespace: args.namespace,
@@ -41,12 +88,11 @@ async fn main() -> anyhow::Result<()> {
         max_clock_skew: jiff::SignedDuration::from_secs(args.max_clock_skew_seconds.into()),
         clock_check_interval: Duration::from_secs(args.clock_check_seconds.max(1).into()),
     };
-    controller::run(
-        client,
-        cfg,
-        Gate::always(),
-        singleton::telemetry::shutdown_signal(),
-    )
-    .await?;
+    let opts = ReplicaOptions {
+        election,
+        health_addr: args.health_addr,
+    };
+    // Err(LeadershipLost) exits non-zero: the Deployment restarts this pod as a standby.
+    lease::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
     Ok(())
 }

@@ -42,6 +42,30 @@ pub struct ElectionConfig {
 }
 
 impl ElectionConfig {
+    /// From seconds as given on the command line (fractions allowed, for fast tests); validated.
+    pub fn from_secs(
+        identity: String,
+        lease_duration: f64,
+        renew_deadline: f64,
+        retry_period: f64,
+    ) -> Result<Self> {
+        let secs = |what: &str, v: f64| {
+            Duration::try_from_secs_f64(v).map_err(|_| {
+                Error::Config(format!(
+                    "leader election: {what} must be a non-negative number of seconds, got {v}"
+                ))
+            })
+        };
+        let cfg = ElectionConfig {
+            identity,
+            lease_duration: secs("lease duration", lease_duration)?,
+            renew_deadline: secs("renew deadline", renew_deadline)?,
+            retry_period: secs("retry period", retry_period)?,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// client-go's rules: lease duration > renew deadline > retry period × jitter, all positive.
     /// The first gap is the margin in which a leader that stopped renewing is still the only one
     /// acting; the second makes sure a leader gets at least one retry before giving up.
@@ -119,7 +143,7 @@ pub enum Held<T> {
 pub enum Acquired<T> {
     /// We hold the lease and the gate is open.
     Leading,
-    /// The `until` future resolved first; the elector is stopped.
+    /// The `until` future resolved first; still a standby (call again, or [`Elector::stop`]).
     Until(T),
 }
 
@@ -158,6 +182,7 @@ impl<L: Lock> Elector<L> {
         let (gate, _) = watch::channel(GateState {
             may_act: false,
             epoch: 0,
+            valid_until: None,
         });
         let (state, _) = watch::channel(ElectionState {
             role: Role::Standby,
@@ -328,6 +353,7 @@ impl<L: Lock> Elector<L> {
         self.gate.send_replace(GateState {
             may_act: false,
             epoch: self.epoch(),
+            valid_until: None,
         });
         if self.leading {
             tracing::warn!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch = self.epoch(), reason = why, "stopped leading");
@@ -350,6 +376,9 @@ impl<L: Lock> Elector<L> {
         let gate = GateState {
             may_act,
             epoch: self.epoch(),
+            // The gate closes by itself at the renew deadline, even if this loop is not scheduled
+            // then (a paused process resumes with work that checks the gate before we run).
+            valid_until: may_act.then(|| self.renewed_at + self.cfg.renew_deadline),
         };
         self.gate.send_if_modified(|g| {
             let changed = *g != gate;
@@ -436,12 +465,7 @@ impl<L: Lock> Elector<L> {
                 _ = sleep_until(next_try) => Wake::Try,
             };
             match wake {
-                Wake::Until(v) => {
-                    // Stopped while standing by: nothing to release.
-                    self.stopped = true;
-                    self.publish();
-                    return Acquired::Until(v);
-                }
+                Wake::Until(v) => return Acquired::Until(v),
                 Wake::Event(ev) => {
                     self.handle_event(ev);
                     let now = Instant::now();
@@ -552,6 +576,12 @@ impl<L: Lock> Elector<L> {
         ))
     }
 
+    /// Leaves the election without holding the lease (a standby shutting down).
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.step_down("stopped");
+    }
+
     /// Stops acting (closes the gate for good) but keeps holding the lease, so in-flight work can
     /// finish before [`Elector::release`].
     pub fn begin_drain(&mut self) {
@@ -559,6 +589,7 @@ impl<L: Lock> Elector<L> {
         self.gate.send_replace(GateState {
             may_act: false,
             epoch: self.epoch(),
+            valid_until: None,
         });
         self.publish();
     }

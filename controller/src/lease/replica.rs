@@ -75,6 +75,7 @@ pub async fn run_replica(
 
     let mut shutdown = Box::pin(shutdown);
     if let Acquired::Until(()) = elector.acquire(&mut shutdown).await {
+        elector.stop();
         return Ok(());
     }
 
