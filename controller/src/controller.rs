@@ -77,6 +77,18 @@ impl Gate {
     pub fn epoch(&self) -> u64 {
         self.rx.borrow().epoch
     }
+
+    /// Yields each time the gate opens (this replica starts leading).
+    pub fn opened(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        WatchStream::from_changes(self.rx.clone())
+            .scan(false, |was_open, s| {
+                let opened = s.may_act && !*was_open;
+                *was_open = s.may_act;
+                futures::future::ready(Some(opened))
+            })
+            .filter(|opened| futures::future::ready(*opened))
+            .map(|_| ())
+    }
 }
 
 /// Events for humans, one per state change they care about.
@@ -223,6 +235,11 @@ async fn active_job_states(
 pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
     if sj.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect the Jobs.
+        return Ok(Action::await_change());
+    }
+    // A standby keeps its caches warm but decides nothing: everything is reconciled when the
+    // gate opens.
+    if ctx.gate.check().is_err() {
         return Ok(Action::await_change());
     }
     let local_now = Timestamp::now();
@@ -595,6 +612,7 @@ pub async fn run(
         controller: cfg.reporter.clone(),
         instance: cfg.instance.clone(),
     };
+    let gate_opened = gate.opened();
     let ctx = Arc::new(Context {
         client: client.clone(),
         events: Events::new(Recorder::new(client.clone(), reporter)),
@@ -603,8 +621,10 @@ pub async fn run(
         gate,
     });
 
-    // A clock verdict that changes re-evaluates every SingletonJob.
-    let reconcile_all = WatchStream::from_changes(clock_rx).map(|_| ());
+    // A clock verdict that changes, or this replica starting to lead, re-evaluates every
+    // SingletonJob.
+    let reconcile_all =
+        futures::stream::select(WatchStream::from_changes(clock_rx).map(|_| ()), gate_opened);
 
     let (stop_tx, mut stop_rx) = watch::channel(());
     tokio::spawn(async move {

@@ -7,8 +7,9 @@
 //! identity. Staying up would need every in-flight task to be found and cancelled, and a leader
 //! that resumes after a pause (SIGSTOP, a frozen VM) would carry stale caches into its next term.
 //!
-//! The controller itself starts only on the leader (client-go's `OnStartedLeading`): a standby
-//! runs the Lease watch and the health server, nothing that could write.
+//! Every replica runs the controller, so a standby's watches and caches are warm at takeover,
+//! but behind the gate: a standby's reconciles return at once and write nothing. When the gate
+//! opens, every SingletonJob is reconciled.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,17 +74,21 @@ pub async fn run_replica(
     let lease = format!("{lease_namespace}/{lease_name}");
     tracing::info!(%lease, identity = %config.identity, "standing by for the lease");
 
-    let mut shutdown = Box::pin(shutdown);
-    if let Acquired::Until(()) = elector.acquire(&mut shutdown).await {
-        elector.stop();
-        return Ok(());
-    }
-
-    // Leading: start the controller behind the elector's gate.
+    // Standby and leader alike run the controller behind the elector's gate, so a standby's
+    // caches are warm when it takes over. While the gate is closed a reconcile does nothing;
+    // opening it re-reconciles every SingletonJob at once.
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let mut ctrl = tokio::spawn(controller::run(client, cfg, elector.gate(), async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
+
+    let mut shutdown = Box::pin(shutdown);
+    if let Acquired::Until(()) = elector.acquire(&mut shutdown).await {
+        elector.stop();
+        let _ = stop_tx.send(true);
+        let _ = ctrl.await;
+        return Ok(());
+    }
 
     match elector.hold(select(&mut shutdown, &mut ctrl)).await {
         Held::Lost(reason) => {
