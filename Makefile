@@ -58,7 +58,10 @@ lint:
 	  exit 1
 	fi
 
+# The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).
 unit:
+	hack/postgres.sh up >/dev/null
+	export DATABASE_URL=$$(hack/postgres.sh url)
 	$(CARGO) test --workspace --exclude e2e
 
 e2e:

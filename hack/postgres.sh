@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL for tests and the demo: data under .cache/postgres/, TCP on 127.0.0.1 only,
 # trust auth for loopback, database `singleton`. Idempotent.
-# Usage: hack/postgres.sh up|down|url|status
+# TLS is on too (ssl=on with a throwaway CA, server certificate for 127.0.0.1 and localhost), while
+# plain connections keep working; the CA certificate is at `hack/postgres.sh ca` for sslmode tests.
+# Usage: hack/postgres.sh up|down|url|status|ca
 # Env: SINGLETON_PG_PORT (default 35432)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,6 +12,7 @@ LOG_TAG=postgres
 . "$REPO/hack/lib.sh"
 
 ROOT=$REPO/.cache/postgres
+TLS_DIR=$ROOT/tls
 PORT_FILE=$ROOT/port
 DB=singleton
 # The port of a running server wins over the environment, so `url` keeps pointing at what runs.
@@ -53,6 +56,39 @@ running() { [ -n "${DATA:-}" ] && [ -f "$DATA/postmaster.pid" ] && as_pg "$BIN/p
 
 url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB"; }
 
+# ensure_tls: a throwaway CA and a server certificate (SAN localhost and 127.0.0.1) in the data
+# dir, and ssl = on. The server still accepts plain TCP (the pg_hba `host` line matches both), so
+# the URL without sslmode keeps working. Sets TLS_CHANGED=1 when it wrote anything (then a running
+# server needs a reload; SSL settings are reloadable). The CA key is thrown away at once.
+ensure_tls() {
+  TLS_CHANGED=
+  if [ -s "$DATA/server.crt" ] && [ -s "$TLS_DIR/ca.crt" ] && grep -q '^ssl = on' "$DATA/postgresql.conf"; then
+    return 0
+  fi
+  ensure_cmd openssl openssl
+  log "creating a TLS CA and server certificate"
+  local tmp
+  tmp=$(mktemp -d)
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+    -subj "/CN=singleton-controller dev CA" -keyout "$tmp/ca.key" -out "$tmp/ca.crt" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=localhost" \
+    -keyout "$tmp/server.key" -out "$tmp/server.csr" 2>/dev/null
+  printf '%s\n' basicConstraints=CA:FALSE keyUsage=critical,digitalSignature \
+    extendedKeyUsage=serverAuth subjectAltName=DNS:localhost,IP:127.0.0.1 > "$tmp/ext"
+  openssl x509 -req -in "$tmp/server.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$tmp/ext" -out "$tmp/server.crt" 2>/dev/null
+  install -o postgres -g postgres -m 0600 "$tmp/server.key" "$DATA/server.key"
+  install -o postgres -g postgres -m 0644 "$tmp/server.crt" "$DATA/server.crt"
+  mkdir -p "$TLS_DIR"
+  install -m 0644 "$tmp/ca.crt" "$TLS_DIR/ca.crt"
+  rm -rf "$tmp"
+  if ! grep -q '^ssl = on' "$DATA/postgresql.conf"; then
+    printf '%s\n' "ssl = on" "ssl_cert_file = 'server.crt'" "ssl_key_file = 'server.key'" >> "$DATA/postgresql.conf"
+  fi
+  TLS_CHANGED=1
+}
+
 up() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if ! running; then
@@ -73,6 +109,7 @@ full_page_writes = off
 EOF
       echo "host all all 127.0.0.1/32 trust" > "$DATA/pg_hba.conf"
     fi
+    ensure_tls
     (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null \
       && die "127.0.0.1:$PORT is already taken by another process; set SINGLETON_PG_PORT"
     log "starting on 127.0.0.1:$PORT"
@@ -84,6 +121,9 @@ EOF
     echo "$PORT" > "$PORT_FILE"
   fi
   wait_for "postgres accepting connections" 30 "$LOGFILE" psql_q -c 'select 1'
+  # A server started before TLS support: add it in place, without a restart.
+  ensure_tls
+  if [ -n "$TLS_CHANGED" ]; then psql_q -c 'select pg_reload_conf()' >/dev/null; fi
   if [ "$(psql_q -c "select 1 from pg_database where datname = '$DB'")" != 1 ]; then
     psql_q -c "create database $DB" >/dev/null
   fi
@@ -116,5 +156,6 @@ case ${1:-} in
   down) down ;;
   url) url ;;
   status) status ;;
-  *) echo "usage: $0 up|down|url|status" >&2; exit 2 ;;
+  ca) echo "$TLS_DIR/ca.crt" ;;
+  *) echo "usage: $0 up|down|url|status|ca" >&2; exit 2 ;;
 esac

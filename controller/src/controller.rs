@@ -22,6 +22,9 @@ use crate::decide::{self, JobState, Observed, Waiting};
 use crate::schedule::Schedule;
 use crate::{Error, Result, conditions, naming, run};
 
+/// How long in-flight reconciles get to finish their writes once the controller stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
+
 /// Entries kept in `status.history`.
 pub const HISTORY_LIMIT: usize = 20;
 const DEFAULT_SUCCESS_LIMIT: i32 = 3;
@@ -632,6 +635,14 @@ pub async fn run(
         stop_tx.send_replace(());
     });
 
+    // kube's graceful shutdown also waits for scheduled requeues (ours sleep until the next
+    // period), which would hold up a handover. Once stopping, the gate is closed, so nothing
+    // queued could write anyway: after a short grace for writes in flight, stop outright.
+    let mut forceful_rx = stop_rx.clone();
+    let forceful = async move {
+        let _ = forceful_rx.changed().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
     Controller::new(sjs, watcher::Config::default())
         .owns_stream(job_stream)
         .reconcile_all_on(reconcile_all)
@@ -640,6 +651,7 @@ pub async fn run(
             let _ = stop_rx.changed().await;
         })
         .run(reconcile, error_policy, ctx)
+        .take_until(forceful)
         .for_each(|res| async move {
             if let Err(e) = res {
                 tracing::debug!(error = %e, "reconcile error");

@@ -5,6 +5,7 @@
 //! decides which periods are due; [`schedule`] turns cron + time zone + DST policy into instants.
 
 pub mod api;
+pub mod backstop;
 pub mod clock;
 pub mod conditions;
 pub mod controller;

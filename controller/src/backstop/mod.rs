@@ -1,0 +1,629 @@
+//! The target-database backstop (DESIGN.md layers 4 and 5; G1, G3, G5): PostgreSQL remembers
+//! every claimed (job, period) under a unique constraint and the highest fencing token per job,
+//! and gives workloads `singleton_fence(job, token)` to reject a stale run inside their own
+//! transaction. See docs/fencing.md for the workload side.
+//!
+//! How the run path uses it (for a SingletonJob with `spec.backstop`):
+//!
+//! ```text
+//! token = max(status.fencingToken, backstop.fence(job)) + 1   // G3: survives re-creation
+//! claim the period in status with that token                   // layer 2, as before
+//! backstop.claim(job, period, token, job_name)?                // layer 4, before the Job exists
+//!     Claimed                     -> create the Job
+//!     Duplicate{token: same, ..}  -> our own earlier claim (retry after a crash): create the Job
+//!     Duplicate{..}               -> the period already ran: record Deduplicated, create nothing
+//! Replace: backstop.advance_fence(job, token) before deleting the old Job            // G5
+//! ```
+//!
+//! Connections: one client per SingletonJob target ([`Backstop`]), opened lazily, replaced when
+//! it breaks. The controller issues a handful of short statements per period, so a pool would
+//! only add idle connections to the user's database (whose connection limit is usually small) and
+//! a dependency; a per-target client also keeps one slow database from touching any other.
+//! Every operation, connecting included, is bounded by the operation timeout, and the server is
+//! told the same `statement_timeout`, so an abandoned statement does not run on.
+
+mod config;
+mod error;
+mod schema;
+#[cfg(test)]
+mod tests;
+mod tls;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use sha2::{Digest, Sha256};
+use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::{Client, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+pub use config::{
+    ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
+    TablePrefix,
+};
+pub use error::BackstopError;
+pub use schema::{SCHEMA_VERSION, STALE_TOKEN_SQLSTATE};
+
+use schema::Tables;
+
+/// The label a Secret must carry (value `"true"`) before the controller reads it as a backstop
+/// connection: whoever may create SingletonJobs must not be able to point the controller at any
+/// Secret of the namespace.
+pub const SECRET_OPT_IN_LABEL: &str = "singleton.dev/backstop";
+
+/// The result of [`Backstop::claim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The claim row was inserted and the fence advanced to the token.
+    Claimed,
+    /// The period was claimed before; nothing changed. These are the existing row's token and
+    /// Job name: when they equal the caller's, it is the caller's own earlier claim (a retry).
+    Duplicate { token: u64, job_name: String },
+}
+
+impl ClaimOutcome {
+    /// Whether the run may go ahead with `token`: a fresh claim, or our own earlier one.
+    pub fn is_ours(&self, token: u64) -> bool {
+        match self {
+            ClaimOutcome::Claimed => true,
+            ClaimOutcome::Duplicate { token: t, .. } => *t == token,
+        }
+    }
+}
+
+/// One row of the claims table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRow {
+    pub job: String,
+    pub period: Timestamp,
+    pub token: u64,
+    pub job_name: String,
+    pub claimed_at: Timestamp,
+}
+
+/// A connection to one backstop database, with its schema ensured on first use.
+pub struct Backstop {
+    config: ConnectionConfig,
+    prefix: TablePrefix,
+    tls: Option<rustls::ClientConfig>,
+    slot: Mutex<Slot>,
+}
+
+impl std::fmt::Debug for Backstop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backstop")
+            .field("config", &self.config)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection state, used by one operation at a time.
+#[derive(Default)]
+struct Slot {
+    client: Option<Client>,
+    /// False while an operation runs. Still false at the next operation means the last one was
+    /// cancelled by its timeout mid-flight: the client may be mid-transaction, so it is dropped.
+    clean: bool,
+    tables: Option<Tables>,
+    version: i32,
+}
+
+impl Backstop {
+    /// No I/O: the connection opens on first use. Fails only on a TLS set-up problem (such as
+    /// `verify-full` without `sslrootcert` on a host with no system CA certificates).
+    pub fn new(config: ConnectionConfig, prefix: TablePrefix) -> Result<Self, BackstopError> {
+        let tls = tls::client_config(config.sslmode, &config.root_certs)?;
+        Ok(Backstop {
+            config,
+            prefix,
+            tls,
+            slot: Mutex::new(Slot::default()),
+        })
+    }
+
+    pub fn config(&self) -> &ConnectionConfig {
+        &self.config
+    }
+
+    pub fn prefix(&self) -> &TablePrefix {
+        &self.prefix
+    }
+
+    /// Connects if needed and creates or upgrades the schema; returns the schema version.
+    pub async fn ensure_schema(&self) -> Result<i32, BackstopError> {
+        self.bounded("ensure schema", async {
+            let mut slot = self.session().await?;
+            let v = slot.version;
+            slot.clean = true;
+            Ok(v)
+        })
+        .await
+    }
+
+    /// Health probe: the database answers and the schema is in place (for `BackstopReady`).
+    pub async fn ping(&self) -> Result<(), BackstopError> {
+        self.bounded("ping", async {
+            let mut slot = self.session().await?;
+            let r = slot
+                .client()?
+                .simple_query("SELECT 1")
+                .await
+                .map(|_| ())
+                .map_err(|e| BackstopError::from_pg(e, false));
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// The highest fencing token stored for `job` (0 if none).
+    pub async fn fence(&self, job: &str) -> Result<u64, BackstopError> {
+        self.bounded("read fence", async {
+            let mut slot = self.session().await?;
+            let sql = format!("SELECT token FROM {} WHERE job = $1", slot.tables()?.fences);
+            let r = slot
+                .client()?
+                .query_opt(&sql, &[&job])
+                .await
+                .map_err(|e| BackstopError::from_pg(e, false))
+                .and_then(|row| row.map_or(Ok(0), |row| to_u64(row.get(0))));
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// Claims `period` for `job` with `token`, in one transaction: inserts the claim row and
+    /// advances the fence to `token`. A period claimed before gives
+    /// [`ClaimOutcome::Duplicate`] and changes nothing. `token` must be above the stored fence
+    /// (take `max(status.fencingToken, fence(job)) + 1`), else [`BackstopError::StaleToken`].
+    /// `period` is stored at microsecond precision.
+    pub async fn claim(
+        &self,
+        job: &str,
+        period: Timestamp,
+        token: u64,
+        job_name: &str,
+    ) -> Result<ClaimOutcome, BackstopError> {
+        let token_i = to_i64(token)?;
+        if token == 0 {
+            return Err(BackstopError::Other(
+                "a claim's token must be at least 1".into(),
+            ));
+        }
+        self.bounded("claim", async {
+            let mut slot = self.session().await?;
+            let t = slot.tables()?.clone();
+            let r = claim_tx(slot.client_mut()?, &t, job, period, token_i, job_name).await;
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// The claim of (`job`, `period`), if any: whether that period has run.
+    pub async fn claimed(
+        &self,
+        job: &str,
+        period: Timestamp,
+    ) -> Result<Option<ClaimRow>, BackstopError> {
+        self.bounded("read claim", async {
+            let mut slot = self.session().await?;
+            let sql = format!(
+                "SELECT token, job_name, claimed_at FROM {} WHERE job = $1 AND period = $2",
+                slot.tables()?.claims
+            );
+            let r = match slot.client()?.query_opt(&sql, &[&job, &period]).await {
+                Err(e) => Err(BackstopError::from_pg(e, false)),
+                Ok(None) => Ok(None),
+                Ok(Some(row)) => to_u64(row.get(0)).map(|token| {
+                    Some(ClaimRow {
+                        job: job.to_string(),
+                        period,
+                        token,
+                        job_name: row.get(1),
+                        claimed_at: row.get(2),
+                    })
+                }),
+            };
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// Raises the fence of `job` to `token` if it is lower (never lowers it); returns the fence
+    /// now stored. For `Replace` and breaking a stuck lock: after it returns, a workload holding
+    /// an older token is refused by `singleton_fence`. Waits for a workload transaction that
+    /// holds the fence row, at most the lock timeout (then `Unavailable`: retry).
+    pub async fn advance_fence(&self, job: &str, token: u64) -> Result<u64, BackstopError> {
+        let token_i = to_i64(token)?;
+        self.bounded("advance fence", async {
+            let mut slot = self.session().await?;
+            let t = slot.tables()?.clone();
+            let client = slot.client()?;
+            let r = async {
+                let pg = |e| BackstopError::from_pg(e, false);
+                let advanced = client
+                    .query_opt(&upsert_fence_sql(&t), &[&job, &token_i])
+                    .await
+                    .map_err(pg)?;
+                match advanced {
+                    Some(_) => Ok(token),
+                    None => {
+                        let row = client
+                            .query_one(
+                                &format!("SELECT token FROM {} WHERE job = $1", t.fences),
+                                &[&job],
+                            )
+                            .await
+                            .map_err(pg)?;
+                        to_u64(row.get(0))
+                    }
+                }
+            }
+            .await;
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// How many stale tokens `singleton_fence` has refused, ever, in this database and prefix.
+    pub async fn rejections(&self) -> Result<u64, BackstopError> {
+        self.bounded("read rejections", async {
+            let mut slot = self.session().await?;
+            let sql = format!(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {}",
+                slot.tables()?.rejections
+            );
+            let r = match slot.client()?.query_one(&sql, &[]).await {
+                Ok(row) => to_u64(row.get(0)),
+                Err(e) => Err(BackstopError::from_pg(e, false)),
+            };
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// Runs `op` within the operation timeout, and scrubs the Secret's values from any error.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T, BackstopError>>,
+    ) -> Result<T, BackstopError> {
+        let limit = self.config.operation_timeout;
+        match tokio::time::timeout(limit, op).await {
+            Ok(r) => r.map_err(|e| self.scrub(e)),
+            Err(_) => Err(BackstopError::timeout(what, limit)),
+        }
+    }
+
+    /// Defence in depth: no message is built from Secret values, but a server or TLS library
+    /// may quote them (a host name in a certificate error), so they are cut out here too.
+    fn scrub(&self, err: BackstopError) -> BackstopError {
+        let c = &self.config;
+        // User and database names are only quoted by the server at startup, and those messages
+        // are replaced whole (`from_pg`); scrubbing them here too would mangle ordinary words
+        // (a database named `singleton`).
+        let secrets: Vec<&str> = [Some(&c.host), c.password.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|r| r.0.as_str())
+            .filter(|s| s.len() >= 3)
+            .collect();
+        let clean = |m: String| secrets.iter().fold(m, |m, s| m.replace(s, "<redacted>"));
+        match err {
+            BackstopError::Unavailable(m) => BackstopError::Unavailable(clean(m)),
+            BackstopError::Config(m) => BackstopError::Config(clean(m)),
+            BackstopError::Other(m) => BackstopError::Other(clean(m)),
+            stale @ BackstopError::StaleToken { .. } => stale,
+        }
+    }
+
+    /// Locks the slot, (re)connects and ensures the schema. The caller must `settle` (or set
+    /// `clean`) when done.
+    async fn session(&self) -> Result<MutexGuard<'_, Slot>, BackstopError> {
+        let mut slot = self.slot.lock().await;
+        if !slot.clean || slot.client.as_ref().is_some_and(Client::is_closed) {
+            slot.client = None;
+        }
+        slot.clean = false;
+        if slot.client.is_none() {
+            slot.client = Some(self.connect().await?);
+        }
+        if slot.tables.is_none() {
+            let (version, tables) = schema::migrate(slot.client_mut()?, &self.prefix).await?;
+            slot.version = version;
+            slot.tables = Some(tables);
+        }
+        Ok(slot)
+    }
+
+    async fn connect(&self) -> Result<Client, BackstopError> {
+        let c = &self.config;
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&c.host.0)
+            .port(c.port)
+            .user(&c.user.0)
+            .application_name(&c.application_name)
+            .connect_timeout(c.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(std::time::Duration::from_secs(30))
+            .ssl_mode(match c.sslmode {
+                SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+                SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+                SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                    tokio_postgres::config::SslMode::Require
+                }
+            });
+        if let Some(addr) = c.hostaddr {
+            pg.hostaddr(addr);
+        }
+        if let Some(db) = &c.dbname {
+            pg.dbname(&db.0);
+        }
+        if let Some(pw) = &c.password {
+            pg.password(&pw.0);
+        }
+        let connecting = |e| BackstopError::from_pg(e, true);
+        let client = match &self.tls {
+            None => {
+                let (client, conn) = pg.connect(NoTls).await.map_err(connecting)?;
+                tokio::spawn(drive(conn));
+                client
+            }
+            Some(tls) => {
+                let (client, conn) = pg
+                    .connect(MakeRustlsConnect::new(tls.clone()))
+                    .await
+                    .map_err(connecting)?;
+                tokio::spawn(drive(conn));
+                client
+            }
+        };
+        // Server-side bounds for this session: a statement the client gave up on stops soon
+        // after, and a lock wait (a workload holding the fence row) ends before the operation
+        // timeout so it surfaces as that, not as a bare timeout.
+        let ms = c.operation_timeout.as_millis().max(1);
+        client
+            .batch_execute(&format!(
+                "SET statement_timeout = {ms}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+                (ms / 2).max(1),
+                ms * 2
+            ))
+            .await
+            .map_err(|e| BackstopError::from_pg(e, false))?;
+        Ok(client)
+    }
+}
+
+impl Slot {
+    fn client(&self) -> Result<&Client, BackstopError> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| BackstopError::Unavailable("not connected".into()))
+    }
+
+    fn client_mut(&mut self) -> Result<&mut Client, BackstopError> {
+        self.client
+            .as_mut()
+            .ok_or_else(|| BackstopError::Unavailable("not connected".into()))
+    }
+
+    fn tables(&self) -> Result<&Tables, BackstopError> {
+        self.tables
+            .as_ref()
+            .ok_or_else(|| BackstopError::Other("schema not ensured".into()))
+    }
+
+    /// Records how an operation ended: a connection problem drops the client; an unexpected SQL
+    /// error (say, someone dropped a table) re-runs the migration next time.
+    fn settle<T>(&mut self, r: Result<T, BackstopError>) -> Result<T, BackstopError> {
+        match &r {
+            Err(BackstopError::Unavailable(_)) => self.client = None,
+            Err(BackstopError::Other(_)) => self.tables = None,
+            _ => {}
+        }
+        self.clean = true;
+        r
+    }
+}
+
+async fn drive<S, T>(conn: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if let Err(e) = conn.await {
+        // The driver's own texts name neither the host nor the credentials.
+        tracing::debug!(error = %e, "backstop connection closed");
+    }
+}
+
+fn upsert_fence_sql(t: &Tables) -> String {
+    format!(
+        "INSERT INTO {} AS f (job, token) VALUES ($1, $2) \
+         ON CONFLICT ON CONSTRAINT {}fences_pkey \
+         DO UPDATE SET token = EXCLUDED.token WHERE f.token < EXCLUDED.token \
+         RETURNING f.token",
+        t.fences, t.prefix
+    )
+}
+
+async fn claim_tx(
+    client: &mut Client,
+    t: &Tables,
+    job: &str,
+    period: Timestamp,
+    token: i64,
+    job_name: &str,
+) -> Result<ClaimOutcome, BackstopError> {
+    let pg = |e| BackstopError::from_pg(e, false);
+    // Dropping the transaction without commit rolls it back (also on an early `?`).
+    let tx = client.transaction().await.map_err(pg)?;
+    // The unique constraint decides between racing claimers: the loser waits for the winner's
+    // insert to commit, then takes the DO NOTHING branch.
+    let inserted = tx
+        .query_opt(
+            &format!(
+                "INSERT INTO {} (job, period, token, job_name) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO NOTHING RETURNING token",
+                t.claims, t.prefix
+            ),
+            &[&job, &period, &token, &job_name],
+        )
+        .await
+        .map_err(pg)?;
+    if inserted.is_none() {
+        // A new statement in READ COMMITTED sees the winner's committed row.
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT token, job_name FROM {} WHERE job = $1 AND period = $2",
+                    t.claims
+                ),
+                &[&job, &period],
+            )
+            .await
+            .map_err(pg)?
+            .ok_or_else(|| {
+                BackstopError::Other("the claim row conflicted but then vanished".into())
+            })?;
+        tx.rollback().await.map_err(pg)?;
+        return Ok(ClaimOutcome::Duplicate {
+            token: to_u64(row.get(0))?,
+            job_name: row.get(1),
+        });
+    }
+    // Only upward, and strictly: an equal token would mean two runs share it.
+    let advanced = tx
+        .query_opt(&upsert_fence_sql(t), &[&job, &token])
+        .await
+        .map_err(pg)?;
+    if advanced.is_none() {
+        let current: i64 = tx
+            .query_one(
+                &format!("SELECT token FROM {} WHERE job = $1", t.fences),
+                &[&job],
+            )
+            .await
+            .map_err(pg)?
+            .get(0);
+        tx.rollback().await.map_err(pg)?;
+        return Err(BackstopError::StaleToken {
+            job: job.to_string(),
+            token: token.unsigned_abs(),
+            current: to_u64(current)?,
+        });
+    }
+    tx.commit().await.map_err(pg)?;
+    Ok(ClaimOutcome::Claimed)
+}
+
+fn to_i64(token: u64) -> Result<i64, BackstopError> {
+    i64::try_from(token)
+        .map_err(|_| BackstopError::Other(format!("token {token} exceeds PostgreSQL's bigint")))
+}
+
+fn to_u64(v: i64) -> Result<u64, BackstopError> {
+    u64::try_from(v)
+        .map_err(|_| BackstopError::Other(format!("negative token {v} in the database")))
+}
+
+/// Reads a backstop Secret, refusing one without the opt-in label [`SECRET_OPT_IN_LABEL`]`=true`.
+/// Errors name the Secret, never its contents.
+pub async fn load_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> crate::Result<BTreeMap<String, ByteString>> {
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    let secret = api.get_opt(name).await?.ok_or_else(|| {
+        crate::Error::BackstopConfig(format!("Secret {namespace}/{name} not found"))
+    })?;
+    secret_data(secret, namespace, name)
+}
+
+/// The pure half of [`load_secret`]: the label check.
+pub fn secret_data(
+    secret: Secret,
+    namespace: &str,
+    name: &str,
+) -> crate::Result<BTreeMap<String, ByteString>> {
+    let opted_in = secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SECRET_OPT_IN_LABEL))
+        .is_some_and(|v| v == "true");
+    if !opted_in {
+        return Err(crate::Error::BackstopConfig(format!(
+            "Secret {namespace}/{name} lacks the label {SECRET_OPT_IN_LABEL}=\"true\" that allows the controller to use it as a backstop connection"
+        )));
+    }
+    Ok(secret.data.unwrap_or_default())
+}
+
+/// One [`Backstop`] per SingletonJob (key `namespace/name`), rebuilt when its Secret's contents
+/// or prefix change (a rotated password takes effect on the next reconcile). Holds a fingerprint,
+/// never the Secret data itself.
+#[derive(Default)]
+pub struct BackstopCache {
+    entries: std::sync::Mutex<HashMap<String, (Fingerprint, Arc<Backstop>)>>,
+}
+
+impl BackstopCache {
+    /// The backstop of `sj_key` for this Secret data, building it (no I/O) when new or changed.
+    pub fn get(
+        &self,
+        sj_key: &str,
+        data: &BTreeMap<String, ByteString>,
+        keys: &SecretKeys,
+        prefix: &TablePrefix,
+    ) -> Result<Arc<Backstop>, BackstopError> {
+        let fp = fingerprint(data, keys, prefix);
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((seen, b)) = entries.get(sj_key)
+            && *seen == fp
+        {
+            return Ok(b.clone());
+        }
+        let config = ConnectionConfig::from_secret(data, keys)?;
+        let b = Arc::new(Backstop::new(config, prefix.clone())?);
+        entries.insert(sj_key.to_string(), (fp, b.clone()));
+        Ok(b)
+    }
+
+    /// Drops the backstop of a deleted SingletonJob (its connection closes when the last user
+    /// lets go).
+    pub fn forget(&self, sj_key: &str) {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(sj_key);
+    }
+}
+
+/// SHA-256 of a Secret's data, the key names and the prefix.
+type Fingerprint = [u8; 32];
+
+fn fingerprint(
+    data: &BTreeMap<String, ByteString>,
+    keys: &SecretKeys,
+    prefix: &TablePrefix,
+) -> Fingerprint {
+    let mut h = Sha256::new();
+    for (k, ByteString(v)) in data {
+        // Length-prefixed, so no two different maps hash the same byte stream.
+        h.update((k.len() as u64).to_be_bytes());
+        h.update(k.as_bytes());
+        h.update((v.len() as u64).to_be_bytes());
+        h.update(v);
+    }
+    h.update(format!("{keys:?}|{prefix}"));
+    h.finalize().into()
+}

@@ -1,0 +1,207 @@
+//! The backstop's schema: versioned migrations, safe with several replicas racing.
+//!
+//! All names derive from the [`TablePrefix`] (default `singleton_`) and live in the connection's
+//! `current_schema()` (normally `public`):
+//!
+//! | name                         | what                                                       |
+//! |------------------------------|------------------------------------------------------------|
+//! | `<p>schema_version`          | one row per applied migration                              |
+//! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
+//! | `<p>fences`                  | one row per job: the highest fencing token                 |
+//! | `<p>fence_rejections`        | sequence: stale tokens refused by `<p>fence()`             |
+//! | `<p>fence(job, token)`       | the function a workload calls inside its own transaction  |
+//!
+//! Migrations only ever add: an older controller keeps working against a newer schema.
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+use super::config::TablePrefix;
+use super::error::BackstopError;
+
+/// The SQLSTATE `<p>fence()` raises for a stale token.
+pub const STALE_TOKEN_SQLSTATE: &str = "SF001";
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Fully qualified, ready-to-splice names of one backstop's objects.
+#[derive(Clone, Debug)]
+pub(crate) struct Tables {
+    pub prefix: TablePrefix,
+    pub version: String,
+    pub claims: String,
+    pub fences: String,
+    pub rejections: String,
+    pub function: String,
+}
+
+impl Tables {
+    pub fn new(schema: &str, prefix: &TablePrefix) -> Self {
+        let schema = quote_ident(schema);
+        let q = |suffix: &str| format!("{schema}.{prefix}{suffix}");
+        Tables {
+            version: q("schema_version"),
+            claims: q("claims"),
+            fences: q("fences"),
+            rejections: q("fence_rejections"),
+            function: q("fence"),
+            prefix: prefix.clone(),
+        }
+    }
+}
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// Migration `version`'s statements.
+fn migration(version: i32, t: &Tables) -> Option<String> {
+    let p = &t.prefix;
+    let Tables {
+        claims,
+        fences,
+        rejections,
+        function,
+        ..
+    } = t;
+    match version {
+        1 => Some(format!(
+            r#"
+CREATE TABLE {claims} (
+    job        text        NOT NULL,
+    period     timestamptz NOT NULL,
+    token      bigint      NOT NULL CHECK (token > 0),
+    job_name   text        NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT {p}claims_job_period_key UNIQUE (job, period)
+);
+COMMENT ON TABLE {claims} IS 'singleton-controller: one row per (SingletonJob namespace/name, period) ever claimed; the source of truth for "has this period run"';
+
+CREATE TABLE {fences} (
+    job   text   NOT NULL CONSTRAINT {p}fences_pkey PRIMARY KEY,
+    token bigint NOT NULL CHECK (token >= 0)
+);
+COMMENT ON TABLE {fences} IS 'singleton-controller: the highest fencing token issued per SingletonJob (namespace/name)';
+
+-- A sequence, not a counter row: the rejecting transaction aborts (that is the point of the
+-- RAISE), and an UPDATE of a counter table would be rolled back with it. nextval() is never
+-- rolled back. It may jump ahead after a server crash (sequences pre-log values): it is a
+-- metric, read with rate()/increase(), not an audit log.
+CREATE SEQUENCE {rejections};
+COMMENT ON SEQUENCE {rejections} IS 'singleton-controller: count of stale fencing tokens refused by {p}fence()';
+
+-- Called by a workload inside its own transaction, before its writes (or before COMMIT). It
+-- takes the fence row's lock, so:
+--  * a stale token (below the stored fence) raises SF001 and the whole transaction aborts;
+--  * a current or newer token advances the fence and holds the row lock until the transaction
+--    ends, so a newer run's fence advance waits for it and an older run's call waits behind a
+--    newer open transaction, then, when that commits, sees the new token (READ COMMITTED
+--    re-checks the WHERE on the updated row) and fails. It never slips through.
+-- SECURITY DEFINER with a pinned search_path: the workload's role needs EXECUTE on this function
+-- only, never write access to the fence table.
+CREATE FUNCTION {function}(job text, token bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    stored bigint;
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL OR $2 < 0 THEN
+        RAISE EXCEPTION '{p}fence: job must not be null and token must be a non-negative number'
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {fences} AS f (job, token) VALUES ($1, $2)
+    ON CONFLICT ON CONSTRAINT {p}fences_pkey
+    DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token
+    RETURNING f.token INTO stored;
+    IF FOUND THEN
+        RETURN stored;
+    END IF;
+    SELECT f.token INTO stored FROM {fences} AS f WHERE f.job = $1;
+    PERFORM nextval('{rejections}');
+    RAISE EXCEPTION 'stale fencing token % for job %: current is %', $2, $1, stored
+        USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+              HINT = 'a newer run of this job holds the fence; this run must stop without committing';
+END
+$fn$;
+REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION {function}(text, bigint) IS 'singleton-controller: call inside your transaction with SINGLETON_JOB and SINGLETON_FENCING_TOKEN; raises SQLSTATE {STALE_TOKEN_SQLSTATE} when a newer run holds the fence';
+"#
+        )),
+        _ => None,
+    }
+}
+
+/// Creates or upgrades the schema; returns the version now in place and the table names. Safe
+/// to call concurrently from many connections and replicas: a transaction-scoped advisory lock
+/// (keyed by schema and prefix) serialises the callers, so `CREATE TABLE` never races on the
+/// catalog and each migration is applied exactly once.
+pub(crate) async fn migrate(
+    client: &mut Client,
+    prefix: &TablePrefix,
+) -> Result<(i32, Tables), BackstopError> {
+    let pg = |e| BackstopError::from_pg(e, false);
+    let schema: Option<String> = client
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .map_err(pg)?
+        .get(0);
+    let schema = schema.ok_or_else(|| {
+        BackstopError::Config(
+            "the connection has no current schema (empty search_path): cannot create the backstop tables"
+                .into(),
+        )
+    })?;
+    let tables = Tables::new(&schema, prefix);
+    let tx = client.transaction().await.map_err(pg)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&lock_key(&schema, prefix)],
+    )
+    .await
+    .map_err(pg)?;
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+        tables.version
+    ))
+    .await
+    .map_err(pg)?;
+    let current: i32 = tx
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0) FROM {}", tables.version),
+            &[],
+        )
+        .await
+        .map_err(pg)?
+        .get(0);
+    let mut version = current;
+    while let Some(sql) = migration(version + 1, &tables) {
+        version += 1;
+        tx.batch_execute(&sql).await.map_err(pg)?;
+        tx.execute(
+            &format!("INSERT INTO {} (version) VALUES ($1)", tables.version),
+            &[&version],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    tx.commit().await.map_err(pg)?;
+    if version > SCHEMA_VERSION {
+        tracing::info!(
+            version,
+            known = SCHEMA_VERSION,
+            "backstop schema is newer than this controller; migrations only add, continuing"
+        );
+    }
+    Ok((version, tables))
+}
+
+/// The advisory lock key for one (schema, prefix): a stable hash, so every replica and version of
+/// the controller agrees on it.
+fn lock_key(schema: &str, prefix: &TablePrefix) -> i64 {
+    let digest = Sha256::digest(format!("singleton-controller/schema/{schema}.{prefix}"));
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(bytes)
+}

@@ -1,0 +1,968 @@
+//! Backstop tests. The database tests run against a real PostgreSQL at `$DATABASE_URL` (`make up`,
+//! then `eval "$(make -s env)"`); without it they fail and say so. Each test uses its own table
+//! prefix, so they run in parallel and never see each other's rows.
+//!
+//! The TLS tests need the server of `hack/postgres.sh` (ssl = on, CA at `hack/postgres.sh ca`, or
+//! `$SINGLETON_PG_CA`).
+//!
+//! An outage (PostgreSQL stopped for longer than a period, then started) belongs in an e2e test,
+//! because it is the run path's handling that matters. With the local server it goes like this:
+//!
+//! ```sh
+//! data=$(readlink -f .cache/postgres/server)/data
+//! bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+//! runuser -u postgres -- "$bin/pg_ctl" -D "$data" -m fast -w stop    # outage starts
+//! # ... let a period fall due: expect BackstopReady=False, no Job, retries ...
+//! hack/postgres.sh up                                                  # outage ends
+//! # ... expect the period started once (within its deadline) or Missed/BackstopUnavailable
+//! ```
+//!
+//! Here, [`unavailable_closed_port_fails_within_timeout`] and
+//! [`unavailable_silent_server_times_out`] cover the client side: a down or hung database costs
+//! one bounded timeout and an `Unavailable` error, never a hang.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use tokio_postgres::NoTls;
+
+use super::*;
+
+fn database_url() -> String {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "DATABASE_URL is not set: these backstop tests need a real PostgreSQL. Run `make up`, \
+             then `eval \"$(make -s env)\"` (or export DATABASE_URL=postgres://...) and rerun."
+        ),
+    }
+}
+
+fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+        .collect()
+}
+
+/// A prefix no other test (or earlier run) uses.
+fn unique_prefix(tag: &str) -> TablePrefix {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let id = (nanos ^ std::process::id().rotate_left(16)).wrapping_add(n);
+    TablePrefix::new(&format!("t_{tag}_{id:08x}_")).unwrap()
+}
+
+fn backstop(prefix: &TablePrefix) -> Backstop {
+    let config = ConnectionConfig::from_secret(
+        &data(&[("url", &database_url()), ("sslmode", "disable")]),
+        &SecretKeys::default(),
+    )
+    .unwrap();
+    Backstop::new(config, prefix.clone()).unwrap()
+}
+
+/// A workload's own connection (not the controller's).
+async fn workload() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
+        .await
+        .expect("connect to DATABASE_URL");
+    tokio::spawn(conn);
+    client
+}
+
+/// Drops what a test created (best effort; a failed test leaves uniquely named leftovers).
+async fn cleanup(prefix: &TablePrefix) {
+    let c = workload().await;
+    let p = prefix.as_str();
+    let _ = c
+        .batch_execute(&format!(
+            "DROP FUNCTION IF EXISTS {p}fence(text, bigint); \
+             DROP TABLE IF EXISTS {p}claims, {p}fences, {p}schema_version, {p}invoices; \
+             DROP SEQUENCE IF EXISTS {p}fence_rejections;"
+        ))
+        .await;
+}
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
+    e.code().map(|c| c.code())
+}
+
+fn db_message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------- configuration (no database)
+
+const PW: &str = "s3cretPW-9f2";
+
+fn assert_no_secret(text: &str, secrets: &[&str]) {
+    for s in secrets {
+        assert!(!text.contains(s), "{s:?} leaked into {text:?}");
+    }
+}
+
+#[test]
+fn url_and_discrete_keys_parse() {
+    let keys = SecretKeys::default();
+    let c = ConnectionConfig::from_secret(
+        &data(&[(
+            "url",
+            "postgresql://app%40x:p%3Aw@db.example:6432/billing?sslmode=verify-full&application_name=sj\n",
+        )]),
+        &keys,
+    )
+    .unwrap();
+    assert_eq!(c.host.0, "db.example");
+    assert_eq!(c.port, 6432);
+    assert_eq!(c.user.0, "app@x");
+    assert_eq!(c.password.as_ref().unwrap().0, "p:w");
+    assert_eq!(c.dbname.as_ref().unwrap().0, "billing");
+    assert_eq!(c.sslmode, SslMode::VerifyFull);
+    assert_eq!(c.application_name, "sj");
+
+    let c = ConnectionConfig::from_secret(
+        &data(&[
+            ("host", "10.0.0.7"),
+            ("user", "app"),
+            ("password", "pw with spaces "),
+            ("dbname", "billing"),
+        ]),
+        &keys,
+    )
+    .unwrap();
+    assert_eq!((c.host.0.as_str(), c.port), ("10.0.0.7", 5432));
+    assert_eq!(c.password.as_ref().unwrap().0, "pw with spaces ");
+    assert_eq!(c.sslmode, SslMode::Prefer, "libpq's default");
+
+    // IPv6, and a discrete key overriding the URL's part.
+    let c = ConnectionConfig::from_secret(
+        &data(&[
+            ("url", "postgres://u:old@[::1]:5433/db"),
+            ("password", "new"),
+        ]),
+        &keys,
+    )
+    .unwrap();
+    assert_eq!((c.host.0.as_str(), c.port), ("::1", 5433));
+    assert_eq!(c.password.as_ref().unwrap().0, "new");
+
+    // Custom key names.
+    let keys = SecretKeys {
+        url: "uri".into(),
+        password: "postgres-password".into(),
+        ..SecretKeys::default()
+    };
+    let c = ConnectionConfig::from_secret(
+        &data(&[("uri", "postgres://app@h/db"), ("postgres-password", "x")]),
+        &keys,
+    )
+    .unwrap();
+    assert_eq!(c.password.as_ref().unwrap().0, "x");
+}
+
+#[test]
+fn sslmode_rules() {
+    let keys = SecretKeys::default();
+    let ca = include_str!("testdata/unrelated-ca.pem");
+    let build = |pairs: &[(&str, &str)]| ConnectionConfig::from_secret(&data(pairs), &keys);
+    let base = [("host", "h"), ("user", "u")];
+    for (mode, want) in [
+        ("disable", SslMode::Disable),
+        ("prefer", SslMode::Prefer),
+        ("require", SslMode::Require),
+        ("verify-full", SslMode::VerifyFull),
+    ] {
+        let c = build(&[base[0], base[1], ("sslmode", mode)]).unwrap();
+        assert_eq!(c.sslmode, want);
+    }
+    // require with a root certificate verifies the chain, as libpq does.
+    let c = build(&[
+        base[0],
+        base[1],
+        ("sslmode", "require"),
+        ("sslrootcert", ca),
+    ])
+    .unwrap();
+    assert_eq!((c.sslmode, c.root_certs.len()), (SslMode::VerifyCa, 1));
+    let e = build(&[base[0], base[1], ("sslmode", "verify-ca")]).unwrap_err();
+    assert!(
+        matches!(e, BackstopError::Config(ref m) if m.contains("sslrootcert")),
+        "{e}"
+    );
+    let e = build(&[base[0], base[1], ("sslmode", "allow")]).unwrap_err();
+    assert!(matches!(e, BackstopError::Config(_)), "{e}");
+    let e = build(&[base[0], base[1], ("sslrootcert", "not a certificate")]).unwrap_err();
+    assert!(e.to_string().contains("sslrootcert"), "{e}");
+    // Every mode builds a TLS configuration (or none, for disable).
+    for mode in ["disable", "prefer", "require", "verify-full"] {
+        let c = build(&[base[0], base[1], ("sslmode", mode), ("sslrootcert", ca)]).unwrap();
+        Backstop::new(c, TablePrefix::default()).unwrap();
+    }
+}
+
+#[test]
+fn missing_parts_are_config_errors() {
+    let keys = SecretKeys::default();
+    for pairs in [
+        vec![],
+        vec![("user", "u")],
+        vec![("host", "h")],
+        vec![("host", "h"), ("user", "u"), ("port", "0")],
+        vec![("host", "h"), ("user", "u"), ("hostaddr", "not-an-ip")],
+    ] {
+        let e = ConnectionConfig::from_secret(&data(&pairs), &keys).unwrap_err();
+        assert!(matches!(e, BackstopError::Config(_)), "{pairs:?}: {e}");
+        assert_eq!(e.kind(), "BackstopConfig");
+    }
+    let mut bad = data(&[("host", "h"), ("user", "u")]);
+    bad.insert("password".into(), ByteString(vec![0xff, 0xfe]));
+    let e = ConnectionConfig::from_secret(&bad, &keys).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "backstop configuration: key `password` is not valid UTF-8"
+    );
+}
+
+#[test]
+fn secrets_never_appear_in_errors_or_debug() {
+    let keys = SecretKeys::default();
+    let malformed = [
+        format!("postgres://app:{PW}@db.example:notaport/billing"),
+        format!("postgres://app:{PW}@[::1/billing"),
+        format!("mysql://app:{PW}@db.example/billing"),
+        format!("postgres://app:{PW}@db.example/billing?{PW}=1"),
+        format!("postgres://app:{PW}@db.example/billing?{PW}"),
+        format!("postgres://app:{PW}%ZZ@db.example/billing"),
+        format!("postgres://app:{PW}@db.example/billing?sslmode={PW}"),
+        format!("postgres://app:{PW}@db1.example,db2.example/billing"),
+        format!("postgres://app:{PW}@db.example/billing?sslrootcert=/etc/{PW}"),
+        format!("postgres://app:{PW}@db.example/billing?connect_timeout={PW}"),
+        format!("postgres://app:{PW}@/tmp/{PW}/billing"),
+        format!("postgres://app:{PW}@db.example:{PW}/billing"),
+    ];
+    for url in &malformed {
+        let e = ConnectionConfig::from_secret(&data(&[("url", url)]), &keys).unwrap_err();
+        assert!(matches!(e, BackstopError::Config(_)), "{e}");
+        let crate_err: crate::Error = e.clone().into();
+        for text in [
+            e.to_string(),
+            format!("{e:?}"),
+            crate_err.to_string(),
+            format!("{crate_err:?}"),
+        ] {
+            assert_no_secret(&text, &[PW, url, "db.example", "app:"]);
+        }
+    }
+    // Discrete keys with bad values: the value is never echoed.
+    for (k, v) in [
+        ("port", PW),
+        ("sslmode", PW),
+        ("hostaddr", PW),
+        ("sslrootcert", PW),
+    ] {
+        let e = ConnectionConfig::from_secret(
+            &data(&[("host", "h"), ("user", "u"), ("password", PW), (k, v)]),
+            &keys,
+        )
+        .unwrap_err();
+        assert_no_secret(&format!("{e} {e:?}"), &[PW]);
+    }
+    // A good configuration's Debug shows no value from the Secret.
+    let url = format!("postgres://app:{PW}@db.example:5432/billing?sslmode=require");
+    let c = ConnectionConfig::from_secret(&data(&[("url", &url)]), &keys).unwrap();
+    let debug = format!("{c:?}");
+    assert_no_secret(&debug, &[PW, &url, "db.example", "app", "billing"]);
+    assert!(
+        debug.contains("<redacted>") && debug.contains("Require"),
+        "{debug}"
+    );
+    let b = Backstop::new(c, TablePrefix::default()).unwrap();
+    assert_no_secret(&format!("{b:?}"), &[PW, &url, "db.example"]);
+}
+
+#[test]
+fn table_prefix_is_a_safe_identifier() {
+    assert_eq!(TablePrefix::default().as_str(), "singleton_");
+    for ok in ["singleton_", "billing_", "_x", "a1"] {
+        TablePrefix::new(ok).unwrap();
+    }
+    for bad in [
+        "",
+        "1abc",
+        "Upper_",
+        "a-b",
+        "a;drop table x;",
+        "a\"b",
+        "päck",
+        "a_very_long_prefix_that_is_too_long_",
+    ] {
+        let e = TablePrefix::new(bad).unwrap_err();
+        assert!(matches!(e, BackstopError::Config(_)), "{bad:?}");
+    }
+}
+
+#[test]
+fn secret_must_opt_in_with_the_label() {
+    use k8s_openapi::api::core::v1::Secret;
+    let mut s = Secret {
+        data: Some(data(&[("url", "postgres://u@h/db")])),
+        ..Secret::default()
+    };
+    let e = secret_data(s.clone(), "ns", "db").unwrap_err();
+    assert_eq!(e.kind(), "BackstopConfig");
+    assert!(e.to_string().contains("singleton.dev/backstop"), "{e}");
+    assert!(!e.to_string().contains("postgres://"), "{e}");
+    s.metadata.labels = Some([(SECRET_OPT_IN_LABEL.to_string(), "false".to_string())].into());
+    assert!(secret_data(s.clone(), "ns", "db").is_err());
+    s.metadata.labels = Some([(SECRET_OPT_IN_LABEL.to_string(), "true".to_string())].into());
+    assert_eq!(secret_data(s, "ns", "db").unwrap().len(), 1);
+}
+
+#[test]
+fn cache_rebuilds_on_changed_secret_only() {
+    let cache = BackstopCache::default();
+    let keys = SecretKeys::default();
+    let p = TablePrefix::default();
+    let d1 = data(&[("url", "postgres://u:a@h/db")]);
+    let a = cache.get("ns/a", &d1, &keys, &p).unwrap();
+    let a2 = cache.get("ns/a", &d1, &keys, &p).unwrap();
+    assert!(Arc::ptr_eq(&a, &a2));
+    let d2 = data(&[("url", "postgres://u:b@h/db")]);
+    let a3 = cache.get("ns/a", &d2, &keys, &p).unwrap();
+    assert!(!Arc::ptr_eq(&a, &a3));
+    cache.forget("ns/a");
+    let a4 = cache.get("ns/a", &d2, &keys, &p).unwrap();
+    assert!(!Arc::ptr_eq(&a3, &a4));
+}
+
+#[test]
+fn errors_map_to_metric_labels() {
+    let cases = [
+        (
+            BackstopError::Unavailable("x".into()),
+            "BackstopUnavailable",
+        ),
+        (
+            BackstopError::StaleToken {
+                job: "ns/a".into(),
+                token: 1,
+                current: 2,
+            },
+            "StaleToken",
+        ),
+        (BackstopError::Config("x".into()), "BackstopConfig"),
+        (BackstopError::Other("x".into()), "Backstop"),
+    ];
+    for (e, label) in cases {
+        assert_eq!(e.kind(), label);
+        assert_eq!(crate::Error::from(e).kind(), label);
+    }
+}
+
+// ---------------------------------------------------------------- against PostgreSQL
+
+/// Many rounds of 8 claimers, each on its own connection, racing for one period: exactly one
+/// Claimed, every other one Duplicate with the winner's token and Job name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_race_exactly_one_wins() {
+    let prefix = unique_prefix("race");
+    const CLAIMERS: u64 = 8;
+    const ROUNDS: usize = 25;
+    let claimers: Vec<Arc<Backstop>> = (0..CLAIMERS).map(|_| Arc::new(backstop(&prefix))).collect();
+    claimers[0].ensure_schema().await.unwrap();
+    let period = ts("2025-01-01T00:00:00Z");
+    for round in 0..ROUNDS {
+        let job = format!("ns/race-{round}");
+        let barrier = Arc::new(tokio::sync::Barrier::new(CLAIMERS as usize));
+        let tasks: Vec<_> = claimers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let (b, barrier, job) = (b.clone(), barrier.clone(), job.clone());
+                tokio::spawn(async move {
+                    let token = i as u64 + 1;
+                    barrier.wait().await;
+                    let r = b
+                        .claim(&job, period, token, &format!("run-{token}"))
+                        .await
+                        .unwrap();
+                    (token, r)
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.unwrap());
+        }
+        let winners: Vec<u64> = outcomes
+            .iter()
+            .filter(|(_, r)| *r == ClaimOutcome::Claimed)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {outcomes:?}");
+        let w = winners[0];
+        for (t, r) in &outcomes {
+            if *t != w {
+                assert_eq!(
+                    *r,
+                    ClaimOutcome::Duplicate {
+                        token: w,
+                        job_name: format!("run-{w}")
+                    },
+                    "round {round}"
+                );
+                assert!(!r.is_ours(*t));
+            }
+        }
+        let row = claimers[0].claimed(&job, period).await.unwrap().unwrap();
+        assert_eq!(
+            (row.token, row.job_name.as_str()),
+            (w, format!("run-{w}").as_str())
+        );
+        assert_eq!(claimers[0].fence(&job).await.unwrap(), w);
+    }
+    cleanup(&prefix).await;
+}
+
+/// A stale token is refused (SF001) once a newer one committed, and also while the newer one's
+/// transaction is still open: the older call blocks, then fails; its own writes never commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stale_token_is_refused_even_behind_an_open_newer_transaction() {
+    let prefix = unique_prefix("stale");
+    let p = prefix.as_str();
+    let b = backstop(&prefix);
+    let job = "billing/invoices";
+    assert_eq!(b.rejections().await.unwrap(), 0);
+    assert_eq!(
+        b.claim(job, ts("2025-01-01T00:00:00Z"), 1, "invoices-1")
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert_eq!(
+        b.claim(job, ts("2025-02-01T00:00:00Z"), 2, "invoices-2")
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let admin = workload().await;
+    admin
+        .batch_execute(&format!("CREATE TABLE {p}invoices (id text PRIMARY KEY)"))
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {p}invoices (id) VALUES ($1)");
+    let fence = format!("SELECT {p}fence($1, $2)");
+
+    // 1. After the newer token committed: refused at once.
+    let mut old = workload().await;
+    let tx = old.transaction().await.unwrap();
+    tx.execute(&insert, &[&"stale-1"]).await.unwrap();
+    let e = tx.query_one(&fence, &[&job, &1i64]).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
+    assert_eq!(
+        db_message(&e),
+        format!("stale fencing token 1 for job {job}: current is 2")
+    );
+    drop(tx);
+    assert_eq!(b.rejections().await.unwrap(), 1);
+
+    // The current token passes, as often as the run likes.
+    let mut cur = workload().await;
+    for id in ["current-2a", "current-2b"] {
+        let tx = cur.transaction().await.unwrap();
+        let got: i64 = tx.query_one(&fence, &[&job, &2i64]).await.unwrap().get(0);
+        assert_eq!(got, 2);
+        tx.execute(&insert, &[&id]).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    // 2. Behind an open newer transaction: the newer run (token 3) has fenced but not committed.
+    let mut newer = workload().await;
+    let newer_tx = newer.transaction().await.unwrap();
+    newer_tx.query_one(&fence, &[&job, &3i64]).await.unwrap();
+    newer_tx.execute(&insert, &[&"new-3"]).await.unwrap();
+
+    let older = workload().await;
+    let older_pid: i32 = older
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (fence2, insert2) = (fence.clone(), insert.clone());
+    let older_task = tokio::spawn(async move {
+        let mut older = older;
+        let tx = older.transaction().await.unwrap();
+        tx.execute(&insert2, &[&"old-2"]).await.unwrap();
+        let fenced = tx.query_one(&fence2, &[&"billing/invoices", &2i64]).await;
+        // Whatever happened, try to commit: an aborted transaction commits nothing.
+        let _ = tx.commit().await;
+        fenced
+    });
+    // The older call must be waiting on the fence row's lock, not done.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting: Option<String> = admin
+            .query_one(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                &[&older_pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting.as_deref() == Some("Lock") {
+            break;
+        }
+        assert!(!older_task.is_finished(), "the stale call did not block");
+        assert!(
+            Instant::now() < deadline,
+            "the stale call never waited on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!older_task.is_finished(), "the stale call slipped through");
+    newer_tx.commit().await.unwrap();
+
+    let e = older_task.await.unwrap().unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
+    assert_eq!(
+        db_message(&e),
+        format!("stale fencing token 2 for job {job}: current is 3")
+    );
+    assert_eq!(b.rejections().await.unwrap(), 2);
+    assert_eq!(b.fence(job).await.unwrap(), 3);
+
+    let mut ids: Vec<String> = admin
+        .query(&format!("SELECT id FROM {p}invoices ORDER BY id"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["current-2a", "current-2b", "new-3"]);
+    cleanup(&prefix).await;
+}
+
+/// `advance_fence` (Replace, break-lock) waits for a workload transaction that holds the fence,
+/// then fences it out; it never lowers the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn advance_fence_waits_for_the_running_transaction_then_fences_it() {
+    let prefix = unique_prefix("adv");
+    let p = prefix.as_str();
+    let b = Arc::new(backstop(&prefix));
+    let job = "ns/replace";
+    b.claim(job, ts("2025-03-01T00:00:00Z"), 5, "r-5")
+        .await
+        .unwrap();
+    let fence = format!("SELECT {p}fence($1, $2)");
+    let mut run5 = workload().await;
+    let tx = run5.transaction().await.unwrap();
+    tx.query_one(&fence, &[&job, &5i64]).await.unwrap();
+
+    let b2 = b.clone();
+    let advance = tokio::spawn(async move { b2.advance_fence("ns/replace", 6).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !advance.is_finished(),
+        "advance_fence did not wait for the open transaction"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(advance.await.unwrap().unwrap(), 6);
+
+    let e = run5.query_one(&fence, &[&job, &5i64]).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"));
+    // Only upward: a lower or equal token is a no-op that reports the stored fence.
+    assert_eq!(b.advance_fence(job, 4).await.unwrap(), 6);
+    assert_eq!(b.advance_fence(job, 6).await.unwrap(), 6);
+    assert_eq!(b.advance_fence("ns/fresh", 3).await.unwrap(), 3);
+    assert_eq!(b.fence(job).await.unwrap(), 6);
+    cleanup(&prefix).await;
+}
+
+/// A workload that holds the fence longer than the controller's lock timeout makes the
+/// controller's claim fail as Unavailable (retryable) within the timeout, not hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_behind_a_long_workload_transaction_is_bounded() {
+    let prefix = unique_prefix("lockto");
+    let p = prefix.as_str();
+    let b = backstop(&prefix);
+    let config = b
+        .config()
+        .clone()
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let b = Backstop::new(config, prefix.clone()).unwrap();
+    let job = "ns/long";
+    b.claim(job, ts("2025-04-01T00:00:00Z"), 1, "l-1")
+        .await
+        .unwrap();
+    let mut run1 = workload().await;
+    let tx = run1.transaction().await.unwrap();
+    tx.query_one(&format!("SELECT {p}fence($1, $2)"), &[&job, &1i64])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let e = b
+        .claim(job, ts("2025-05-01T00:00:00Z"), 2, "l-2")
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        e.to_string().contains("lock timeout (SQLSTATE 55P03)"),
+        "{e}"
+    );
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    // Nothing of the failed claim stuck.
+    tx.commit().await.unwrap();
+    assert_eq!(
+        b.claimed(job, ts("2025-05-01T00:00:00Z")).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        b.claim(job, ts("2025-05-01T00:00:00Z"), 2, "l-2")
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    cleanup(&prefix).await;
+}
+
+/// Deleting and re-creating a SingletonJob (same namespace/name, status back at token 0) finds
+/// the old fence and claims: old periods stay deduplicated and tokens keep increasing.
+#[tokio::test]
+async fn recreation_keeps_claims_and_fence() {
+    let prefix = unique_prefix("recreate");
+    let job = "ns/monthly";
+    let (p1, p2, p3) = (
+        ts("2025-01-01T00:00:00Z"),
+        ts("2025-02-01T00:00:00Z"),
+        ts("2025-03-01T00:00:00Z"),
+    );
+    {
+        let first = backstop(&prefix);
+        assert_eq!(first.fence(job).await.unwrap(), 0);
+        assert_eq!(
+            first.claim(job, p1, 1, "m-1").await.unwrap(),
+            ClaimOutcome::Claimed
+        );
+        assert_eq!(
+            first.claim(job, p2, 2, "m-2").await.unwrap(),
+            ClaimOutcome::Claimed
+        );
+    }
+    // A new controller process, and a new SingletonJob object whose status says token 0.
+    let second = backstop(&prefix);
+    let status_token = 0u64;
+    let fence = second.fence(job).await.unwrap();
+    assert_eq!(fence, 2);
+    assert_eq!(
+        second.claim(job, p1, 3, "m-new").await.unwrap(),
+        ClaimOutcome::Duplicate {
+            token: 1,
+            job_name: "m-1".into()
+        },
+        "an old period stays claimed"
+    );
+    for stale in [1, 2] {
+        let e = second.claim(job, p3, stale, "m-3").await.unwrap_err();
+        assert_eq!(
+            e,
+            BackstopError::StaleToken {
+                job: job.into(),
+                token: stale,
+                current: 2
+            }
+        );
+        assert_eq!(crate::Error::from(e).kind(), "StaleToken");
+    }
+    assert_eq!(
+        second.claimed(job, p3).await.unwrap(),
+        None,
+        "refused claims leave no row"
+    );
+    let token = status_token.max(fence) + 1;
+    assert_eq!(
+        second.claim(job, p3, token, "m-3").await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    // A retry of the same claim (the controller died before creating the Job) is ours.
+    let retry = second.claim(job, p3, token, "m-3").await.unwrap();
+    assert!(retry.is_ours(token), "{retry:?}");
+    let row = second.claimed(job, p1).await.unwrap().unwrap();
+    assert_eq!((row.job.as_str(), row.period, row.token), (job, p1, 1));
+    assert!(row.claimed_at <= Timestamp::now());
+    assert_eq!(second.fence(job).await.unwrap(), 3);
+    // The claim's StaleToken is the controller's own check: not counted as a workload rejection.
+    assert_eq!(second.rejections().await.unwrap(), 0);
+    cleanup(&prefix).await;
+}
+
+/// A closed port: Unavailable, quickly, and the password is nowhere in the error.
+#[tokio::test]
+async fn unavailable_closed_port_fails_within_timeout() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("postgres://app:{PW}@127.0.0.1:{port}/db?sslmode=disable");
+    let config = ConnectionConfig::from_secret(&data(&[("url", &url)]), &SecretKeys::default())
+        .unwrap()
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let b = Backstop::new(config, unique_prefix("down")).unwrap();
+    let started = Instant::now();
+    let e = b.ping().await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(2500));
+    assert!(matches!(e, BackstopError::Unavailable(_)), "{e}");
+    assert!(e.is_retryable());
+    assert_eq!(crate::Error::from(e.clone()).kind(), "BackstopUnavailable");
+    assert_no_secret(&format!("{e} {e:?}"), &[PW, &url]);
+    let e = b.fence("ns/x").await.unwrap_err();
+    assert!(matches!(e, BackstopError::Unavailable(_)), "{e}");
+}
+
+/// A server that accepts TCP and never answers (a hung database, a black-holing proxy): the
+/// operation timeout ends the wait.
+#[tokio::test]
+async fn unavailable_silent_server_times_out() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    let config = ConnectionConfig::from_secret(
+        &data(&[
+            ("host", "127.0.0.1"),
+            ("port", &port.to_string()),
+            ("user", "app"),
+            ("password", PW),
+            ("sslmode", "disable"),
+        ]),
+        &SecretKeys::default(),
+    )
+    .unwrap()
+    .with_timeouts(Duration::from_millis(500), Duration::from_secs(1));
+    let b = Backstop::new(config, unique_prefix("hung")).unwrap();
+    let started = Instant::now();
+    let e = b
+        .claim("ns/x", ts("2025-01-01T00:00:00Z"), 1, "x-1")
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    assert!(
+        matches!(e, BackstopError::Unavailable(ref m) if m.contains("timed out")),
+        "{e}"
+    );
+    hold.abort();
+}
+
+/// The server's startup errors quote the database and user names: they are replaced.
+#[tokio::test]
+async fn connect_errors_do_not_quote_secret_values() {
+    let url = database_url();
+    let secret_db = "no_such_db_s3cret";
+    let config = ConnectionConfig::from_secret(
+        &data(&[("url", &url), ("dbname", secret_db), ("sslmode", "disable")]),
+        &SecretKeys::default(),
+    )
+    .unwrap();
+    let b = Backstop::new(config, unique_prefix("nodb")).unwrap();
+    let e = b.ping().await.unwrap_err();
+    assert_eq!(
+        e,
+        BackstopError::Config("the database does not exist (SQLSTATE 3D000)".into())
+    );
+    assert_no_secret(&format!("{e} {e:?}"), &[secret_db]);
+}
+
+/// Four replicas creating the schema at once: no error, one version row, all see version 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schema_creation_race() {
+    let prefix = unique_prefix("schema");
+    for round in 0..3 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(4));
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (b, barrier) = (backstop(&prefix), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    b.ensure_schema().await
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Ok(SCHEMA_VERSION), "round {round}");
+        }
+    }
+    let admin = workload().await;
+    let rows: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {}schema_version", prefix.as_str()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    // Re-created after someone dropped a table: an unexpected error re-runs the migration check.
+    cleanup(&prefix).await;
+}
+
+/// Each refused stale write adds exactly one, although its transaction aborted; accepted calls
+/// and the controller's own StaleToken add nothing.
+#[tokio::test]
+async fn rejection_counter_counts_each_refusal() {
+    let prefix = unique_prefix("reject");
+    let p = prefix.as_str();
+    let b = backstop(&prefix);
+    let job = "ns/counted";
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 7, "c-7")
+        .await
+        .unwrap();
+    let mut w = workload().await;
+    let fence = format!("SELECT {p}fence($1, $2)");
+    for n in 1..=3u64 {
+        let tx = w.transaction().await.unwrap();
+        let e = tx.query_one(&fence, &[&job, &6i64]).await.unwrap_err();
+        assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE));
+        tx.rollback().await.unwrap();
+        assert_eq!(b.rejections().await.unwrap(), n);
+        // Accepted calls do not count.
+        w.query_one(&fence, &[&job, &7i64]).await.unwrap();
+        assert_eq!(b.rejections().await.unwrap(), n);
+    }
+    let e = b
+        .claim(job, ts("2025-02-01T00:00:00Z"), 7, "c-7b")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, BackstopError::StaleToken { current: 7, .. }),
+        "{e}"
+    );
+    assert_eq!(b.rejections().await.unwrap(), 3);
+    cleanup(&prefix).await;
+}
+
+// ---------------------------------------------------------------- TLS (hack/postgres.sh)
+
+fn ca_pem() -> String {
+    let path = std::env::var("SINGLETON_PG_CA").unwrap_or_else(|_| {
+        format!(
+            "{}/../.cache/postgres/tls/ca.crt",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the test server's CA certificate at {path} ({e}): run `make up` \
+             (hack/postgres.sh creates it) or set SINGLETON_PG_CA"
+        )
+    })
+}
+
+/// The URL's host and port, as discrete keys with an sslmode and an optional CA.
+fn tls_backstop(mode: &str, ca: Option<&str>, extra: &[(&str, &str)]) -> Backstop {
+    let mut pairs = vec![("url", database_url()), ("sslmode", mode.to_string())];
+    if let Some(ca) = ca {
+        pairs.push(("sslrootcert", ca.to_string()));
+    }
+    for (k, v) in extra {
+        pairs.push((k, v.to_string()));
+    }
+    let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let config = ConnectionConfig::from_secret(&data(&refs), &SecretKeys::default())
+        .unwrap()
+        .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+    Backstop::new(config, unique_prefix("tls")).unwrap()
+}
+
+/// Whether the backstop's own session is encrypted (pg_stat_ssl of its backend).
+async fn session_tls(b: &Backstop) -> Result<bool, BackstopError> {
+    let mut slot = b.session().await?;
+    let ssl: bool = slot
+        .client()?
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .map_err(|e| BackstopError::from_pg(e, false))?
+        .get(0);
+    slot.clean = true;
+    Ok(ssl)
+}
+
+#[tokio::test]
+async fn tls_require_verify_ca_and_verify_full() {
+    let ca = ca_pem();
+    let cases = [
+        ("disable", None, false),
+        ("prefer", None, true),
+        ("require", None, true),
+        ("require", Some(ca.as_str()), true), // = verify-ca
+        ("verify-ca", Some(ca.as_str()), true),
+        ("verify-full", Some(ca.as_str()), true),
+    ];
+    for (mode, ca, want_tls) in cases {
+        let b = tls_backstop(mode, ca, &[]);
+        assert_eq!(
+            session_tls(&b)
+                .await
+                .unwrap_or_else(|e| panic!("{mode}: {e}")),
+            want_tls,
+            "{mode}"
+        );
+        b.ping().await.unwrap();
+        cleanup(b.prefix()).await;
+    }
+}
+
+#[tokio::test]
+async fn tls_verification_failures_are_refused() {
+    let ca = ca_pem();
+    let other_ca = include_str!("testdata/unrelated-ca.pem");
+    // A CA that did not sign the server's certificate.
+    for mode in ["verify-ca", "verify-full"] {
+        let e = tls_backstop(mode, Some(other_ca), &[])
+            .ping()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, BackstopError::Unavailable(ref m) if m.contains("certificate")),
+            "{mode}: {e}"
+        );
+    }
+    // The right CA, but a host name the certificate does not name (connecting to 127.0.0.1
+    // through hostaddr): verify-full refuses, verify-ca accepts.
+    let wrong_name = [("host", "db.wrong-name.invalid"), ("hostaddr", "127.0.0.1")];
+    let e = tls_backstop("verify-full", Some(&ca), &wrong_name)
+        .ping()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, BackstopError::Unavailable(ref m) if m.contains("certificate")),
+        "{e}"
+    );
+    assert_no_secret(&format!("{e} {e:?}"), &["wrong-name"]);
+    let b = tls_backstop("verify-ca", Some(&ca), &wrong_name);
+    assert!(session_tls(&b).await.unwrap());
+    cleanup(b.prefix()).await;
+}

@@ -1,0 +1,39 @@
+-- The billing example's own tables (the workload's data). The controller creates its tables
+-- (singleton_claims, singleton_fences, ...) and the function singleton_fence() itself.
+--   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f examples/billing/schema.sql
+
+CREATE TABLE IF NOT EXISTS customers (
+    customer       text   PRIMARY KEY,
+    monthly_cents  bigint NOT NULL CHECK (monthly_cents >= 0)
+);
+
+-- One invoice per customer and period: the natural key makes a repeated insert a no-op, and the
+-- token and idempotency key say which run wrote it.
+CREATE TABLE IF NOT EXISTS invoices (
+    period          timestamptz NOT NULL,
+    customer        text        NOT NULL REFERENCES customers,
+    amount_cents    bigint      NOT NULL,
+    fencing_token   bigint      NOT NULL,
+    idempotency_key text        NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (period, customer)
+);
+
+-- One row per period: the run's summary, written with the conditional-update pattern
+-- (UPDATE ... WHERE token <= mine), which also works where singleton_fence() is not available.
+CREATE TABLE IF NOT EXISTS invoice_runs (
+    period      timestamptz PRIMARY KEY,
+    token       bigint      NOT NULL,
+    invoices    integer     NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT now()
+);
+
+INSERT INTO customers (customer, monthly_cents) VALUES
+    ('acme', 129900),
+    ('globex', 49900),
+    ('initech', 9900)
+ON CONFLICT (customer) DO NOTHING;
+
+-- With a separate role for the workload (recommended), it needs only this on the controller's
+-- objects; singleton_fence() is SECURITY DEFINER:
+--   GRANT EXECUTE ON FUNCTION singleton_fence(text, bigint) TO invoicer;
