@@ -122,6 +122,11 @@ pub struct SingletonJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock: Option<LockSpec>,
 
+    /// A database that records each period's claim and fences stale runs (the last line of
+    /// defence, beyond the Kubernetes API). See docs/fencing.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backstop: Option<BackstopSpec>,
+
     /// The Job created for each period, as in CronJob. Every container receives the environment
     /// variables SINGLETON_JOB, SINGLETON_PERIOD, SINGLETON_FENCING_TOKEN and
     /// SINGLETON_IDEMPOTENCY_KEY. `ttlSecondsAfterFinished` is not honoured: finished Jobs are pruned
@@ -189,6 +194,45 @@ pub struct LockSpec {
     /// does not start. `Efficiency`: the run starts anyway and status says the claim was skipped.
     #[serde(default)]
     pub purpose: LockPurpose,
+}
+
+/// Target databases that back claims and fencing. Exactly one kind is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackstopSpec {
+    /// PostgreSQL: a claims table with UNIQUE(job, period), a fence row per job, and the
+    /// `singleton_fence(job, token)` function for workloads, created by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<PostgresBackstop>,
+}
+
+/// Where the PostgreSQL backstop is and how to reach it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresBackstop {
+    /// A Secret in this SingletonJob's namespace holding the connection, labelled
+    /// `singleton.dev/backstop: "true"` (an unlabelled Secret is refused, so permission to create
+    /// SingletonJobs is not permission to use any Secret). Keys: `url` (postgres://...), or
+    /// `host`, `port`, `dbname`, `user`, `password`; optional `sslmode` (disable, require,
+    /// verify-full) and `sslrootcert` (PEM).
+    pub secret_ref: SecretRef,
+    /// Prefix of the controller's tables and function (`<prefix>claims`, `<prefix>fences`).
+    /// Default `singleton_`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,31}$')")
+            .message("tablePrefix must be a lower-case SQL identifier of at most 32 characters")
+    )]
+    pub table_prefix: Option<String>,
+}
+
+/// A Secret in the same namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// Why the job is locked, after Kleppmann: for efficiency or for correctness.
@@ -297,6 +341,9 @@ pub enum Outcome {
     Missed,
     /// The run was fenced and deleted for a newer one (concurrencyPolicy Replace).
     Replaced,
+    /// The backstop database already holds a claim for this period: it ran before (for example
+    /// before the SingletonJob was re-created), so no Job was created.
+    Deduplicated,
 }
 
 /// A period and its outcome. Consecutive periods with the same outcome and reason that were never

@@ -9,6 +9,7 @@ pub const SCHEDULE_VALID: &str = "ScheduleValid";
 pub const SUSPENDED: &str = "Suspended";
 pub const CLOCK_TRUSTED: &str = "ClockTrusted";
 pub const JOB_TEMPLATE_VALID: &str = "JobTemplateValid";
+pub const BACKSTOP_READY: &str = "BackstopReady";
 
 /// Sets (or adds) a condition; returns whether anything a reader would notice changed.
 pub fn set(

@@ -16,9 +16,11 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
-use crate::api::{HistoryEntry, Outcome, RunRef, SingletonJob};
+use crate::api::{HistoryEntry, LockPurpose, Outcome, RunRef, SingletonJob};
+use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
 use crate::clock::ClockState;
 use crate::decide::{self, JobState, Observed, Waiting};
+use crate::run::Db;
 use crate::schedule::Schedule;
 use crate::{Error, Result, conditions, naming, run};
 
@@ -179,6 +181,8 @@ pub struct Context {
     pub jobs: Store<Job>,
     pub clock: watch::Receiver<ClockState>,
     pub gate: Gate,
+    /// One backstop connection per SingletonJob that has one.
+    pub backstops: BackstopCache,
 }
 
 /// The state of a Job as the decision core sees it.
@@ -256,9 +260,11 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let generation = sj.metadata.generation;
     let mut status = sj.status.clone().unwrap_or_default();
 
+    let db = resolve_backstop(&ctx, &sj).await;
+
     // A claim left half-done by a replica that died: finish it first, with its name and token.
     if let Some(claim) = status.pending_claim.clone() {
-        run::complete_claim(&ctx, &sj, claim, &[]).await?;
+        run::complete_claim(&ctx, &sj, claim, &[], &db).await?;
         return Ok(Action::requeue(Duration::ZERO));
     }
 
@@ -357,10 +363,14 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
 
     let states = active_job_states(&ctx, &sj, &status.active).await?;
     let clock = *ctx.clock.borrow();
-    let blocked = if template.is_err() {
-        Some(Waiting::JobTemplateInvalid)
-    } else if !clock.trusted {
+    let correctness =
+        sj.spec.lock.as_ref().map(|l| l.purpose).unwrap_or_default() == LockPurpose::Correctness;
+    let blocked = if !clock.trusted {
         Some(Waiting::ClockUntrusted)
+    } else if template.is_err() {
+        Some(Waiting::JobTemplateInvalid)
+    } else if matches!(db, Db::Unavailable(_)) && correctness {
+        Some(Waiting::BackstopUnavailable)
     } else {
         None
     };
@@ -469,16 +479,52 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         generation,
         now,
     );
+    match &db {
+        Db::NotConfigured => conds.retain(|c| c.type_ != conditions::BACKSTOP_READY),
+        Db::Ready(_) => {
+            conditions::set(
+                conds,
+                conditions::BACKSTOP_READY,
+                true,
+                "Connected",
+                "the backstop database answers and its schema is in place",
+                generation,
+                now,
+            );
+        }
+        Db::Unavailable(why) => {
+            if conditions::set(
+                conds,
+                conditions::BACKSTOP_READY,
+                false,
+                "Unavailable",
+                why.clone(),
+                generation,
+                now,
+            ) {
+                ctx.events
+                    .publish(
+                        &sj,
+                        EventType::Warning,
+                        "BackstopUnavailable",
+                        "ConnectBackstop",
+                        why.clone(),
+                    )
+                    .await;
+            }
+        }
+    }
     let (ready, why) = match plan.waiting.or(blocked) {
         Some(Waiting::ClockUntrusted) => (false, "ClockSkew"),
         Some(Waiting::JobTemplateInvalid) => (false, "JobTemplateRejected"),
+        Some(Waiting::BackstopUnavailable) => (false, "BackstopUnavailable"),
         _ => (true, "Scheduled"),
     };
     conditions::set(conds, conditions::READY, ready, why, "", generation, now);
 
     // Act.
     if let Some(period) = plan.start {
-        run::start(&ctx, &sj, status, period, &plan.replace).await?;
+        run::start(&ctx, &sj, status, period, &plan.replace, &db).await?;
     } else if sj.status.as_ref() != Some(&status) {
         run::write_status(&ctx, &sj, status.clone()).await?;
     }
@@ -492,6 +538,35 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         Some(at) => Action::requeue(until(now, at)),
         None => Action::await_change(),
     })
+}
+
+/// The SingletonJob's backstop, connected and checked (the schema is ensured on connect). Every
+/// failure becomes a reason that names no secret value.
+async fn resolve_backstop(ctx: &Context, sj: &SingletonJob) -> Db {
+    let Some(pg) = sj.spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) else {
+        ctx.backstops.forget(&sj.key());
+        return Db::NotConfigured;
+    };
+    let ns = sj.namespace().unwrap_or_default();
+    let data = match load_secret(&ctx.client, &ns, &pg.secret_ref.name).await {
+        Ok(d) => d,
+        Err(e) => return Db::Unavailable(e.to_string()),
+    };
+    let prefix = match pg.table_prefix.as_deref().map(TablePrefix::new).transpose() {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => return Db::Unavailable(e.to_string()),
+    };
+    let db = match ctx
+        .backstops
+        .get(&sj.key(), &data, &SecretKeys::default(), &prefix)
+    {
+        Ok(db) => db,
+        Err(e) => return Db::Unavailable(e.to_string()),
+    };
+    match db.ping().await {
+        Ok(()) => Db::Ready(db),
+        Err(e) => Db::Unavailable(e.to_string()),
+    }
 }
 
 /// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.
@@ -622,6 +697,7 @@ pub async fn run(
         jobs: reader,
         clock: clock_rx.clone(),
         gate,
+        backstops: BackstopCache::default(),
     });
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every

@@ -79,6 +79,8 @@ pub enum Waiting {
     ClockUntrusted,
     /// The API server rejects the Job template (a dry run failed).
     JobTemplateInvalid,
+    /// `lock.purpose: Correctness` and the backstop database cannot record a claim.
+    BackstopUnavailable,
 }
 
 /// Reasons recorded with periods that did not run. CamelCase, as Kubernetes reasons are.
@@ -91,6 +93,9 @@ pub mod reason {
     pub const JOB_DELETED: &str = "JobDeleted";
     pub const REPLACED: &str = "Replaced";
     pub const JOB_REJECTED: &str = "JobRejected";
+    pub const BACKSTOP_UNAVAILABLE: &str = "BackstopUnavailable";
+    pub const BACKSTOP_SKIPPED: &str = "BackstopSkipped";
+    pub const DEDUPLICATED: &str = "AlreadyClaimed";
 }
 
 /// Identifies what the cursor refers to: a change of any part re-anchors the schedule.
@@ -172,6 +177,8 @@ pub fn plan(
         let count = schedule.count_between(cursor, last, u64::MAX);
         let (outcome, why) = if suspended {
             (Outcome::Skipped, reason::SUSPENDED)
+        } else if obs.blocked == Some(Waiting::BackstopUnavailable) {
+            (Outcome::Missed, reason::BACKSTOP_UNAVAILABLE)
         } else {
             (Outcome::Missed, reason::DEADLINE_EXCEEDED)
         };

@@ -25,6 +25,7 @@ fn spec(schedule: &str) -> SingletonJobSpec {
         successful_jobs_history_limit: None,
         failed_jobs_history_limit: None,
         lock: None,
+        backstop: None,
         job_template: Default::default(),
     }
 }
@@ -362,6 +363,25 @@ fn an_untrusted_clock_decides_nothing_not_even_misses() {
     assert_eq!(
         (p.decided_through, p.fingerprint.as_str()),
         (Some(cursor), fp.as_str())
+    );
+}
+
+#[test]
+fn periods_past_their_deadline_while_the_backstop_is_down_say_so() {
+    let mut s = spec("*/10 * * * *");
+    s.starting_deadline_seconds = Some(60);
+    let st = states(NONE);
+    let obs = Observed {
+        now: ts("2027-01-01T00:35:00Z"),
+        created: ts("2027-01-01T00:00:00Z"),
+        blocked: Some(Waiting::BackstopUnavailable),
+        job_states: &st,
+    };
+    let p = plan(&s, &sched(&s), None, None, &[], &obs);
+    assert_eq!(p.start, None);
+    assert_eq!(
+        recorded(&p),
+        vec![(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, 3)]
     );
 }
 

@@ -2,29 +2,54 @@
 //! guarantee it serves (DESIGN.md G1 to G5).
 //!
 //! ```text
-//! 1. Gate    : act only while this replica may (the leader, not shutting down)     G4
-//! 2. Claim   : one status write, carrying the observed resourceVersion, records the
-//!              period as decided and issues the next fencing token. A 409 means
-//!              someone else acted: abort, re-read, decide again. This write is the
-//!              linearisation point of the run.                                   G1, G3
-//! 3. Replace : with concurrencyPolicy Replace, the old run is fenced by step 2's
-//!              newer token, then its Job is deleted, before the new Job exists.   G5
-//! 4. Create  : the Job's name is deterministic per period, so the API server
-//!              refuses a second Job for the same period.                          G1
-//! 5. Confirm : a second status write moves the claim to `active`. If we die
-//!              between 2 and 5, whoever acts next finds `pendingClaim` and
-//!              completes it with the same name and token (complete_claim).      G1, G2
+//! 1. Gate     : act only while this replica may (the leader, not shutting down)    G4
+//! 2. Token    : one more than the highest of status.fencingToken and the
+//!               backstop's fence, so a re-created SingletonJob never reuses one   G3
+//! 3. Claim    : one status write, carrying the observed resourceVersion, records
+//!               the period as decided and issues the token. A 409 means someone
+//!               else acted: abort, re-read, decide again. This write is the
+//!               linearisation point of the run.                                  G1, G3
+//! 4. Backstop : insert the claim row, UNIQUE(job, period), and advance the fence
+//!               in one transaction: a period that ran before (even under an
+//!               earlier SingletonJob of the same name) is Deduplicated; older
+//!               runs' writes are refused by singleton_fence from now on.          G1, G5
+//! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
+//!               their Jobs are deleted, before the new Job exists.                G5
+//! 6. Create   : the Job's name is deterministic per period, so the API server
+//!               refuses a second Job for the same period.                         G1
+//! 7. Confirm  : a second status write moves the claim to `active`. If we die
+//!               between 3 and 7, whoever acts next finds `pendingClaim` and
+//!               completes it (complete_claim) with the same name and token.      G1, G2
 //! ```
 
-use jiff::Timestamp;
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use kube::runtime::events::EventType;
 
-use crate::api::{HistoryEntry, Outcome, RunRef, SingletonJob, SingletonJobStatus};
+use crate::api::{HistoryEntry, LockPurpose, Outcome, RunRef, SingletonJob, SingletonJobStatus};
+use crate::backstop::{Backstop, ClaimOutcome};
 use crate::controller::Context;
 use crate::decide::reason;
 use crate::naming;
 use crate::{Error, Result};
+
+/// The backstop database as this reconcile found it.
+#[derive(Clone, Debug)]
+pub enum Db {
+    /// The SingletonJob has no backstop.
+    NotConfigured,
+    /// Reachable, schema in place.
+    Ready(Arc<Backstop>),
+    /// Configured but unusable now; the reason names no secret value.
+    Unavailable(String),
+}
+
+fn purpose(sj: &SingletonJob) -> LockPurpose {
+    sj.spec.lock.as_ref().map(|l| l.purpose).unwrap_or_default()
+}
 
 /// Claims `period` and starts its Job. `status` is the status to write with the claim (already
 /// carrying this reconcile's records); `sj` must be the object as read, with its resourceVersion.
@@ -34,14 +59,27 @@ pub async fn start(
     mut status: SingletonJobStatus,
     period: Timestamp,
     replace: &[RunRef],
+    db: &Db,
 ) -> Result<RunRef> {
     // 1. Gate (G4): a replica that is not allowed to act must not write at all.
     ctx.gate.check()?;
 
-    // 2. Claim (G1, G3). The token only increases: it is one more than the highest ever written
-    //    to this status, and the write fails if anyone else wrote since we read.
+    // 2. Token (G3): above every token this status and the backstop have ever seen.
+    let fence = match db {
+        Db::Ready(b) => match b.fence(&sj.key()).await {
+            Ok(f) => f,
+            Err(e) if purpose(sj) == LockPurpose::Efficiency => {
+                tracing::warn!(sj = %sj.key(), error = %e, "backstop fence unreadable; Efficiency: going on without it");
+                0
+            }
+            Err(e) => return Err(e.into()),
+        },
+        _ => 0,
+    };
+    let token = status.fencing_token.max(fence) + 1;
+
+    // 3. Claim (G1, G3): the write fails if anyone else wrote since we read.
     let now = Timestamp::now();
-    let token = status.fencing_token + 1;
     let claim = RunRef {
         period: period.into(),
         token,
@@ -55,30 +93,90 @@ pub async fn start(
     let claimed = write_status(ctx, sj, status).await?;
     tracing::info!(sj = %sj.key(), period = %naming::period_rfc3339(period), token, epoch = ctx.gate.epoch(), "claimed period");
 
-    // 3. Replace (G5): the old runs hold older tokens, already superseded by step 2; now stop them.
-    for old in replace {
-        delete_job(ctx, sj, &old.job_name).await?;
-    }
-
-    // 4 and 5.
-    complete_claim(ctx, &claimed, claim.clone(), replace).await?;
+    // 4 to 7.
+    complete_claim(ctx, &claimed, claim.clone(), replace, db).await?;
     Ok(claim)
 }
 
-/// Steps 4 and 5 for a claim written earlier, possibly by another (dead) replica.
+/// Steps 4 to 7 for a claim written earlier, possibly by another (dead) replica.
 pub async fn complete_claim(
     ctx: &Context,
     sj: &SingletonJob,
     claim: RunRef,
     replaced: &[RunRef],
+    db: &Db,
 ) -> Result<()> {
     ctx.gate.check()?;
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let period = claim.period.0;
 
-    // 4. Create (G1): the deterministic name makes a second Job for this period impossible. If the
+    // 4. Backstop (G1, G5). Retrying a claim we wrote before finds our own row: ours, go on.
+    let mut backstop_skipped = false;
+    let unavailable = match db {
+        Db::NotConfigured => None,
+        Db::Ready(b) => match b
+            .claim(&sj.key(), period, claim.token, &claim.job_name)
+            .await
+        {
+            Ok(outcome) if outcome.is_ours(claim.token) => None,
+            Ok(ClaimOutcome::Duplicate { token, job_name }) => {
+                let note = format!(
+                    "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
+                    naming::period_rfc3339(period)
+                );
+                return decide_without_job(
+                    ctx,
+                    sj,
+                    &claim,
+                    Outcome::Deduplicated,
+                    reason::DEDUPLICATED,
+                    note,
+                )
+                .await;
+            }
+            Ok(ClaimOutcome::Claimed) => None,
+            Err(e) => Some(e.to_string()),
+        },
+        Db::Unavailable(why) => Some(why.clone()),
+    };
+    if let Some(why) = unavailable {
+        if purpose(sj) == LockPurpose::Efficiency {
+            // Efficiency: a double run only wastes work; run, and say the claim was skipped.
+            tracing::warn!(sj = %sj.key(), reason = %why, "backstop unavailable; Efficiency: starting without its claim");
+            backstop_skipped = true;
+        } else {
+            // Correctness: no Job without its claim. Retry until the period's deadline, then
+            // record it (G2).
+            let deadline = sj
+                .spec
+                .starting_deadline_seconds
+                .map(|d| period + SignedDuration::from_secs(d));
+            if deadline.is_some_and(|d| Timestamp::now() > d) {
+                let note =
+                    format!("the backstop stayed unavailable past the starting deadline: {why}");
+                return decide_without_job(
+                    ctx,
+                    sj,
+                    &claim,
+                    Outcome::Missed,
+                    reason::BACKSTOP_UNAVAILABLE,
+                    note,
+                )
+                .await;
+            }
+            return Err(Error::BackstopUnavailable(why));
+        }
+    }
+
+    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
+    for old in replaced {
+        delete_job(ctx, sj, &old.job_name).await?;
+    }
+
+    // 6. Create (G1): the deterministic name makes a second Job for this period impossible. If the
     //    Job exists, it must be this claim's (same token); anything else is refused loudly.
-    let job = naming::build_job(sj, claim.period.0, claim.token)?;
+    let job = naming::build_job(sj, period, claim.token)?;
     match jobs.create(&PostParams::default(), &job).await {
         Ok(_) => {
             ctx.events.run_started(sj, &claim).await;
@@ -86,37 +184,19 @@ pub async fn complete_claim(
         // The API server will never accept this Job: the period is decided, as Failed, rather than
         // retried forever with the claim blocking every later period (G2).
         Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => {
-            let mut status = sj.status.clone().unwrap_or_default();
-            status.pending_claim = None;
-            status.last_result = Some(Outcome::Failed);
-            let entry = HistoryEntry {
-                period: claim.period.clone(),
-                last_period: None,
-                count: 1,
-                outcome: Outcome::Failed,
-                reason: Some(reason::JOB_REJECTED.into()),
-                job_name: Some(claim.job_name.clone()),
-                token: Some(claim.token),
-                start_time: claim.claimed_at.clone(),
-                finish_time: Some(Timestamp::now().into()),
-            };
-            status.history.insert(0, entry.clone());
-            status.history.truncate(crate::controller::HISTORY_LIMIT);
-            write_status(ctx, sj, status).await?;
             let note = format!(
                 "the API server rejected Job {}: {}",
                 claim.job_name, s.message
             );
-            ctx.events
-                .publish(
-                    sj,
-                    kube::runtime::events::EventType::Warning,
-                    reason::JOB_REJECTED,
-                    "CreateJob",
-                    note,
-                )
-                .await;
-            return Ok(());
+            return decide_without_job(
+                ctx,
+                sj,
+                &claim,
+                Outcome::Failed,
+                reason::JOB_REJECTED,
+                note,
+            )
+            .await;
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             let existing = jobs.get(&claim.job_name).await?;
@@ -132,7 +212,7 @@ pub async fn complete_claim(
         Err(e) => return Err(e.into()),
     }
 
-    // 5. Confirm: the run is active; the claim is done.
+    // 7. Confirm: the run is active; the claim is done.
     let mut status = sj.status.clone().unwrap_or_default();
     status.pending_claim = None;
     status
@@ -164,7 +244,7 @@ pub async fn complete_claim(
             last_period: None,
             count: 1,
             outcome: Outcome::Running,
-            reason: None,
+            reason: backstop_skipped.then(|| reason::BACKSTOP_SKIPPED.to_string()),
             job_name: Some(claim.job_name.clone()),
             token: Some(claim.token),
             start_time: claim.claimed_at.clone(),
@@ -173,6 +253,39 @@ pub async fn complete_claim(
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     write_status(ctx, sj, status).await?;
+    Ok(())
+}
+
+/// Decides a claimed period without a Job (rejected, deduplicated, or missed for the backstop):
+/// the claim is cleared and the outcome recorded, so it never blocks later periods (G2).
+async fn decide_without_job(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+    outcome: Outcome,
+    why: &str,
+    note: String,
+) -> Result<()> {
+    let mut status = sj.status.clone().unwrap_or_default();
+    status.pending_claim = None;
+    status.last_result = Some(outcome);
+    let entry = HistoryEntry {
+        period: claim.period.clone(),
+        last_period: None,
+        count: 1,
+        outcome,
+        reason: Some(why.into()),
+        job_name: None,
+        token: Some(claim.token),
+        start_time: claim.claimed_at.clone(),
+        finish_time: Some(Timestamp::now().into()),
+    };
+    status.history.insert(0, entry);
+    status.history.truncate(crate::controller::HISTORY_LIMIT);
+    write_status(ctx, sj, status).await?;
+    ctx.events
+        .publish(sj, EventType::Warning, why, "DecidePeriod", note)
+        .await;
     Ok(())
 }
 
@@ -269,6 +382,7 @@ mod tests {
             jobs: reflector::store().0,
             clock,
             gate: Gate::always(),
+            backstops: Default::default(),
         }
     }
 
