@@ -106,6 +106,7 @@ pub struct SingletonJobSpec {
     /// Stops new runs from starting; active runs continue. Periods falling due while suspended are
     /// recorded as Skipped (reason Suspended) unless `catchUp` starts them on resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = false))]
     pub suspend: Option<bool>,
 
     /// How many finished successful Jobs to keep. Default 3.
