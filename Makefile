@@ -10,9 +10,14 @@ CARGO ?= cargo
 E2E_THREADS ?= 4
 CRD_FILE ?= crds/singletonjob.yaml
 KUBECTL ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/kubernetes-$$K8S_VERSION/kubectl")
+HELM ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/helm-$$HELM_VERSION/helm")
+CHART_DIR ?= charts/singleton-controller
+# The chart's copy of the CRD (a chart cannot read files outside itself): `make crds` writes it,
+# `make chart` fails when it differs from $(CRD_FILE).
+CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: help tools up down status env crds lint unit e2e test demo
+.PHONY: help tools up down status env crds lint chart unit e2e test demo
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries (cached in ~/.cache/singleton-controller)'
@@ -22,6 +27,7 @@ help:
 	echo 'make env      print exports for: eval "$$(make -s env)"'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
 	echo 'make lint     rustfmt, clippy and the CRD drift check'
+	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
 	echo 'make test     lint + unit + e2e (what CI runs)'
@@ -47,6 +53,7 @@ crds:
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT
 	$(CARGO) run -q -p singleton-controller --bin crdgen > "$$tmp"
 	cat "$$tmp" > $(CRD_FILE)
+	cat "$$tmp" > $(CHART_CRD)
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -57,6 +64,17 @@ lint:
 	  echo "$(CRD_FILE) does not match the Rust types: run 'make crds' and commit the result" >&2
 	  exit 1
 	fi
+
+chart:
+	# A fresh machine has no helm yet: build it (a no-op when cached).
+	hack/build-tools.sh helm
+	if ! diff -u --label $(CRD_FILE) --label $(CHART_CRD) $(CRD_FILE) $(CHART_CRD); then
+	  echo "$(CHART_CRD) differs from $(CRD_FILE): run 'make crds' (it writes both)" >&2
+	  exit 1
+	fi
+	"$(HELM)" lint --strict $(CHART_DIR)
+	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true
+	HELM="$(HELM)" $(CARGO) test -p e2e --test chart_render
 
 # The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).
 unit:
@@ -74,7 +92,7 @@ e2e:
 	$(CARGO) build -p singleton-controller --bins
 	eval "$$(hack/cluster.sh env)"
 	export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
-	export KUBECTL="$(KUBECTL)"
+	export KUBECTL="$(KUBECTL)" HELM="$(HELM)"
 	"$(KUBECTL)" apply --server-side -f crds/
 	"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
 	# Each test deletes its namespace; this catches those a crashed test left behind.
@@ -84,6 +102,7 @@ e2e:
 # Sub-makes rather than prerequisites, so the order holds under `make -j` too.
 test:
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory chart
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory e2e
 

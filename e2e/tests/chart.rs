@@ -1,0 +1,547 @@
+//! The Helm chart installed into the real control plane with `helm install`, then the controller
+//! run as the chart's ServiceAccount (a TokenRequest token in a kubeconfig) with the Deployment's
+//! own arguments and environment, through a full run of a SingletonJob: proof that the chart's
+//! RBAC is sufficient. Then, with the same credentials, proof that it is not more than needed,
+//! and that `helm uninstall` removes every object but the CRD.
+//!
+//! No container runs here (the fake node only pretends), so the controller is this machine's
+//! binary; the CRD is installed by `make e2e`, so the chart is installed with crds.install=false
+//! (tests/chart_render.rs checks the chart's CRD equals crds/singletonjob.yaml).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use e2e::{Env, can_i, chart_dir, client_from_kubeconfig, ensure, helm, kubectl, run_ok, sj_yaml};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use singleton::api::Outcome;
+
+/// A Helm release owned by a test. Uninstalled on drop when the test did not get that far, so a
+/// failed test leaves no ClusterRole behind (its namespace goes with its [`Env`]).
+struct Release {
+    name: String,
+    ns: String,
+    installed: bool,
+}
+
+impl Release {
+    /// `helm install` into `env`'s namespace, under a name unique to it, waiting for the
+    /// Deployment to be available (the fake node marks its pods ready).
+    fn install(env: &Env, sets: &[String]) -> Result<Release> {
+        let suffix = env.ns.rsplit('-').next().unwrap_or("x");
+        let name = format!("sc-{suffix}");
+        let mut cmd = helm();
+        cmd.args(["install", &name])
+            .arg(chart_dir())
+            .args(["--namespace", &env.ns, "--set", "crds.install=false"])
+            .args(["--wait", "--timeout", "120s"]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        // Installed from here on: a failed install may have created some objects.
+        let release = Release {
+            name,
+            ns: env.ns.clone(),
+            installed: true,
+        };
+        let out = run_ok(&mut cmd)?;
+        anyhow::ensure!(
+            out.contains("kubectl apply") && out.contains("kubectl get sj"),
+            "NOTES do not tell the next command:\n{out}"
+        );
+        Ok(release)
+    }
+
+    fn fullname(&self) -> String {
+        format!("{}-singleton-controller", self.name)
+    }
+
+    fn uninstall(&mut self) -> Result<()> {
+        run_ok(helm().args([
+            "uninstall",
+            &self.name,
+            "--namespace",
+            &self.ns,
+            "--wait",
+            "--timeout",
+            "120s",
+        ]))?;
+        self.installed = false;
+        Ok(())
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if self.installed {
+            let _ = helm()
+                .args(["uninstall", &self.name, "--namespace", &self.ns])
+                .args(["--ignore-not-found"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// What the chart's Deployment would run: its container's args, and its environment with the
+/// downward-API fields resolved as the kubelet would for one of its pods, plus `KUBECONFIG`
+/// pointing at the ServiceAccount's credentials. (The harness still picks a free health port.)
+async fn as_deployment(
+    client: &Client,
+    release: &Release,
+    kubeconfig: &Path,
+) -> Result<(Vec<(String, String)>, Vec<String>)> {
+    let deploy = Api::<Deployment>::namespaced(client.clone(), &release.ns)
+        .get(&release.fullname())
+        .await?;
+    let pod_spec = deploy
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("Deployment without a pod spec")?;
+    anyhow::ensure!(
+        pod_spec.service_account_name.as_deref() == Some(release.fullname().as_str()),
+        "pods run as {:?}",
+        pod_spec.service_account_name
+    );
+    let container = pod_spec.containers.first().context("no container")?;
+    let pods = Api::<Pod>::namespaced(client.clone(), &release.ns)
+        .list(
+            &ListParams::default().labels(&format!("app.kubernetes.io/instance={}", release.name)),
+        )
+        .await?;
+    let pod = pods.items.first().context("the Deployment has no pod")?;
+    let mut envs = Vec::new();
+    for e in container.env.iter().flatten() {
+        let value = match (
+            &e.value,
+            e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()),
+        ) {
+            (Some(v), _) => v.clone(),
+            (None, Some(f)) if f.field_path == "metadata.name" => pod.name_any(),
+            (None, Some(f)) if f.field_path == "metadata.namespace" => release.ns.clone(),
+            _ => bail!("cannot resolve env {e:?}"),
+        };
+        envs.push((e.name.clone(), value));
+    }
+    envs.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    Ok((envs, container.args.clone().unwrap_or_default()))
+}
+
+/// Waits until the SingletonJob `name` in `env` records a Succeeded run.
+async fn wait_succeeded(env: &Env, name: &str) -> Result<String> {
+    env.wait_for(
+        &format!("{name}'s first run recorded as Succeeded"),
+        Duration::from_secs(90),
+        || async {
+            let sj = env.get_sj(name).await?;
+            let hist = sj.status.map(|s| s.history).unwrap_or_default();
+            Ok(hist
+                .into_iter()
+                .find(|h| h.outcome == Outcome::Succeeded)
+                .and_then(|h| h.job_name))
+        },
+    )
+    .await
+}
+
+/// Events the controller recorded (events.k8s.io/v1) in the SingletonJob's namespace.
+async fn wait_events(env: &Env) -> Result<usize> {
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), &env.ns);
+    env.wait_for(
+        "an Event from the controller",
+        Duration::from_secs(30),
+        || async {
+            let n = api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|e| e.reporting_controller.as_deref() == Some("singleton-controller"))
+                .count();
+            Ok((n > 0).then_some(n))
+        },
+    )
+    .await
+}
+
+/// The Lease of the release, held by the controller started by the test.
+async fn wait_lease_held(env: &Env, release: &Release) -> Result<String> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &release.ns);
+    env.wait_for(
+        "the release's Lease to be held",
+        Duration::from_secs(30),
+        || async {
+            Ok(leases
+                .get_opt(&release.name)
+                .await?
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty()))
+        },
+    )
+    .await
+}
+
+/// `kubectl auth can-i` as the ServiceAccount: each `allowed` check says yes, each `denied` no.
+async fn check_access(
+    env: &Env,
+    kubeconfig: &Path,
+    allowed: &[&[&str]],
+    denied: &[&[&str]],
+) -> Result<()> {
+    for args in allowed {
+        let ok = can_i(kubeconfig, args)?;
+        ensure(env, ok, ("should be allowed", args)).await?;
+    }
+    for args in denied {
+        let ok = can_i(kubeconfig, args)?;
+        ensure(env, !ok, ("should be denied", args)).await?;
+    }
+    Ok(())
+}
+
+/// The API server answered 403 Forbidden.
+fn forbidden<T: std::fmt::Debug>(r: kube::Result<T>) -> bool {
+    matches!(r, Err(kube::Error::Api(e)) if e.code == 403)
+}
+
+/// `kubectl auth whoami` as the kubeconfig: the ServiceAccount's user name.
+fn whoami(kubeconfig: &Path) -> Result<String> {
+    run_ok(kubectl().arg("--kubeconfig").arg(kubeconfig).args([
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]))
+}
+
+/// After `helm uninstall`: the chart's objects are gone, the CRD stays, and the ServiceAccount's
+/// token no longer authenticates.
+async fn check_uninstalled(env: &Env, release: &Release, sa: &Client, watched: &str) -> Result<()> {
+    let c = &env.client;
+    let full = release.fullname();
+    let gone = [
+        Api::<ServiceAccount>::namespaced(c.clone(), &release.ns)
+            .get_opt(&full)
+            .await?
+            .is_none(),
+        Api::<Deployment>::namespaced(c.clone(), &release.ns)
+            .get_opt(&full)
+            .await?
+            .is_none(),
+        Api::<Role>::namespaced(c.clone(), &release.ns)
+            .get_opt(&format!("{full}-leader-election"))
+            .await?
+            .is_none(),
+        Api::<RoleBinding>::namespaced(c.clone(), &release.ns)
+            .get_opt(&format!("{full}-leader-election"))
+            .await?
+            .is_none(),
+        Api::<Role>::namespaced(c.clone(), watched)
+            .get_opt(&full)
+            .await?
+            .is_none(),
+        Api::<ClusterRole>::all(c.clone())
+            .get_opt(&full)
+            .await?
+            .is_none(),
+        Api::<ClusterRoleBinding>::all(c.clone())
+            .get_opt(&full)
+            .await?
+            .is_none(),
+    ];
+    ensure(
+        env,
+        gone.iter().all(|g| *g),
+        ("objects left after uninstall", gone),
+    )
+    .await?;
+    let crd = Api::<CustomResourceDefinition>::all(c.clone())
+        .get_opt("singletonjobs.singleton.dev")
+        .await?;
+    ensure(env, crd.is_some(), "the CRD is kept").await?;
+    // A token bound to the deleted ServiceAccount is refused (the check may lag a moment).
+    let secrets: Api<Secret> = Api::namespaced(sa.clone(), watched);
+    env.wait_for(
+        "the ServiceAccount's token to be refused",
+        Duration::from_secs(30),
+        || async {
+            Ok(
+                matches!(secrets.get_opt("any").await, Err(kube::Error::Api(e)) if e.code == 401)
+                    .then_some(()),
+            )
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
+    let mut env = Env::new("chart").await?;
+    let mut release = Release::install(&env, &[])?;
+    let full = release.fullname();
+    let ns = env.ns.clone();
+
+    // Cluster-wide mode: a ClusterRole for the work, a Role for the Lease.
+    let cr = Api::<ClusterRole>::all(env.client.clone())
+        .get_opt(&full)
+        .await?;
+    ensure(&env, cr.is_some(), "a ClusterRole without watchNamespaces").await?;
+
+    let kubeconfig = env.service_account_kubeconfig(&ns, &full)?;
+    let user = whoami(&kubeconfig)?;
+    ensure(
+        &env,
+        user == format!("system:serviceaccount:{ns}:{full}"),
+        ("authenticated as", &user),
+    )
+    .await?;
+
+    // The controller as the chart runs it, under the chart's ServiceAccount. The harness keeps it
+    // to this test's namespace (--namespace), so it never acts on other tests' SingletonJobs.
+    let (envs, args) = as_deployment(&env.client, &release, &kubeconfig).await?;
+    ensure(
+        &env,
+        args.contains(&"--leader-elect=true".into())
+            && args.contains(&format!("--lease-name={}", release.name)),
+        ("Deployment args", &args),
+    )
+    .await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let idx = env.start_controller_with_env(&envs, &args).await?;
+    env.create_sj(&sj_yaml("hello", "*/2 * * * * *", ""))
+        .await?;
+
+    // A full run: Lease taken in the release namespace, Job created, completed, recorded.
+    let holder = wait_lease_held(&env, &release).await?;
+    ensure(&env, holder.starts_with("e2e-0"), ("Lease holder", &holder)).await?;
+    let job_name = wait_succeeded(&env, "hello").await?;
+    wait_events(&env).await?;
+    let job = env.jobs().get(&job_name).await?;
+    ensure(
+        &env,
+        job.annotations()
+            .contains_key("singleton.dev/fencing-token"),
+        ("job annotations", job.annotations()),
+    )
+    .await?;
+    // The paths the chart's probes and metrics Service use answer on the health port.
+    let log = env.controller_log(idx);
+    let addr = e2e::health_addr_in(&log).context("no health address in the log")?;
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let resp = e2e::http_get(addr, path).await?;
+        ensure(&env, resp.status == 200, (path, resp.status, &resp.body)).await?;
+    }
+    ensure(
+        &env,
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "a forbidden request in the controller's log",
+    )
+    .await?;
+
+    // No more than needed.
+    let lease = format!("leases.coordination.k8s.io/{}", release.name);
+    check_access(
+        &env,
+        &kubeconfig,
+        &[
+            &["list", "singletonjobs.singleton.dev", "--all-namespaces"],
+            &[
+                "update",
+                "singletonjobs.singleton.dev",
+                "--subresource=status",
+                "-n",
+                "default",
+            ],
+            &["create", "jobs.batch", "-n", "default"],
+            &["create", "events.events.k8s.io", "-n", "default"],
+            &["get", "secrets", "-n", "default"],
+            &["update", &lease, "-n", &ns],
+        ],
+        &[
+            // Secrets: get by name only, never listed or watched.
+            &["list", "secrets", "--all-namespaces"],
+            &["list", "secrets", "-n", &ns],
+            &["watch", "secrets", "-n", "default"],
+            &["create", "secrets", "-n", &ns],
+            // SingletonJobs are the user's: no spec writes, no deletes.
+            &["update", "singletonjobs.singleton.dev", "-n", "default"],
+            &["delete", "singletonjobs.singleton.dev", "-n", "default"],
+            // Jobs are never rewritten; no pods, no other workloads, no config.
+            &["update", "jobs.batch", "-n", "default"],
+            &["create", "pods", "-n", "default"],
+            &["create", "deployments.apps", "-n", &ns],
+            &["get", "configmaps", "-n", &ns],
+            // Leases: only the release's, only in the release namespace.
+            &["create", "leases.coordination.k8s.io", "-n", "default"],
+            &["get", "leases.coordination.k8s.io", "-n", "kube-system"],
+            &[
+                "update",
+                "leases.coordination.k8s.io/someone-else",
+                "-n",
+                &ns,
+            ],
+            &["delete", &lease, "-n", &ns],
+            // No escalation.
+            &["create", "clusterroles.rbac.authorization.k8s.io"],
+            &[
+                "create",
+                "rolebindings.rbac.authorization.k8s.io",
+                "-n",
+                &ns,
+            ],
+            &["impersonate", "serviceaccounts", "-n", &ns],
+            &["*", "*"],
+        ],
+    )
+    .await?;
+    // And directly against the API, as the ServiceAccount.
+    let sa = client_from_kubeconfig(&kubeconfig).await?;
+    let r = Api::<Secret>::all(sa.clone())
+        .list(&ListParams::default())
+        .await;
+    ensure(&env, forbidden(r), "listing Secrets cluster-wide").await?;
+    let lease_obj = Lease {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-intruder", release.name)),
+            ..Default::default()
+        },
+        spec: None,
+    };
+    let r = Api::<Lease>::namespaced(sa.clone(), "default")
+        .create(&PostParams::default(), &lease_obj)
+        .await;
+    ensure(
+        &env,
+        forbidden(r),
+        "creating a Lease outside the release namespace",
+    )
+    .await?;
+
+    // Uninstall: the controller first (it releases the Lease), then everything but the CRD goes.
+    env.stop_controller(idx, false).await?;
+    release.uninstall()?;
+    check_uninstalled(&env, &release, &sa, &ns).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<()> {
+    // The release in one namespace, serving another: the Lease stays with the release.
+    let system = Env::new("chart-sys").await?;
+    let mut env = Env::new("chart-team").await?;
+    let mut release = Release::install(&system, &[format!("watchNamespaces={{{}}}", env.ns)])?;
+    let full = release.fullname();
+    let (sys_ns, team_ns) = (system.ns.clone(), env.ns.clone());
+
+    let cr = Api::<ClusterRole>::all(env.client.clone())
+        .get_opt(&full)
+        .await?;
+    ensure(&env, cr.is_none(), "a ClusterRole with watchNamespaces").await?;
+    let crb = Api::<ClusterRoleBinding>::all(env.client.clone())
+        .get_opt(&full)
+        .await?;
+    ensure(
+        &env,
+        crb.is_none(),
+        "a ClusterRoleBinding with watchNamespaces",
+    )
+    .await?;
+    let role = Api::<Role>::namespaced(env.client.clone(), &team_ns)
+        .get_opt(&full)
+        .await?;
+    ensure(&env, role.is_some(), "a Role in the namespace served").await?;
+
+    let kubeconfig = env.service_account_kubeconfig(&sys_ns, &full)?;
+    let (envs, args) = as_deployment(&env.client, &release, &kubeconfig).await?;
+    ensure(
+        &env,
+        args.contains(&format!("--namespace={team_ns}")),
+        ("Deployment args", &args),
+    )
+    .await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let idx = env.start_controller_with_env(&envs, &args).await?;
+    env.create_sj(&sj_yaml("hello", "*/2 * * * * *", ""))
+        .await?;
+    let holder = wait_lease_held(&env, &release).await?;
+    ensure(&env, holder.starts_with("e2e-0"), ("Lease holder", &holder)).await?;
+    wait_succeeded(&env, "hello").await?;
+    wait_events(&env).await?;
+
+    let lease = format!("leases.coordination.k8s.io/{}", release.name);
+    check_access(
+        &env,
+        &kubeconfig,
+        &[
+            &["list", "singletonjobs.singleton.dev", "-n", &team_ns],
+            &["create", "jobs.batch", "-n", &team_ns],
+            &["get", "secrets", "-n", &team_ns],
+            &["update", &lease, "-n", &sys_ns],
+        ],
+        &[
+            // Nothing cluster-wide.
+            &["list", "singletonjobs.singleton.dev", "--all-namespaces"],
+            &["list", "jobs.batch", "--all-namespaces"],
+            // Nothing in other namespaces, the release's own included.
+            &["list", "singletonjobs.singleton.dev", "-n", "default"],
+            &["create", "jobs.batch", "-n", "default"],
+            &["create", "jobs.batch", "-n", &sys_ns],
+            &[
+                "update",
+                "singletonjobs.singleton.dev",
+                "--subresource=status",
+                "-n",
+                "default",
+            ],
+            &["create", "events.events.k8s.io", "-n", "default"],
+            &["create", "events", "-n", &sys_ns],
+            &["get", "secrets", "-n", "default"],
+            &["get", "secrets", "-n", &sys_ns],
+            // In the namespace served: Secrets by name only, no Leases.
+            &["list", "secrets", "-n", &team_ns],
+            &["create", "leases.coordination.k8s.io", "-n", &team_ns],
+        ],
+    )
+    .await?;
+    let sa = client_from_kubeconfig(&kubeconfig).await?;
+    let job = Job {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-intruder", release.name)),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let r = Api::<Job>::namespaced(sa.clone(), "default")
+        .create(&PostParams::default(), &job)
+        .await;
+    ensure(
+        &env,
+        forbidden(r),
+        "creating a Job outside the namespace served",
+    )
+    .await?;
+    let r = Api::<Secret>::namespaced(sa.clone(), &sys_ns)
+        .get_opt("anything")
+        .await;
+    ensure(
+        &env,
+        forbidden(r),
+        "reading a Secret in the release namespace",
+    )
+    .await?;
+
+    env.stop_controller(idx, false).await?;
+    release.uninstall()?;
+    check_uninstalled(&env, &release, &sa, &team_ns).await?;
+    Ok(())
+}

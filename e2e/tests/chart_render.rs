@@ -1,0 +1,435 @@
+//! Rendering tests of the Helm chart (`helm template`, no cluster): the important values produce
+//! the objects and the restrictions they promise. `make chart` runs these with `helm lint`;
+//! tests/chart.rs installs the chart into the real control plane.
+
+use anyhow::{Context as _, Result, bail, ensure};
+use e2e::{chart_dir, helm, repo_file, run_ok, yaml_docs};
+use serde_yaml::Value;
+
+const RELEASE: &str = "sc";
+const NS: &str = "singleton-system";
+const FULLNAME: &str = "sc-singleton-controller";
+
+/// `helm template` in the release namespace: flags (`--...`) as given, anything else as `--set`.
+fn template(args: &[&str]) -> std::process::Command {
+    let mut cmd = helm();
+    cmd.args(["template", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", NS]);
+    for a in args {
+        if a.starts_with("--") {
+            cmd.arg(a);
+        } else {
+            cmd.args(["--set", a]);
+        }
+    }
+    cmd
+}
+
+/// The rendered objects.
+fn render(args: &[&str]) -> Result<Vec<Value>> {
+    yaml_docs(&run_ok(&mut template(args))?)
+}
+
+/// Rendering that must fail; its error text.
+fn render_err(args: &[&str]) -> Result<String> {
+    let out = template(args).output()?;
+    ensure!(!out.status.success(), "helm template {args:?} succeeded");
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn kind_of(v: &Value) -> &str {
+    v["kind"].as_str().unwrap_or_default()
+}
+
+fn name_of(v: &Value) -> &str {
+    v["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn all<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| kind_of(d) == kind).collect()
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| kind_of(d) == kind && name_of(d) == name)
+        .with_context(|| format!("no {kind} {name} rendered"))
+}
+
+fn strs(v: &Value) -> Vec<&str> {
+    v.as_sequence()
+        .map(|s| s.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The verbs a rules list grants on `group/resource`, across all its rules.
+fn verbs(rules: &Value, group: &str, resource: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rules.as_sequence().into_iter().flatten() {
+        if strs(&r["apiGroups"]).contains(&group) && strs(&r["resources"]).contains(&resource) {
+            out.extend(strs(&r["verbs"]).into_iter().map(String::from));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn container(docs: &[Value]) -> Result<&Value> {
+    let d = one(docs, "Deployment", FULLNAME)?;
+    Ok(&d["spec"]["template"]["spec"]["containers"][0])
+}
+
+fn args(docs: &[Value]) -> Result<Vec<String>> {
+    Ok(strs(&container(docs)?["args"])
+        .into_iter()
+        .map(String::from)
+        .collect())
+}
+
+/// Rules of a Role/ClusterRole must never use wildcards.
+fn no_wildcards(role: &Value) -> Result<()> {
+    for r in role["rules"].as_sequence().into_iter().flatten() {
+        for key in ["apiGroups", "resources", "verbs"] {
+            ensure!(
+                !strs(&r[key]).contains(&"*"),
+                "wildcard in {} {}: {r:?}",
+                kind_of(role),
+                name_of(role)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The SingletonJob, SingletonJob-status, Job, Event and Secret grants of the controller.
+fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
+    let rules = &role["rules"];
+    no_wildcards(role)?;
+    ensure!(verbs(rules, "singleton.dev", "singletonjobs") == ["get", "list", "watch"]);
+    ensure!(verbs(rules, "singleton.dev", "singletonjobs/status") == ["get", "patch", "update"]);
+    ensure!(
+        verbs(rules, "batch", "jobs") == ["create", "delete", "get", "list", "watch"],
+        "jobs: {:?}",
+        verbs(rules, "batch", "jobs")
+    );
+    ensure!(verbs(rules, "events.k8s.io", "events") == ["create", "patch"]);
+    ensure!(verbs(rules, "", "events") == ["create", "patch"]);
+    let want: &[&str] = if secrets { &["get"] } else { &[] };
+    ensure!(
+        verbs(rules, "", "secrets") == want,
+        "secrets: {:?}",
+        verbs(rules, "", "secrets")
+    );
+    ensure!(
+        verbs(rules, "coordination.k8s.io", "leases").is_empty(),
+        "Lease access belongs in the release namespace's Role only"
+    );
+    Ok(())
+}
+
+/// The Lease Role: only in the release namespace, only the release's Lease for reads and writes.
+fn check_lease_role(docs: &[Value]) -> Result<()> {
+    let role = one(docs, "Role", &format!("{FULLNAME}-leader-election"))?;
+    ensure!(role["metadata"]["namespace"].as_str() == Some(NS));
+    no_wildcards(role)?;
+    for r in role["rules"].as_sequence().context("rules")? {
+        ensure!(strs(&r["apiGroups"]) == ["coordination.k8s.io"]);
+        ensure!(strs(&r["resources"]) == ["leases"]);
+        let v = strs(&r["verbs"]);
+        if v != ["create"] {
+            ensure!(
+                strs(&r["resourceNames"]) == [RELEASE],
+                "Lease rule not limited to the release's Lease: {r:?}"
+            );
+        }
+    }
+    let binding = one(docs, "RoleBinding", &format!("{FULLNAME}-leader-election"))?;
+    ensure!(binding["metadata"]["namespace"].as_str() == Some(NS));
+    Ok(())
+}
+
+/// Numbers compared as f64 (`toYaml` writes 100 where the generator wrote 100.0).
+fn normalize(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => Value::Number(n.as_f64().unwrap_or_default().into()),
+        Value::Sequence(s) => Value::Sequence(s.iter().map(normalize).collect()),
+        Value::Mapping(m) => Value::Mapping(
+            m.iter()
+                .map(|(k, v)| (normalize(k), normalize(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() -> Result<()> {
+    let docs = render(&[])?;
+    let d = one(&docs, "Deployment", FULLNAME)?;
+    ensure!(
+        d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"].as_i64() == Some(0),
+        "a rolling update keeps a standby: {:?}",
+        d["spec"]["strategy"]
+    );
+    ensure!(
+        d["spec"]["replicas"].as_i64() == Some(2),
+        "replicas: {:?}",
+        d["spec"]["replicas"]
+    );
+    let pod = &d["spec"]["template"]["spec"];
+    ensure!(pod["serviceAccountName"].as_str() == Some(FULLNAME));
+    ensure!(pod["securityContext"]["runAsNonRoot"].as_bool() == Some(true));
+    ensure!(pod["securityContext"]["seccompProfile"]["type"].as_str() == Some("RuntimeDefault"));
+    ensure!(
+        pod["topologySpreadConstraints"]
+            .as_sequence()
+            .is_some_and(|s| s
+                .iter()
+                .any(|c| c["topologyKey"].as_str() == Some("kubernetes.io/hostname"))),
+        "topology spread across nodes"
+    );
+
+    let c = container(&docs)?;
+    let sc = &c["securityContext"];
+    ensure!(
+        sc["runAsNonRoot"].as_bool() == Some(true),
+        "runAsNonRoot: {sc:?}"
+    );
+    ensure!(sc["readOnlyRootFilesystem"].as_bool() == Some(true));
+    ensure!(sc["allowPrivilegeEscalation"].as_bool() == Some(false));
+    ensure!(strs(&sc["capabilities"]["drop"]) == ["ALL"]);
+    ensure!(sc["seccompProfile"]["type"].as_str() == Some("RuntimeDefault"));
+    ensure!(c["resources"]["requests"]["cpu"].is_string());
+    ensure!(c["resources"]["requests"]["memory"].is_string());
+    ensure!(
+        c["image"].as_str() == Some("singleton-controller:0.1.0"),
+        "image: {:?}",
+        c["image"]
+    );
+
+    // Probes on the health port, by name.
+    let port = &c["ports"][0];
+    ensure!(
+        port["name"].as_str() == Some("health") && port["containerPort"].as_i64() == Some(8080)
+    );
+    ensure!(c["livenessProbe"]["httpGet"]["path"].as_str() == Some("/healthz"));
+    ensure!(c["livenessProbe"]["httpGet"]["port"].as_str() == Some("health"));
+    ensure!(c["readinessProbe"]["httpGet"]["path"].as_str() == Some("/readyz"));
+    ensure!(c["readinessProbe"]["httpGet"]["port"].as_str() == Some("health"));
+
+    // Leader election on, the Lease named after the release, all namespaces watched.
+    let a = args(&docs)?;
+    ensure!(
+        a.contains(&"--leader-elect=true".to_string()),
+        "args: {a:?}"
+    );
+    ensure!(
+        a.contains(&format!("--lease-name={RELEASE}")),
+        "args: {a:?}"
+    );
+    ensure!(
+        !a.iter().any(|x| x.starts_with("--namespace")),
+        "args: {a:?}"
+    );
+    // POD_NAME / POD_NAMESPACE from the downward API (--instance and --lease-namespace).
+    let env = c["env"].as_sequence().context("env")?;
+    for (name, path) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let e = env
+            .iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .with_context(|| format!("no {name}"))?;
+        ensure!(
+            e["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some(path),
+            "{name}: {e:?}"
+        );
+    }
+
+    // Every namespaced object lands in the release namespace.
+    for doc in &docs {
+        if let Some(ns) = doc["metadata"]["namespace"].as_str() {
+            ensure!(ns == NS, "{} {} in {ns}", kind_of(doc), name_of(doc));
+        }
+    }
+
+    // PDB, metrics Service; no ServiceMonitor by default.
+    let pdb = one(&docs, "PodDisruptionBudget", FULLNAME)?;
+    ensure!(pdb["spec"]["maxUnavailable"].as_i64() == Some(1));
+    let svc = one(&docs, "Service", &format!("{FULLNAME}-metrics"))?;
+    let port = &svc["spec"]["ports"][0];
+    ensure!(
+        port["name"].as_str() == Some("metrics") && port["targetPort"].as_str() == Some("health")
+    );
+    ensure!(all(&docs, "ServiceMonitor").is_empty());
+    Ok(())
+}
+
+#[test]
+fn defaults_render_cluster_rbac_and_a_namespaced_lease_role() -> Result<()> {
+    let docs = render(&[])?;
+    let cr = one(&docs, "ClusterRole", FULLNAME)?;
+    check_work_rules(cr, true)?;
+    let crb = one(&docs, "ClusterRoleBinding", FULLNAME)?;
+    ensure!(crb["roleRef"]["name"].as_str() == Some(FULLNAME));
+    ensure!(crb["subjects"][0]["name"].as_str() == Some(FULLNAME));
+    ensure!(crb["subjects"][0]["namespace"].as_str() == Some(NS));
+    // The only Role is the Lease's.
+    let roles: Vec<&str> = all(&docs, "Role").into_iter().map(name_of).collect();
+    ensure!(
+        roles == [format!("{FULLNAME}-leader-election")],
+        "roles: {roles:?}"
+    );
+    check_lease_role(&docs)?;
+    ensure!(one(&docs, "ServiceAccount", FULLNAME)?["metadata"]["namespace"].as_str() == Some(NS));
+    Ok(())
+}
+
+#[test]
+fn watch_namespaces_renders_roles_and_no_cluster_role() -> Result<()> {
+    let docs = render(&["watchNamespaces={team-a}"])?;
+    ensure!(
+        all(&docs, "ClusterRole").is_empty(),
+        "a ClusterRole with watchNamespaces"
+    );
+    ensure!(all(&docs, "ClusterRoleBinding").is_empty());
+    let role = docs
+        .iter()
+        .find(|d| kind_of(d) == "Role" && name_of(d) == FULLNAME)
+        .context("no Role")?;
+    ensure!(role["metadata"]["namespace"].as_str() == Some("team-a"));
+    check_work_rules(role, true)?;
+    let rb = docs
+        .iter()
+        .find(|d| kind_of(d) == "RoleBinding" && name_of(d) == FULLNAME)
+        .context("no RoleBinding")?;
+    ensure!(rb["metadata"]["namespace"].as_str() == Some("team-a"));
+    ensure!(rb["roleRef"]["kind"].as_str() == Some("Role"));
+    ensure!(rb["subjects"][0]["namespace"].as_str() == Some(NS));
+    // The Lease stays in the release namespace.
+    check_lease_role(&docs)?;
+    let a = args(&docs)?;
+    ensure!(a.contains(&"--namespace=team-a".to_string()), "args: {a:?}");
+    Ok(())
+}
+
+#[test]
+fn more_than_one_watch_namespace_is_refused() -> Result<()> {
+    // By values.schema.json ...
+    let err = render_err(&["watchNamespaces={a,b}"])?;
+    ensure!(err.contains("watchNamespaces"), "{err}");
+    // ... and by the template, when schema validation is skipped.
+    let err = render_err(&["--skip-schema-validation", "watchNamespaces={a,b}"])?;
+    ensure!(err.contains("one namespace"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn unsafe_or_invalid_values_are_refused() -> Result<()> {
+    let err = render_err(&["leaderElection.enabled=false"])?;
+    ensure!(err.contains("leaderElection.enabled"), "{err}");
+    let err = render_err(&["leaderElection.renewDeadlineSeconds=20"])?;
+    ensure!(err.contains("renewDeadlineSeconds"), "{err}");
+    let err = render_err(&["replicas=3"])?;
+    ensure!(err.contains("replicas"), "unknown key accepted: {err}");
+    // One replica without leader election is allowed (single-replica mode).
+    let docs = render(&["leaderElection.enabled=false", "replicaCount=1"])?;
+    ensure!(args(&docs)?.contains(&"--leader-elect=false".to_string()));
+    let d = one(&docs, "Deployment", FULLNAME)?;
+    ensure!(
+        d["spec"]["strategy"]["type"].as_str() == Some("Recreate"),
+        "without leader election an update must never run two replicas: {:?}",
+        d["spec"]["strategy"]
+    );
+    ensure!(
+        all(&docs, "PodDisruptionBudget").is_empty(),
+        "a PDB for one replica"
+    );
+    ensure!(
+        !all(&docs, "Role")
+            .iter()
+            .any(|r| name_of(r).ends_with("-leader-election")),
+        "a Lease Role without leader election"
+    );
+    Ok(())
+}
+
+#[test]
+fn crd_is_the_generated_one_kept_on_uninstall_and_can_be_turned_off() -> Result<()> {
+    let docs = render(&[])?;
+    let crd = one(
+        &docs,
+        "CustomResourceDefinition",
+        "singletonjobs.singleton.dev",
+    )?;
+    ensure!(
+        crd["metadata"]["annotations"]["helm.sh/resource-policy"].as_str() == Some("keep"),
+        "keep annotation: {:?}",
+        crd["metadata"]
+    );
+    // The same schema as crds/singletonjob.yaml, the generated source of truth.
+    let generated: Value = serde_yaml::from_str(&std::fs::read_to_string(repo_file(
+        "crds/singletonjob.yaml",
+    ))?)?;
+    if normalize(&crd["spec"]) != normalize(&generated["spec"]) {
+        bail!(
+            "the chart's CRD differs from crds/singletonjob.yaml: run `make crds` (it copies it into charts/singleton-controller/files/)"
+        );
+    }
+
+    let docs = render(&["crds.keep=false"])?;
+    let crd = one(
+        &docs,
+        "CustomResourceDefinition",
+        "singletonjobs.singleton.dev",
+    )?;
+    ensure!(crd["metadata"]["annotations"]["helm.sh/resource-policy"].is_null());
+
+    let docs = render(&["crds.install=false"])?;
+    ensure!(
+        all(&docs, "CustomResourceDefinition").is_empty(),
+        "CRD rendered with crds.install=false"
+    );
+    Ok(())
+}
+
+#[test]
+fn service_monitor_and_secret_access_are_toggles() -> Result<()> {
+    let docs = render(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prom",
+    ])?;
+    let sm = one(&docs, "ServiceMonitor", FULLNAME)?;
+    ensure!(sm["metadata"]["labels"]["release"].as_str() == Some("prom"));
+    let ep = &sm["spec"]["endpoints"][0];
+    ensure!(ep["port"].as_str() == Some("metrics") && ep["path"].as_str() == Some("/metrics"));
+    ensure!(
+        sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"].as_str()
+            == Some("metrics")
+    );
+
+    let docs = render(&["rbac.backstopSecrets=false"])?;
+    check_work_rules(one(&docs, "ClusterRole", FULLNAME)?, false)?;
+    let docs = render(&["rbac.backstopSecrets=false", "watchNamespaces={team-a}"])?;
+    check_work_rules(one(&docs, "Role", FULLNAME)?, false)?;
+    Ok(())
+}
+
+#[test]
+fn notes_tell_the_next_command() -> Result<()> {
+    let out = run_ok(helm().args(["install", RELEASE]).arg(chart_dir()).args([
+        "--namespace",
+        NS,
+        "--dry-run=client",
+    ]))?;
+    let notes = out.split("NOTES:").nth(1).context("no NOTES")?;
+    ensure!(
+        notes.contains("kubectl apply -f examples/hello.yaml"),
+        "{notes}"
+    );
+    ensure!(notes.contains("kubectl get sj"), "{notes}");
+    ensure!(notes.contains(&format!("get lease {RELEASE}")), "{notes}");
+    Ok(())
+}
