@@ -59,7 +59,9 @@ pub async fn measure(client: &Client, bound: SignedDuration) -> Option<ClockStat
     let received = Timestamp::now();
     let date = resp.headers().get(http::header::DATE)?.to_str().ok()?;
     let server = jiff::fmt::rfc2822::parse(date).ok()?.timestamp();
-    Some(judge(server, sent, received, bound))
+    let state = judge(server, sent, received, bound);
+    crate::metrics::global().clock_offset(state.offset);
+    Some(state)
 }
 
 /// Keeps `tx` up to date, measuring every `every`. A failed measurement keeps the last verdict:

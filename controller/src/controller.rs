@@ -242,6 +242,7 @@ async fn active_job_states(
 pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
     if sj.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect the Jobs.
+        crate::metrics::global().forget(&sj);
         return Ok(Action::await_change());
     }
     // A standby keeps its caches warm but decides nothing: everything is reconciled when the
@@ -249,6 +250,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if ctx.gate.check().is_err() {
         return Ok(Action::await_change());
     }
+    let _timer = crate::metrics::global().reconcile_timer();
     let local_now = Timestamp::now();
     // A period is due when both clocks say it has come: if ours runs ahead of the API server's
     // (within the tolerated bound), decide by the earlier one, so no Job is ever stamped by the
@@ -261,10 +263,15 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let mut status = sj.status.clone().unwrap_or_default();
 
     let db = resolve_backstop(&ctx, &sj).await;
+    if let Db::Ready(b) = &db {
+        crate::metrics::global().sample_rejections(&sj, b).await;
+    }
 
     // A claim left half-done by a replica that died: finish it first, with its name and token.
     if let Some(claim) = status.pending_claim.clone() {
-        run::complete_claim(&ctx, &sj, claim, &[], &db).await?;
+        let span = run::span(&sj, &claim);
+        tracing::Instrument::instrument(run::complete_claim(&ctx, &sj, claim, &[], &db), span)
+            .await?;
         return Ok(Action::requeue(Duration::ZERO));
     }
 
@@ -297,6 +304,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
             );
             status.next_schedule_time = None;
             status.next_schedule_times.clear();
+            crate::metrics::global().next_run(&sj, None);
             if changed || sj.status.as_ref().map(|s| s.observed_generation) != Some(generation) {
                 run::write_status(&ctx, &sj, status).await?;
                 ctx.events
@@ -401,8 +409,15 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         if *outcome == Outcome::Succeeded {
             status.last_successful_time = Some((*at).into());
         }
+        // Keep what the run's entry already said (such as BackstopSkipped) unless the Job vanished.
+        let earlier = status
+            .history
+            .iter()
+            .find(|h| h.job_name.as_deref() == Some(&run.job_name))
+            .and_then(|h| h.reason.clone());
         let reason = matches!(states.get(&run.job_name), Some(JobState::Gone))
-            .then(|| decide::reason::JOB_DELETED.to_string());
+            .then(|| decide::reason::JOB_DELETED.to_string())
+            .or(earlier);
         // The run's "Running" entry becomes its outcome.
         status
             .history
@@ -432,6 +447,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let next: Vec<Timestamp> = schedule.iter_after(now).take(3).collect();
     status.next_schedule_time = next.first().map(|t| naming::period_rfc3339(*t));
     status.next_schedule_times = next.iter().map(|t| (*t).into()).collect();
+    crate::metrics::global().next_run(&sj, next.first().copied());
 
     // Conditions.
     let suspended = sj.spec.suspend.unwrap_or(false);
@@ -530,6 +546,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     }
     for e in &new_entries {
         ctx.events.recorded(&sj, e).await;
+        crate::metrics::global().recorded(&sj, e);
     }
 
     prune_jobs(&ctx, &sj).await?;
@@ -626,6 +643,7 @@ async fn prune_jobs(ctx: &Context, sj: &SingletonJob) -> Result<()> {
 }
 
 fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Action {
+    crate::metrics::global().reconcile_error(err);
     match err {
         // Someone else wrote first: re-read (the watch brings the new object) and decide again.
         Error::Conflict(_) => Action::requeue(Duration::from_millis(50)),

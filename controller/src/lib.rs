@@ -12,6 +12,7 @@ pub mod controller;
 pub mod decide;
 pub mod error;
 pub mod lease;
+pub mod metrics;
 pub mod naming;
 pub mod run;
 pub mod schedule;

@@ -53,6 +53,13 @@ fn purpose(sj: &SingletonJob) -> LockPurpose {
 
 /// Claims `period` and starts its Job. `status` is the status to write with the claim (already
 /// carrying this reconcile's records); `sj` must be the object as read, with its resourceVersion.
+/// Its log lines carry the run's namespace, name, period and (once issued) token.
+#[tracing::instrument(name = "run", skip_all, fields(
+    namespace = sj.metadata.namespace.as_deref().unwrap_or_default(),
+    name = sj.metadata.name.as_deref().unwrap_or_default(),
+    period = %naming::period_rfc3339(period),
+    token = tracing::field::Empty,
+))]
 pub async fn start(
     ctx: &Context,
     sj: &SingletonJob,
@@ -77,6 +84,7 @@ pub async fn start(
         _ => 0,
     };
     let token = status.fencing_token.max(fence) + 1;
+    tracing::Span::current().record("token", token);
 
     // 3. Claim (G1, G3): the write fails if anyone else wrote since we read.
     let now = Timestamp::now();
@@ -90,8 +98,11 @@ pub async fn start(
     status.decided_through = Some(period.into());
     status.pending_claim = Some(claim.clone());
     status.last_schedule_time = Some(period.into());
-    let claimed = write_status(ctx, sj, status).await?;
+    let claimed = write_status(ctx, sj, status)
+        .await
+        .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;
     tracing::info!(sj = %sj.key(), period = %naming::period_rfc3339(period), token, epoch = ctx.gate.epoch(), "claimed period");
+    crate::metrics::global().token_issued(sj);
 
     // 4 to 7.
     complete_claim(ctx, &claimed, claim.clone(), replace, db).await?;
@@ -178,8 +189,9 @@ pub async fn complete_claim(
     //    Job exists, it must be this claim's (same token); anything else is refused loudly.
     let job = naming::build_job(sj, period, claim.token)?;
     match jobs.create(&PostParams::default(), &job).await {
-        Ok(_) => {
+        Ok(created) => {
             ctx.events.run_started(sj, &claim).await;
+            crate::metrics::global().run_started(sj, period, &created);
         }
         // The API server will never accept this Job: the period is decided, as Failed, rather than
         // retried forever with the claim blocking every later period (G2).
@@ -253,7 +265,22 @@ pub async fn complete_claim(
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     write_status(ctx, sj, status).await?;
+    for _ in replaced {
+        crate::metrics::global().run_finished(sj, Outcome::Replaced);
+    }
     Ok(())
+}
+
+/// The span of a run's log lines (namespace, name, period, token), for steps 4 to 7 of a claim
+/// completed outside [`start`].
+pub fn span(sj: &SingletonJob, claim: &RunRef) -> tracing::Span {
+    tracing::info_span!(
+        "run",
+        namespace = sj.metadata.namespace.as_deref().unwrap_or_default(),
+        name = sj.metadata.name.as_deref().unwrap_or_default(),
+        period = %naming::period_rfc3339(claim.period.0),
+        token = claim.token,
+    )
 }
 
 /// Decides a claimed period without a Job (rejected, deduplicated, or missed for the backstop):
@@ -280,9 +307,10 @@ async fn decide_without_job(
         start_time: claim.claimed_at.clone(),
         finish_time: Some(Timestamp::now().into()),
     };
-    status.history.insert(0, entry);
+    status.history.insert(0, entry.clone());
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     write_status(ctx, sj, status).await?;
+    crate::metrics::global().recorded(sj, &entry);
     ctx.events
         .publish(sj, EventType::Warning, why, "DecidePeriod", note)
         .await;
@@ -322,7 +350,9 @@ pub async fn write_status(
     sj: &SingletonJob,
     status: SingletonJobStatus,
 ) -> Result<SingletonJob> {
-    ctx.gate.check()?;
+    ctx.gate
+        .check()
+        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))?;
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let name = sj.metadata.name.as_deref().unwrap_or_default();
     let api: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
@@ -338,6 +368,7 @@ pub async fn write_status(
     api.replace_status(name, &PostParams::default(), &obj)
         .await
         .map_err(|e| Error::from_write(e, &format!("singletonjob {ns}/{name} status")))
+        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))
 }
 
 /// Deletes a run's Job and its pods (background propagation: the Job object goes at once).

@@ -378,6 +378,7 @@ impl Env {
 pub struct Proxy {
     pub port: u16,
     up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
     generation: tokio::sync::watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -389,12 +390,22 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (generation, _) = tokio::sync::watch::channel(0u64);
-        let (up2, gen2) = (up.clone(), generation.clone());
+        let (up2, stalled2, gen2) = (up.clone(), stalled.clone(), generation.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if !up2.load(Ordering::SeqCst) {
                     continue; // dropped: the client sees the connection closed
+                }
+                if stalled2.load(Ordering::SeqCst) {
+                    // Accepted, never answered: a server that hangs.
+                    let mut cut = gen2.subscribe();
+                    tokio::spawn(async move {
+                        let _held = inbound;
+                        let _ = cut.changed().await;
+                    });
+                    continue;
                 }
                 let mut cut = gen2.subscribe();
                 tokio::spawn(async move {
@@ -411,6 +422,7 @@ impl Proxy {
         Ok(Proxy {
             port,
             up,
+            stalled,
             generation,
             task,
         })
@@ -424,6 +436,15 @@ impl Proxy {
 
     pub fn up(&self) {
         self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stalled
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Accepts connections but never answers (a hung server); cuts the open ones.
+    pub fn stall(&self) {
+        self.stalled
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
     }
 }
 
@@ -444,4 +465,290 @@ pub async fn pg() -> Result<tokio_postgres::Client> {
     let (client, conn) = tokio_postgres::connect(&database_url()?, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
     Ok(client)
+}
+
+// ---- Helm chart and ServiceAccount helpers (tests/chart.rs, tests/chart_render.rs) ----
+
+/// `helm`: `HELM` (set by `make e2e` and `make chart` to the cached build), else the one on PATH.
+pub fn helm() -> std::process::Command {
+    std::process::Command::new(std::env::var_os("HELM").unwrap_or_else(|| "helm".into()))
+}
+
+/// The Helm chart, `charts/singleton-controller`.
+pub fn chart_dir() -> PathBuf {
+    repo_root().join("charts/singleton-controller")
+}
+
+/// A file of the repository, by its path from the root.
+pub fn repo_file(path: &str) -> PathBuf {
+    repo_root().join(path)
+}
+
+/// Runs `cmd` to completion; its stdout when it exits 0, else an error with its stderr.
+pub fn run_ok(cmd: &mut std::process::Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} {:?} failed ({}): {}{}",
+            cmd.get_program(),
+            cmd.get_args().collect::<Vec<_>>(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The documents of a multi-document YAML stream (`helm template` output), empty ones skipped.
+pub fn yaml_docs(text: &str) -> Result<Vec<serde_yaml::Value>> {
+    let mut docs = Vec::new();
+    for de in serde_yaml::Deserializer::from_str(text) {
+        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(de)?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+impl Env {
+    /// Where this test's controller logs (and other files) go: `.cache/e2e-logs/<namespace>`.
+    pub fn log_dir(&self) -> &std::path::Path {
+        &self.log_dir
+    }
+
+    /// Writes a kubeconfig that authenticates as the ServiceAccount `namespace/name` with a
+    /// token from the TokenRequest API (`kubectl create token`, one hour), against the server
+    /// and CA of the current kubeconfig; returns its path (mode 0600, in [`Env::log_dir`]).
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
+        let token =
+            run_ok(kubectl().args(["create", "token", name, "-n", namespace, "--duration=1h"]))?;
+        let view = run_ok(kubectl().args(["config", "view", "--raw", "--minify", "-o", "json"]))?;
+        let view: serde_json::Value = serde_json::from_str(&view)?;
+        let cluster = &view["clusters"][0]["cluster"];
+        let server = cluster["server"]
+            .as_str()
+            .context("current kubeconfig has no server")?;
+        let ca = match (
+            cluster["certificate-authority-data"].as_str(),
+            cluster["certificate-authority"].as_str(),
+        ) {
+            (Some(data), _) => format!("certificate-authority-data: {data}"),
+            (None, Some(path)) => format!("certificate-authority: {path}"),
+            (None, None) => bail!("current kubeconfig has no certificate authority"),
+        };
+        let text = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: cluster
+  cluster:
+    server: {server}
+    {ca}
+users:
+- name: {namespace}-{name}
+  user:
+    token: {token}
+contexts:
+- name: sa
+  context:
+    cluster: cluster
+    user: {namespace}-{name}
+    namespace: {namespace}
+current-context: sa
+",
+            token = token.trim()
+        );
+        let path = self.log_dir.join(format!("{namespace}-{name}.kubeconfig"));
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&path)?;
+            f.write_all(text.as_bytes())?;
+        }
+        Ok(path)
+    }
+}
+
+/// A client authenticated by the kubeconfig at `path` (e.g. a ServiceAccount's).
+pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await?;
+    Ok(Client::try_from(cfg)?)
+}
+
+/// `kubectl auth can-i ARGS` as the kubeconfig at `path`: Ok(true) for "yes", Ok(false) for
+/// "no", an error for anything else.
+pub fn can_i(kubeconfig: &std::path::Path, args: &[&str]) -> Result<bool> {
+    let out = kubectl()
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["auth", "can-i"])
+        .args(args)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        other => bail!(
+            "kubectl auth can-i {args:?}: {other:?} ({})",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// `/metrics` of a controller: the bound health address from its log, a minimal HTTP client, and
+/// lookups in the OpenMetrics text (tests/metrics.rs).
+impl Env {
+    /// Where controller `idx` serves `/healthz`, `/readyz` and `/metrics`: the address it logs
+    /// ("health server listening", field `addr`), in the human or the JSON format. Waits up to
+    /// 20 s for the line.
+    pub async fn health_addr(&self, idx: usize) -> Result<std::net::SocketAddr> {
+        self.wait_for(
+            "the health server address in the controller log",
+            Duration::from_secs(20),
+            || async { Ok(health_addr_in(&self.controller_log(idx))) },
+        )
+        .await
+    }
+
+    /// The OpenMetrics text of controller `idx`'s `/metrics` (fails on a status other than 200).
+    pub async fn metrics(&self, idx: usize) -> Result<String> {
+        let addr = self.health_addr(idx).await?;
+        let resp = http_get(addr, "/metrics").await?;
+        if resp.status != 200 {
+            bail!("GET /metrics on {addr}: {} {}", resp.status, resp.body);
+        }
+        Ok(resp.body)
+    }
+}
+
+/// The address in a "health server listening" log line, human (`addr=...`, with or without ANSI
+/// colours) or JSON (`"addr":"..."`).
+pub fn health_addr_in(log: &str) -> Option<std::net::SocketAddr> {
+    let line = strip_ansi(
+        log.lines()
+            .find(|l| l.contains("health server listening"))?,
+    );
+    let rest = line
+        .split_once("\"addr\":\"")
+        .or_else(|| line.split_once("addr="))?
+        .1;
+    rest.split(|c: char| c == '"' || c.is_whitespace())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte (a letter).
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// An HTTP response as [`http_get`] reads it.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// Header names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == &name.to_ascii_lowercase())
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// GET `path` on `addr`: a minimal HTTP/1.1 client (`Connection: close`, no chunked bodies),
+/// bounded to 5 s.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<HttpResponse> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await?;
+        anyhow::Ok(String::from_utf8_lossy(&raw).into_owned())
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .with_context(|| format!("GET {path} on {addr} timed out"))??;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .context("no end of HTTP headers")?;
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Ok(HttpResponse {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+/// The sum of the samples of `name` (the full series name, e.g. `singleton_runs_started_total`)
+/// whose labels include every pair of `labels`; 0 when there is none (an absent counter is 0).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, lbls) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            if n != name {
+                return None;
+            }
+            let have: Vec<(&str, &str)> = lbls
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    Some((k.trim(), v.trim_matches('"')))
+                })
+                .collect();
+            labels
+                .iter()
+                .all(|want| have.contains(want))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
 }

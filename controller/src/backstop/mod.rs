@@ -293,10 +293,13 @@ impl Backstop {
         op: impl Future<Output = Result<T, BackstopError>>,
     ) -> Result<T, BackstopError> {
         let limit = self.config.operation_timeout;
-        match tokio::time::timeout(limit, op).await {
+        let started = std::time::Instant::now();
+        let r = match tokio::time::timeout(limit, op).await {
             Ok(r) => r.map_err(|e| self.scrub(e)),
             Err(_) => Err(BackstopError::timeout(what, limit)),
-        }
+        };
+        crate::metrics::global().backstop_op(what, started.elapsed(), r.as_ref().err());
+        r
     }
 
     /// Defence in depth: no message is built from Secret values, but a server or TLS library

@@ -357,6 +357,7 @@ impl<L: Lock> Elector<L> {
         });
         if self.leading {
             tracing::warn!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch = self.epoch(), reason = why, "stopped leading");
+            crate::metrics::global().stopped_leading();
         }
         self.leading = false;
         self.publish();
@@ -380,6 +381,10 @@ impl<L: Lock> Elector<L> {
             // then (a paused process resumes with work that checks the gate before we run).
             valid_until: may_act.then(|| self.renewed_at + self.cfg.renew_deadline),
         };
+        crate::metrics::global().leader.set(i64::from(may_act));
+        crate::metrics::global()
+            .leader_epoch
+            .set(self.epoch() as i64);
         self.gate.send_if_modified(|g| {
             let changed = *g != gate;
             *g = gate;
@@ -450,6 +455,7 @@ impl<L: Lock> Elector<L> {
     /// leading, or when `until` resolved first.
     pub async fn acquire<T>(&mut self, until: impl Future<Output = T>) -> Acquired<T> {
         tokio::pin!(until);
+        let standby_since = Instant::now();
         let mut next_try = Instant::now();
         loop {
             self.publish();
@@ -484,13 +490,19 @@ impl<L: Lock> Elector<L> {
                     let attempt =
                         tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew())
                             .await;
+                    let metrics = crate::metrics::global();
                     match attempt {
-                        Ok(Ok(true)) => return Acquired::Leading,
-                        Ok(Ok(false)) => {}
+                        Ok(Ok(true)) => {
+                            metrics.started_leading(standby_since);
+                            return Acquired::Leading;
+                        }
+                        Ok(Ok(false)) => metrics.acquire_attempt_failed("Contention"),
                         Ok(Err(e)) => {
+                            metrics.acquire_attempt_failed("Error");
                             tracing::warn!(lease = %self.lock.describe(), error = %e, "could not acquire the lease")
                         }
                         Err(_) => {
+                            metrics.acquire_attempt_failed("Timeout");
                             tracing::warn!(lease = %self.lock.describe(), "acquiring the lease timed out")
                         }
                     }
@@ -545,6 +557,9 @@ impl<L: Lock> Elector<L> {
                         _ = sleep_until(deadline) => None,
                         r = self.try_acquire_or_renew() => Some(r),
                     };
+                    if !matches!(attempt, Some(Ok(true))) {
+                        crate::metrics::global().lease_renew_failures.inc();
+                    }
                     match attempt {
                         None => return self.lost_deadline(),
                         Some(Ok(true)) => {
@@ -599,6 +614,9 @@ impl<L: Lock> Elector<L> {
     pub async fn release(&mut self) -> Result<bool> {
         self.begin_drain();
         let was_leading = self.leading;
+        if was_leading {
+            crate::metrics::global().stopped_leading();
+        }
         self.leading = false;
         self.stopped = true;
         self.publish();

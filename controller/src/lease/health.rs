@@ -1,4 +1,4 @@
-//! `/healthz` and `/readyz`.
+//! `/healthz`, `/readyz`, and `/metrics` (OpenMetrics text of [`crate::metrics::global`]).
 //!
 //! - `/healthz` (liveness): 200 while the elector's loop turns, as leader or standby: its last
 //!   turn is more recent than one lease duration plus one renew deadline (the longest a healthy
@@ -115,6 +115,17 @@ async fn readyz(State(src): State<Arc<HealthSource>>) -> (StatusCode, String) {
     respond(src.check(true))
 }
 
+async fn metrics() -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    let body = crate::metrics::global().render();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::metrics::CONTENT_TYPE,
+        )],
+        body,
+    )
+}
+
 /// Binds `addr` and serves the probes in the background; returns the bound address (useful
 /// with port 0).
 pub async fn serve(addr: SocketAddr, src: HealthSource) -> Result<SocketAddr> {
@@ -127,6 +138,7 @@ pub async fn serve(addr: SocketAddr, src: HealthSource) -> Result<SocketAddr> {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(Arc::new(src));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {

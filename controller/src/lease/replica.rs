@@ -51,6 +51,8 @@ pub async fn run_replica(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let Some(election) = opts.election else {
+        // Single-replica mode: this process always acts.
+        crate::metrics::global().leader.set(1);
         health::serve(opts.health_addr, HealthSource::Always).await?;
         return controller::run(client, cfg, Gate::always(), shutdown).await;
     };

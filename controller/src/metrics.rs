@@ -1,0 +1,767 @@
+//! Prometheus metrics, served as OpenMetrics text on `/metrics` of the health server
+//! ([`crate::lease::health`]). Every name starts with `singleton_`; docs/observability.md says what
+//! each one means and what to do when it moves.
+//!
+//! One process-wide registry ([`global`]), created on first use. Not an `Arc<Metrics>` in the
+//! controller's `Context` and the elector: a process serves one `/metrics`, so there is exactly one
+//! registry either way, and a static keeps each instrumentation point to a line, without new
+//! constructor arguments for every `Context` and `Elector` built in tests. Tests that check the
+//! rendering build their own [`Metrics`] with [`Metrics::new`].
+//!
+//! Labels are bounded: a SingletonJob's namespace and name, and fixed words (enum variant names,
+//! the reason constants of [`crate::decide::reason`], [`crate::Error::kind`]); never a message.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::Job;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::time::Instant;
+
+use crate::Error;
+use crate::api::{HistoryEntry, Outcome, SingletonJob};
+use crate::backstop::{Backstop, BackstopError};
+
+/// The `Content-Type` of `/metrics`.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// `schedule_skew_seconds` buckets: 5 ms to 512 s. From 1 s on they are CronJob's own
+/// (`cronjob_controller_job_creation_skew_duration_seconds`: 1, 2, 4, ..., 512), so the two
+/// histograms compare bucket by bucket; below 1 s a 1-2.5-5 series resolves a healthy skew.
+pub const SKEW_BUCKETS: [f64; 17] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0,
+    512.0,
+];
+
+/// The process-wide metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub namespace: String,
+    pub name: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub namespace: String,
+    pub name: String,
+    /// `controller` (its own writes) or `workload` (the backstop's `fence()` refusals).
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpErrorLabels {
+    pub op: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `Contention` (held by another replica, or a lost compare-and-swap), `Error`, `Timeout`.
+    pub reason: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn backstop_histogram() -> Histogram {
+    // 1 ms .. 8.2 s: the default operation timeout is a few seconds.
+    Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+
+/// Every metric of the controller, and the registry that renders them.
+pub struct Metrics {
+    registry: Registry,
+    // Election.
+    pub leader: Gauge,
+    pub leader_epoch: Gauge,
+    pub leader_transitions: Counter,
+    pub lease_acquire_seconds: Histogram,
+    pub leader_hold_seconds: Histogram,
+    pub lease_renew_failures: Counter,
+    pub lease_acquire_attempts_failed: Family<AttemptLabels, Counter>,
+    // Runs.
+    pub runs_started: Family<JobLabels, Counter>,
+    pub runs_finished: Family<OutcomeLabels, Counter>,
+    pub periods_missed: Family<ReasonLabels, Counter>,
+    pub periods_skipped: Family<ReasonLabels, Counter>,
+    pub claims_conflicted: Family<JobLabels, Counter>,
+    pub claims_deduplicated: Family<JobLabels, Counter>,
+    pub schedule_skew_seconds: Histogram,
+    next_runs: std::sync::Arc<NextRuns>,
+    // Fencing.
+    pub tokens_issued: Family<JobLabels, Counter>,
+    pub stale_writes_refused: Family<SourceLabels, Counter>,
+    // Backstop and clock.
+    pub backstop_operation_seconds: HistogramFamily<OpLabels>,
+    pub backstop_errors: Family<OpErrorLabels, Counter>,
+    pub clock_offset_seconds: Gauge<f64, AtomicU64>,
+    // Reconcile.
+    pub reconcile_duration_seconds: Histogram,
+    pub reconcile_errors: Family<KindLabels, Counter>,
+    /// When this replica last started leading (for `leader_hold_seconds`).
+    leading_since: Mutex<Option<Instant>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("singleton"),
+            leader: Gauge::default(),
+            leader_epoch: Gauge::default(),
+            leader_transitions: Counter::default(),
+            // 50 ms .. 410 s: a takeover waits at most a lease duration plus a retry.
+            lease_acquire_seconds: Histogram::new(exponential_buckets(0.05, 2.0, 14)),
+            // 1 s .. 3 days.
+            leader_hold_seconds: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+            lease_renew_failures: Counter::default(),
+            lease_acquire_attempts_failed: Family::default(),
+            runs_started: Family::default(),
+            runs_finished: Family::default(),
+            periods_missed: Family::default(),
+            periods_skipped: Family::default(),
+            claims_conflicted: Family::default(),
+            claims_deduplicated: Family::default(),
+            schedule_skew_seconds: Histogram::new(SKEW_BUCKETS),
+            next_runs: Default::default(),
+            tokens_issued: Family::default(),
+            stale_writes_refused: Family::default(),
+            backstop_operation_seconds: Family::new_with_constructor(backstop_histogram),
+            backstop_errors: Family::default(),
+            clock_offset_seconds: Gauge::default(),
+            // 1 ms .. 16 s.
+            reconcile_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            reconcile_errors: Family::default(),
+            leading_since: Mutex::new(None),
+        };
+        let r = &mut m.registry;
+        let s = Unit::Seconds;
+        r.register(
+            "leader",
+            "1 while this replica leads and may act, else 0",
+            m.leader.clone(),
+        );
+        r.register(
+            "leader_epoch",
+            "The Lease's leaseTransitions as this replica last saw it (the leader epoch)",
+            m.leader_epoch.clone(),
+        );
+        r.register(
+            "leader_transitions",
+            "Times this replica started leading",
+            m.leader_transitions.clone(),
+        );
+        r.register_with_unit(
+            "lease_acquire",
+            "Time from standing by to leading",
+            s.clone(),
+            m.lease_acquire_seconds.clone(),
+        );
+        r.register_with_unit(
+            "leader_hold",
+            "How long this replica led, observed when it stopped",
+            s.clone(),
+            m.leader_hold_seconds.clone(),
+        );
+        r.register(
+            "lease_renew_failures",
+            "Lease renewals by the leader that failed (error, lost race or deadline)",
+            m.lease_renew_failures.clone(),
+        );
+        r.register(
+            "lease_acquire_attempts_failed",
+            "Attempts of a standby to take the Lease that did not win it, by reason",
+            m.lease_acquire_attempts_failed.clone(),
+        );
+        r.register(
+            "runs_started",
+            "Jobs created, one per run",
+            m.runs_started.clone(),
+        );
+        r.register(
+            "runs_finished",
+            "Runs decided, by outcome (Succeeded, Failed, Replaced)",
+            m.runs_finished.clone(),
+        );
+        r.register(
+            "periods_missed",
+            "Periods not started in time, by reason (folded ranges count each period)",
+            m.periods_missed.clone(),
+        );
+        r.register(
+            "periods_skipped",
+            "Periods deliberately not run, by reason (folded ranges count each period)",
+            m.periods_skipped.clone(),
+        );
+        r.register(
+            "claims_conflicted",
+            "Period claims refused by the API server with 409 Conflict (someone else wrote first)",
+            m.claims_conflicted.clone(),
+        );
+        r.register(
+            "claims_deduplicated",
+            "Periods found already claimed in the backstop: no Job created",
+            m.claims_deduplicated.clone(),
+        );
+        r.register_with_unit(
+            "schedule_skew",
+            "Job creation time (API server) minus the scheduled instant",
+            s.clone(),
+            m.schedule_skew_seconds.clone(),
+        );
+        r.register_collector(Box::new(m.next_runs.clone()));
+        r.register(
+            "tokens_issued",
+            "Fencing tokens issued (period claims written)",
+            m.tokens_issued.clone(),
+        );
+        r.register("stale_writes_refused", "Writes refused for a stale token or lost leadership: source=controller counts this process's own status writes (409 or gate closed); source=workload is the backstop database's count of fence() refusals, sampled on each reconcile", m.stale_writes_refused.clone());
+        r.register_with_unit(
+            "backstop_operation",
+            "Duration of backstop database operations",
+            s.clone(),
+            m.backstop_operation_seconds.clone(),
+        );
+        r.register(
+            "backstop_errors",
+            "Failed backstop database operations, by operation and error kind",
+            m.backstop_errors.clone(),
+        );
+        r.register_with_unit(
+            "clock_offset",
+            "API server clock minus local clock, last measured",
+            s.clone(),
+            m.clock_offset_seconds.clone(),
+        );
+        r.register_with_unit(
+            "reconcile_duration",
+            "Duration of reconciles by the acting replica",
+            s,
+            m.reconcile_duration_seconds.clone(),
+        );
+        r.register(
+            "reconcile_errors",
+            "Reconciles that ended in an error, by kind",
+            m.reconcile_errors.clone(),
+        );
+        m
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    // --- Election ---------------------------------------------------------------------------
+
+    /// This replica won the Lease after standing by since `standby_since`.
+    pub fn started_leading(&self, standby_since: Instant) {
+        let now = Instant::now();
+        self.leader_transitions.inc();
+        self.lease_acquire_seconds
+            .observe(now.duration_since(standby_since).as_secs_f64());
+        *self
+            .leading_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(now);
+    }
+
+    /// This replica stopped leading (lost, released or shut down); once per term.
+    pub fn stopped_leading(&self) {
+        let since = self
+            .leading_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(t) = since {
+            self.leader_hold_seconds.observe(t.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A standby's attempt did not win the Lease: `Contention`, `Error` or `Timeout`.
+    pub fn acquire_attempt_failed(&self, reason: &str) {
+        self.lease_acquire_attempts_failed
+            .get_or_create(&AttemptLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    // --- Runs -------------------------------------------------------------------------------
+
+    /// A period claim was written: a token was issued.
+    pub fn token_issued(&self, sj: &SingletonJob) {
+        self.tokens_issued.get_or_create(&job(sj)).inc();
+    }
+
+    /// The claim's status write failed; counts a 409.
+    pub fn claim_failed(&self, sj: &SingletonJob, err: &Error) {
+        if matches!(err, Error::Conflict(_)) {
+            self.claims_conflicted.get_or_create(&job(sj)).inc();
+        }
+    }
+
+    /// The Job of the run for `period` was created.
+    pub fn run_started(&self, sj: &SingletonJob, period: Timestamp, created: &Job) {
+        self.runs_started.get_or_create(&job(sj)).inc();
+        if let Some(at) = created.metadata.creation_timestamp.as_ref() {
+            let skew = at.0.duration_since(period).as_secs_f64();
+            self.schedule_skew_seconds.observe(skew.max(0.0));
+        }
+    }
+
+    /// A run ended with `outcome` (Succeeded, Failed, Replaced).
+    pub fn run_finished(&self, sj: &SingletonJob, outcome: Outcome) {
+        let JobLabels { namespace, name } = job(sj);
+        self.runs_finished
+            .get_or_create(&OutcomeLabels {
+                namespace,
+                name,
+                outcome: format!("{outcome:?}"),
+            })
+            .inc();
+    }
+
+    /// A period's outcome was recorded in status (a history entry).
+    pub fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
+        let key = job(sj);
+        let reason = || ReasonLabels {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            reason: e.reason.clone().unwrap_or_else(|| "Unknown".into()),
+        };
+        match e.outcome {
+            Outcome::Running => {}
+            Outcome::Succeeded | Outcome::Failed | Outcome::Replaced => {
+                self.run_finished(sj, e.outcome)
+            }
+            Outcome::Missed => {
+                self.periods_missed
+                    .get_or_create(&reason())
+                    .inc_by(e.count.max(1));
+            }
+            Outcome::Skipped => {
+                self.periods_skipped
+                    .get_or_create(&reason())
+                    .inc_by(e.count.max(1));
+            }
+            Outcome::Deduplicated => {
+                self.claims_deduplicated
+                    .get_or_create(&key)
+                    .inc_by(e.count.max(1));
+            }
+        }
+    }
+
+    /// The next scheduled instant of `sj` (None: none, or suspended).
+    pub fn next_run(&self, sj: &SingletonJob, next: Option<Timestamp>) {
+        let next = next.filter(|_| !sj.spec.suspend.unwrap_or(false));
+        let mut map = self
+            .next_runs
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match next {
+            Some(t) => map.insert(job(sj), t),
+            None => map.remove(&job(sj)),
+        };
+    }
+
+    // --- Fencing ----------------------------------------------------------------------------
+
+    /// A write of the run path failed: counts a refusal (409, or the gate closed).
+    pub fn write_refused(&self, sj: &SingletonJob, err: &Error) {
+        if matches!(err, Error::Conflict(_) | Error::NotLeader) {
+            self.stale_writes_refused
+                .get_or_create(&source(sj, "controller"))
+                .inc();
+        }
+    }
+
+    /// Samples the backstop's count of stale tokens refused by workloads. The database's
+    /// counter never decreases and survives controller restarts, so it is exported as the
+    /// counter's value (not added to it): a restarted controller continues the same series.
+    pub async fn sample_rejections(&self, sj: &SingletonJob, db: &Backstop) {
+        if let Ok(n) = db.rejections().await
+            && n > 0
+        {
+            self.stale_writes_refused
+                .get_or_create(&source(sj, "workload"))
+                .inner()
+                .fetch_max(n, Ordering::Relaxed);
+        }
+    }
+
+    // --- Backstop, clock, reconcile -----------------------------------------------------------
+
+    /// One backstop operation (`what` as the backstop names it, e.g. "read fence") ended.
+    pub fn backstop_op(&self, what: &str, took: Duration, err: Option<&BackstopError>) {
+        let op = what.replace(' ', "_");
+        self.backstop_operation_seconds
+            .get_or_create(&OpLabels { op: op.clone() })
+            .observe(took.as_secs_f64());
+        if let Some(e) = err {
+            self.backstop_errors
+                .get_or_create(&OpErrorLabels {
+                    op,
+                    kind: e.kind().into(),
+                })
+                .inc();
+        }
+    }
+
+    pub fn clock_offset(&self, offset: Option<SignedDuration>) {
+        if let Some(o) = offset {
+            self.clock_offset_seconds.set(o.as_secs_f64());
+        }
+    }
+
+    /// Observes the reconcile's duration when dropped.
+    pub fn reconcile_timer(&self) -> ReconcileTimer<'_> {
+        ReconcileTimer {
+            histogram: &self.reconcile_duration_seconds,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    pub fn reconcile_error(&self, err: &Error) {
+        self.reconcile_errors
+            .get_or_create(&KindLabels {
+                kind: err.kind().into(),
+            })
+            .inc();
+    }
+
+    /// A deleted SingletonJob: its gauge goes (its counters stay, as counters do).
+    pub fn forget(&self, sj: &SingletonJob) {
+        self.next_run(sj, None);
+    }
+}
+
+/// See [`Metrics::reconcile_timer`].
+pub struct ReconcileTimer<'a> {
+    histogram: &'a Histogram,
+    start: std::time::Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+fn job(sj: &SingletonJob) -> JobLabels {
+    JobLabels {
+        namespace: sj.metadata.namespace.clone().unwrap_or_default(),
+        name: sj.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+fn source(sj: &SingletonJob, source: &str) -> SourceLabels {
+    let JobLabels { namespace, name } = job(sj);
+    SourceLabels {
+        namespace,
+        name,
+        source: source.into(),
+    }
+}
+
+/// `singleton_next_run_seconds{namespace,name}`: the time until each SingletonJob's next
+/// scheduled instant, computed at scrape time from the instant the last reconcile found (a gauge
+/// set at reconcile time would stand still between reconciles). Negative: the instant has passed
+/// and no reconcile has decided it yet.
+#[derive(Debug, Default)]
+struct NextRuns(Mutex<HashMap<JobLabels, Timestamp>>);
+
+impl Collector for NextRuns {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.is_empty() {
+            return Ok(());
+        }
+        let now = Timestamp::now();
+        let mut family: MetricEncoder = encoder.encode_descriptor(
+            "next_run",
+            "Time until the next scheduled instant of each SingletonJob (not suspended)",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        for (labels, at) in map.iter() {
+            let secs = at.duration_since(now).as_secs_f64();
+            ConstGauge::new(secs).encode(family.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sj(ns: &str, name: &str) -> SingletonJob {
+        let mut sj = SingletonJob::new(
+            name,
+            serde_yaml::from_str(
+                "schedule: '* * * * *'\njobTemplate: {spec: {template: {spec: {containers: []}}}}",
+            )
+            .unwrap(),
+        );
+        sj.metadata.namespace = Some(ns.into());
+        sj
+    }
+
+    /// Touches every metric once, so every family has a series to render.
+    fn touched() -> Metrics {
+        let m = Metrics::new();
+        let a = sj("ns", "a");
+        m.started_leading(Instant::now());
+        m.stopped_leading();
+        m.leader.set(1);
+        m.leader_epoch.set(3);
+        m.lease_renew_failures.inc();
+        m.acquire_attempt_failed("Contention");
+        m.token_issued(&a);
+        m.claim_failed(&a, &Error::Conflict("x".into()));
+        let mut job = Job::default();
+        let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
+        job.metadata.creation_timestamp = Some((period + SignedDuration::from_millis(1500)).into());
+        m.run_started(&a, period, &job);
+        let entry = |outcome, reason: &str, count| HistoryEntry {
+            period: period.into(),
+            last_period: None,
+            count,
+            outcome,
+            reason: Some(reason.into()),
+            job_name: None,
+            token: None,
+            start_time: None,
+            finish_time: None,
+        };
+        m.recorded(&a, &entry(Outcome::Succeeded, "", 1));
+        m.recorded(
+            &a,
+            &entry(Outcome::Missed, crate::decide::reason::DEADLINE_EXCEEDED, 4),
+        );
+        m.recorded(
+            &a,
+            &entry(Outcome::Skipped, crate::decide::reason::SUSPENDED, 2),
+        );
+        m.recorded(
+            &a,
+            &entry(
+                Outcome::Deduplicated,
+                crate::decide::reason::DEDUPLICATED,
+                1,
+            ),
+        );
+        m.next_run(&a, Some(Timestamp::now() + SignedDuration::from_secs(60)));
+        m.write_refused(&a, &Error::NotLeader);
+        m.backstop_op(
+            "read fence",
+            Duration::from_millis(3),
+            Some(&BackstopError::Unavailable("down".into())),
+        );
+        m.clock_offset(Some(SignedDuration::from_millis(-250)));
+        drop(m.reconcile_timer());
+        m.reconcile_error(&Error::NotLeader);
+        m
+    }
+
+    #[test]
+    fn the_registry_renders_every_metric_with_its_name_type_and_labels() {
+        let text = touched().render();
+        for (name, kind) in [
+            ("singleton_leader", "gauge"),
+            ("singleton_leader_epoch", "gauge"),
+            ("singleton_leader_transitions", "counter"),
+            ("singleton_lease_acquire_seconds", "histogram"),
+            ("singleton_leader_hold_seconds", "histogram"),
+            ("singleton_lease_renew_failures", "counter"),
+            ("singleton_lease_acquire_attempts_failed", "counter"),
+            ("singleton_runs_started", "counter"),
+            ("singleton_runs_finished", "counter"),
+            ("singleton_periods_missed", "counter"),
+            ("singleton_periods_skipped", "counter"),
+            ("singleton_claims_conflicted", "counter"),
+            ("singleton_claims_deduplicated", "counter"),
+            ("singleton_schedule_skew_seconds", "histogram"),
+            ("singleton_next_run_seconds", "gauge"),
+            ("singleton_tokens_issued", "counter"),
+            ("singleton_stale_writes_refused", "counter"),
+            ("singleton_backstop_operation_seconds", "histogram"),
+            ("singleton_backstop_errors", "counter"),
+            ("singleton_clock_offset_seconds", "gauge"),
+            ("singleton_reconcile_duration_seconds", "histogram"),
+            ("singleton_reconcile_errors", "counter"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} {kind} missing:\n{text}"
+            );
+        }
+        for sample in [
+            "singleton_leader 1\n",
+            "singleton_leader_epoch 3\n",
+            "singleton_leader_transitions_total 1\n",
+            r#"singleton_lease_acquire_attempts_failed_total{reason="Contention"} 1"#,
+            r#"singleton_runs_started_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_tokens_issued_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_claims_conflicted_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_runs_finished_total{namespace="ns",name="a",outcome="Succeeded"} 1"#,
+            r#"singleton_periods_missed_total{namespace="ns",name="a",reason="DeadlineExceeded"} 4"#,
+            r#"singleton_periods_skipped_total{namespace="ns",name="a",reason="Suspended"} 2"#,
+            r#"singleton_claims_deduplicated_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_stale_writes_refused_total{namespace="ns",name="a",source="controller"} 1"#,
+            r#"singleton_backstop_errors_total{op="read_fence",kind="BackstopUnavailable"} 1"#,
+            r#"singleton_backstop_operation_seconds_count{op="read_fence"} 1"#,
+            "singleton_clock_offset_seconds -0.25\n",
+            "singleton_schedule_skew_seconds_count 1\n",
+            "singleton_reconcile_duration_seconds_count 1\n",
+            r#"singleton_reconcile_errors_total{kind="NotLeader"} 1"#,
+            "singleton_leader_hold_seconds_count 1\n",
+            "# UNIT singleton_schedule_skew_seconds seconds\n",
+            "# EOF\n",
+        ] {
+            assert!(text.contains(sample), "{sample:?} missing:\n{text}");
+        }
+        let next = text
+            .lines()
+            .find(|l| l.starts_with(r#"singleton_next_run_seconds{namespace="ns",name="a"} "#))
+            .unwrap_or_else(|| panic!("next_run missing:\n{text}"));
+        let secs: f64 = next.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((50.0..=60.0).contains(&secs), "{next}");
+        // Skew of 1.5 s lands in the 2 s bucket, not the 1 s one.
+        assert!(
+            text.contains("singleton_schedule_skew_seconds_bucket{le=\"1.0\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("singleton_schedule_skew_seconds_bucket{le=\"2.0\"} 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_skew_buckets_run_from_5_ms_to_512_s_and_include_cronjobs() {
+        let text = touched().render();
+        let les: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("singleton_schedule_skew_seconds_bucket{le=\""))
+            .map(|l| l.split('"').nth(1).unwrap().to_string())
+            .collect();
+        let expected: Vec<String> = SKEW_BUCKETS
+            .iter()
+            .map(|b| format!("{b:?}"))
+            .chain(["+Inf".to_string()])
+            .collect();
+        assert_eq!(les, expected);
+        assert_eq!(SKEW_BUCKETS.first(), Some(&0.005));
+        assert_eq!(SKEW_BUCKETS.last(), Some(&512.0));
+        // CronJob's buckets are 1, 2, 4, ..., 512 (ExponentialBuckets(1, 2, 10)).
+        for k in 0..10 {
+            assert!(SKEW_BUCKETS.contains(&f64::from(1u32 << k)), "2^{k}");
+        }
+    }
+
+    #[test]
+    fn a_workload_series_keeps_the_databases_value_and_never_goes_down() {
+        let m = Metrics::new();
+        let labels = source(&sj("ns", "a"), "workload");
+        let c = m.stale_writes_refused.get_or_create(&labels).clone();
+        c.inner().fetch_max(5, Ordering::Relaxed);
+        c.inner().fetch_max(3, Ordering::Relaxed);
+        assert_eq!(c.get(), 5);
+    }
+
+    /// The alert expressions of docs/observability.md (```promql blocks) parse as PromQL.
+    #[test]
+    fn the_documented_alert_expressions_are_valid_promql() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/observability.md");
+        let doc = std::fs::read_to_string(path).expect("docs/observability.md");
+        let mut blocks = 0;
+        let mut rest = doc.as_str();
+        while let Some(start) = rest.find("```promql\n") {
+            let body = &rest[start + "```promql\n".len()..];
+            let end = body.find("```").expect("an unclosed promql block");
+            let expr = body[..end].trim();
+            promql_parser::parser::parse(expr)
+                .unwrap_or_else(|e| panic!("invalid PromQL: {e}\n{expr}"));
+            blocks += 1;
+            rest = &body[end + 3..];
+        }
+        assert!(
+            blocks >= 5,
+            "expected at least the five alerts, found {blocks}"
+        );
+    }
+
+    /// Words that look like our metric names, to catch a misspelt one.
+    fn metric_names(expr: &str) -> Vec<&str> {
+        expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("singleton_"))
+            .collect()
+    }
+
+    #[test]
+    fn the_documented_alerts_name_only_metrics_that_exist() {
+        let text = touched().render();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/observability.md");
+        let doc = std::fs::read_to_string(path).expect("docs/observability.md");
+        for block in doc.split("```promql\n").skip(1) {
+            let expr = block.split("```").next().unwrap_or_default();
+            for name in metric_names(expr) {
+                assert!(
+                    text.lines()
+                        .any(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' '])),
+                    "{name} is not a rendered series\n{expr}"
+                );
+            }
+        }
+    }
+}
