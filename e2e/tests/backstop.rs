@@ -409,3 +409,147 @@ async fn a_database_outage_starts_nothing_without_a_claim_and_loses_nothing() ->
     }
     Ok(())
 }
+
+/// Jobs of this SingletonJob never get a node, so runs stay active.
+fn stuck(yaml: String) -> String {
+    yaml.replace(
+        "          restartPolicy: Never\n",
+        "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
+    )
+}
+
+#[tokio::test]
+async fn replace_fences_the_old_run_in_the_database_before_deleting_it() -> Result<()> {
+    let mut env = Env::new("replace-fence").await?;
+    let p = prefix(&env);
+    secret(&env, "db", &e2e::database_url()?, true).await?;
+    env.start_controller(&[]).await?;
+    let spec = backstop_spec("db", &p, "  concurrencyPolicy: Replace\n");
+    env.create_sj(&stuck(sj_yaml("r", "*/2 * * * * *", &spec)))
+        .await?;
+    let replaced = env
+        .wait_for("a run Replaced", Duration::from_secs(40), || async {
+            let s = env.get_sj("r").await?.status.unwrap_or_default();
+            Ok(s.history
+                .iter()
+                .find(|h| h.outcome == Outcome::Replaced)
+                .and_then(|h| h.token))
+        })
+        .await?;
+    // The replaced run, if it were still writing, is refused by the database.
+    let db = pg().await?;
+    let job_key = format!("{}/r", env.ns);
+    let err = db
+        .query(
+            &format!("SELECT {p}fence($1, $2)"),
+            &[&job_key, &(replaced as i64)],
+        )
+        .await
+        .expect_err("the replaced run's token must be stale");
+    ensure(
+        &env,
+        err.code().map(|c| c.code()) == Some("SF001"),
+        ("SQLSTATE", err.to_string()),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn efficiency_runs_without_the_backstop_and_says_so() -> Result<()> {
+    let mut env = Env::new("efficiency").await?;
+    // An unlabelled Secret: the backstop is unusable.
+    secret(&env, "db", &e2e::database_url()?, false).await?;
+    env.start_controller(&[]).await?;
+    let spec = backstop_spec("db", &prefix(&env), "  lock: {purpose: Efficiency}\n");
+    env.create_sj(&sj_yaml("e", "*/2 * * * * *", &spec)).await?;
+    env.wait_for(
+        "a run recorded with BackstopSkipped",
+        Duration::from_secs(30),
+        || async {
+            let s = env.get_sj("e").await?.status.unwrap_or_default();
+            let skipped = s
+                .history
+                .iter()
+                .any(|h| h.job_name.is_some() && h.reason.as_deref() == Some("BackstopSkipped"));
+            let unready = s
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "BackstopReady" && c.status == "False");
+            Ok((skipped && unready).then_some(()))
+        },
+    )
+    .await?;
+    ensure(
+        &env,
+        !env.job_list().await?.is_empty(),
+        "Efficiency: the run started",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hung_database_does_not_stall_other_singletonjobs() -> Result<()> {
+    let mut env = Env::new("hung").await?;
+    let url = e2e::database_url()?;
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|s| s.split('/').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(35432);
+    let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    proxy.stall(); // accepts, never answers
+    secret(
+        &env,
+        "db",
+        &url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port)),
+        true,
+    )
+    .await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml(
+        "slow",
+        "*/2 * * * * *",
+        &backstop_spec("db", &prefix(&env), ""),
+    ))
+    .await?;
+    env.create_sj(&sj_yaml("fine", "*/2 * * * * *", "")).await?;
+    env.wait_for(
+        "three runs of the SingletonJob without a backstop",
+        Duration::from_secs(30),
+        || async {
+            let n = env
+                .job_list()
+                .await?
+                .iter()
+                .filter(|j| j.name_any().starts_with("fine-"))
+                .count();
+            Ok((n >= 3).then_some(()))
+        },
+    )
+    .await?;
+    env.wait_for(
+        "the hung database reported, within its timeout",
+        Duration::from_secs(40),
+        || async {
+            let s = env.get_sj("slow").await?.status.unwrap_or_default();
+            Ok(s.conditions
+                .iter()
+                .any(|c| c.type_ == "BackstopReady" && c.status == "False")
+                .then_some(()))
+        },
+    )
+    .await?;
+    ensure(
+        &env,
+        env.job_list()
+            .await?
+            .iter()
+            .all(|j| !j.name_any().starts_with("slow-")),
+        "no run without a claim",
+    )
+    .await?;
+    Ok(())
+}

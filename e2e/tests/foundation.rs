@@ -140,6 +140,24 @@ async fn a_due_period_gets_one_job_that_completes() -> Result<()> {
     )
     .await?;
 
+    // The control plane signs service-account tokens (the TokenRequest API works).
+    let token = env
+        .wait_for(
+            "kubectl create token default",
+            Duration::from_secs(30),
+            || async {
+                let out = e2e::kubectl()
+                    .args(["create", "token", "default", "-n", &env.ns])
+                    .output()?;
+                Ok(out
+                    .status
+                    .success()
+                    .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
+            },
+        )
+        .await?;
+    ensure(&env, token.split('.').count() == 3, "a JWT").await?;
+
     // Each Job is for a distinct period: never two for one period.
     let jobs = env.job_list().await?;
     let mut periods: Vec<String> = jobs
