@@ -1,7 +1,7 @@
 //! The reconcile loop: read what is, decide ([`crate::decide`]), act ([`crate::run`]), record.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -183,6 +183,8 @@ pub struct Context {
     pub gate: Gate,
     /// One backstop connection per SingletonJob that has one.
     pub backstops: BackstopCache,
+    /// The backstop's refused-stale-write count last seen, per SingletonJob (for Events).
+    pub rejections_seen: Mutex<HashMap<String, u64>>,
 }
 
 /// The state of a Job as the decision core sees it.
@@ -263,8 +265,32 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let mut status = sj.status.clone().unwrap_or_default();
 
     let db = resolve_backstop(&ctx, &sj).await;
-    if let Db::Ready(b) = &db {
-        crate::metrics::global().sample_rejections(&sj, b).await;
+    if let Db::Ready(b) = &db
+        && let Some(total) = crate::metrics::global().sample_rejections(&sj, b).await
+    {
+        // The first sample after start-up is the baseline; a rise since is news for a human.
+        let before = ctx
+            .rejections_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sj.key(), total);
+        if let Some(before) = before
+            && total > before
+        {
+            let note = format!(
+                "the backstop refused {} write(s) carrying a stale fencing token ({total} in all): a paused or replaced run tried to write",
+                total - before
+            );
+            ctx.events
+                .publish(
+                    &sj,
+                    EventType::Warning,
+                    "StaleTokenRefused",
+                    "ObserveFence",
+                    note,
+                )
+                .await;
+        }
     }
 
     // A claim left half-done by a replica that died: finish it first, with its name and token.
@@ -716,6 +742,7 @@ pub async fn run(
         clock: clock_rx.clone(),
         gate,
         backstops: BackstopCache::default(),
+        rejections_seen: Mutex::default(),
     });
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every

@@ -427,15 +427,17 @@ impl Metrics {
     /// Samples the backstop's count of stale tokens refused by workloads. The database's
     /// counter never decreases and survives controller restarts, so it is exported as the
     /// counter's value (not added to it): a restarted controller continues the same series.
-    pub async fn sample_rejections(&self, sj: &SingletonJob, db: &Backstop) {
-        if let Ok(n) = db.rejections().await
-            && n > 0
-        {
+    /// Reads the backstop's count of refused stale writes, exports it, and returns it (None when
+    /// the database did not answer).
+    pub async fn sample_rejections(&self, sj: &SingletonJob, db: &Backstop) -> Option<u64> {
+        let n = db.rejections().await.ok()?;
+        if n > 0 {
             self.stale_writes_refused
                 .get_or_create(&source(sj, "workload"))
                 .inner()
                 .fetch_max(n, Ordering::Relaxed);
         }
+        Some(n)
     }
 
     // --- Backstop, clock, reconcile -----------------------------------------------------------
@@ -763,5 +765,66 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The chart ships what the docs explain: every rule of the PrometheusRule and every query of
+    /// the Grafana dashboard is valid PromQL over metrics that exist, and the rules are exactly
+    /// the documented alerts.
+    #[test]
+    fn the_charts_alert_rules_and_dashboard_are_valid_and_documented() {
+        let text = touched().render();
+        let exists = |name: &str| {
+            text.lines()
+                .any(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        };
+        let chart = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/singleton-controller/files"
+        );
+        let rules: Vec<serde_json::Value> =
+            serde_yaml::from_str(&std::fs::read_to_string(format!("{chart}/alerts.yaml")).unwrap())
+                .unwrap();
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/observability.md"
+        ))
+        .unwrap();
+        let documented: Vec<&str> = doc
+            .split("```promql\n")
+            .skip(1)
+            .map(|b| b.split("```").next().unwrap_or_default().trim())
+            .collect();
+        assert_eq!(
+            rules.len(),
+            documented.len(),
+            "one rule per documented alert"
+        );
+        for rule in &rules {
+            let expr = rule["expr"].as_str().expect("expr");
+            promql_parser::parser::parse(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
+            assert!(
+                documented.contains(&expr),
+                "not in docs/observability.md: {expr}"
+            );
+            for name in metric_names(expr) {
+                assert!(exists(name), "{name} is not a rendered series");
+            }
+        }
+        let dashboard: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{chart}/dashboard.json")).unwrap(),
+        )
+        .unwrap();
+        let mut queries = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                promql_parser::parser::parse(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
+                for name in metric_names(expr) {
+                    assert!(exists(name), "dashboard: {name} is not a rendered series");
+                }
+                queries += 1;
+            }
+        }
+        assert!(queries >= 10, "{queries} dashboard queries");
     }
 }

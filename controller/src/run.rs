@@ -414,6 +414,7 @@ mod tests {
             clock,
             gate: Gate::always(),
             backstops: Default::default(),
+            rejections_seen: Default::default(),
         }
     }
 

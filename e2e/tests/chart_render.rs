@@ -433,3 +433,41 @@ fn notes_tell_the_next_command() -> Result<()> {
     ensure!(notes.contains(&format!("get lease {RELEASE}")), "{notes}");
     Ok(())
 }
+
+#[test]
+fn alerts_and_dashboard_render_only_when_enabled() -> Result<()> {
+    let off = render(&[])?;
+    ensure!(
+        all(&off, "PrometheusRule").is_empty(),
+        "no PrometheusRule by default"
+    );
+    let on = render(&[
+        "metrics.prometheusRule.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+    ])?;
+    let rule = all(&on, "PrometheusRule");
+    ensure!(rule.len() == 1, "one PrometheusRule");
+    let rules = rule[0]["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .map_or(0, |r| r.len());
+    ensure!(rules >= 6, "{rules} alert rules");
+    // Prometheus' own templating reaches Prometheus untouched by Helm.
+    let text = serde_yaml::to_string(rule[0])?;
+    ensure!(
+        text.contains("{{ $labels.namespace }}"),
+        "alert annotations keep $labels"
+    );
+    let dash = all(&on, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["labels"]["grafana_dashboard"].as_str() == Some("1"))
+        .context("a dashboard ConfigMap labelled for Grafana's sidecar")?;
+    let json = dash["data"]["singleton-controller.json"]
+        .as_str()
+        .unwrap_or_default();
+    let parsed: serde_json::Value = serde_json::from_str(json)?;
+    ensure!(
+        parsed["panels"].as_array().is_some_and(|p| p.len() >= 10),
+        "dashboard panels"
+    );
+    Ok(())
+}

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::{Either, select};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::watch;
 
 use super::elector::{Acquired, ElectionConfig, Elector, Held};
@@ -75,6 +77,13 @@ pub async fn run_replica(
     .await?;
     let lease = format!("{lease_namespace}/{lease_name}");
     tracing::info!(%lease, identity = %config.identity, "standing by for the lease");
+    let events = LeaseEvents::new(
+        &client,
+        &cfg,
+        &lease_namespace,
+        &lease_name,
+        &config.identity,
+    );
 
     // Standby and leader alike run the controller behind the elector's gate, so a standby's
     // caches are warm when it takes over. While the gate is closed a reconcile does nothing;
@@ -91,12 +100,27 @@ pub async fn run_replica(
         let _ = ctrl.await;
         return Ok(());
     }
+    let epoch = elector.state().borrow().epoch;
+    events
+        .publish(
+            EventType::Normal,
+            "LeaderElected",
+            format!("leads with epoch {epoch}"),
+        )
+        .await;
 
     match elector.hold(select(&mut shutdown, &mut ctrl)).await {
         Held::Lost(reason) => {
             // The gate is closed already; returning lets the process exit, which cancels every
             // in-flight reconcile before it can write again.
             tracing::error!(%lease, %reason, "lost leadership; exiting to restart as a standby");
+            events
+                .publish(
+                    EventType::Warning,
+                    "LeaderLost",
+                    format!("lost the lease ({reason}); exiting"),
+                )
+                .await;
             return Err(Error::LeadershipLost(lease));
         }
         Held::Until(Either::Right((ended, _))) => {
@@ -128,7 +152,68 @@ pub async fn run_replica(
         Held::Until(Ok(_)) => {}
     }
     release(&mut elector, &lease).await;
+    events
+        .publish(
+            EventType::Normal,
+            "LeaderReleased",
+            "released the lease on shutdown".into(),
+        )
+        .await;
     Ok(())
+}
+
+/// Events on the Lease for the changes a human cares about: who leads, who let go, who lost it.
+struct LeaseEvents {
+    recorder: Recorder,
+    lease: ObjectReference,
+    identity: String,
+}
+
+impl LeaseEvents {
+    fn new(
+        client: &Client,
+        cfg: &controller::Config,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: cfg.reporter.clone(),
+            instance: cfg.instance.clone(),
+        };
+        LeaseEvents {
+            recorder: Recorder::new(client.clone(), reporter),
+            lease: ObjectReference {
+                api_version: Some("coordination.k8s.io/v1".into()),
+                kind: Some("Lease".into()),
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                ..ObjectReference::default()
+            },
+            identity: identity.to_string(),
+        }
+    }
+
+    /// Bounded, so a slow API server never holds up a handover or an exit.
+    async fn publish(&self, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(format!("{} {note}", self.identity)),
+            action: "Elect".into(),
+            secondary: None,
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            self.recorder.publish(&ev, &self.lease),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, reason, "could not publish a Lease event"),
+            Err(_) => tracing::warn!(reason, "publishing a Lease event timed out"),
+        }
+    }
 }
 
 /// Releases the lease, bounded so a dead API server cannot hold up the exit (the lease then
