@@ -92,6 +92,11 @@ impl Error {
         }
     }
 
+    /// Whether retrying the same call later may succeed (a backstop that did not answer).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::BackstopUnavailable(_))
+    }
+
     /// Turns the API server's 409 into [`Error::Conflict`].
     pub fn from_write(err: kube::Error, what: &str) -> Self {
         match &err {

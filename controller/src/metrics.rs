@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::Error;
 use crate::api::{HistoryEntry, Outcome, SingletonJob};
-use crate::backstop::{Backstop, BackstopError};
+use crate::backstop::Backstop;
 
 /// The `Content-Type` of `/metrics`.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -443,7 +443,7 @@ impl Metrics {
     // --- Backstop, clock, reconcile -----------------------------------------------------------
 
     /// One backstop operation (`what` as the backstop names it, e.g. "read fence") ended.
-    pub fn backstop_op(&self, what: &str, took: Duration, err: Option<&BackstopError>) {
+    pub fn backstop_op(&self, what: &str, took: Duration, err: Option<&Error>) {
         let op = what.replace(' ', "_");
         self.backstop_operation_seconds
             .get_or_create(&OpLabels { op: op.clone() })
@@ -607,7 +607,7 @@ mod tests {
         m.backstop_op(
             "read fence",
             Duration::from_millis(3),
-            Some(&BackstopError::Unavailable("down".into())),
+            Some(&Error::BackstopUnavailable("down".into())),
         );
         m.clock_offset(Some(SignedDuration::from_millis(-250)));
         drop(m.reconcile_timer());

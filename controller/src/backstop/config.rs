@@ -5,6 +5,7 @@
 //! the password, not the URL, not even the host or user). A target is identified in logs and
 //! status by its Secret reference, which the caller knows; error messages name Secret *keys* only.
 
+use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
@@ -13,8 +14,6 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-
-use super::error::BackstopError;
 
 /// Default bound on establishing a connection (TCP connect; the TLS and startup handshake are
 /// bounded by the operation timeout).
@@ -140,21 +139,18 @@ impl ConnectionConfig {
     /// default). When both are present, a discrete key overrides the URL's part, which lets the
     /// password and the PEM root certificate live in keys of their own. `sslrootcert` is the PEM
     /// text of the CA certificate(s), never a file path. Unknown keys are ignored.
-    pub fn from_secret(
-        data: &BTreeMap<String, ByteString>,
-        keys: &SecretKeys,
-    ) -> Result<Self, BackstopError> {
-        let get = |key: &str| -> Result<Option<String>, BackstopError> {
+    pub fn from_secret(data: &BTreeMap<String, ByteString>, keys: &SecretKeys) -> Result<Self> {
+        let get = |key: &str| -> Result<Option<String>> {
             match data.get(key) {
                 None => Ok(None),
                 Some(ByteString(bytes)) => String::from_utf8(bytes.clone())
                     .map(Some)
-                    .map_err(|_| BackstopError::Config(format!("key `{key}` is not valid UTF-8"))),
+                    .map_err(|_| Error::BackstopConfig(format!("key `{key}` is not valid UTF-8"))),
             }
         };
         // Values written with `kubectl create secret --from-file` often end in a newline; the
         // password is taken verbatim because any byte may be part of it.
-        let get_trimmed = |key: &str| -> Result<Option<String>, BackstopError> {
+        let get_trimmed = |key: &str| -> Result<Option<String>> {
             Ok(get(key)?
                 .map(|v| v.trim().to_string())
                 .filter(|v| !v.is_empty()))
@@ -162,7 +158,7 @@ impl ConnectionConfig {
 
         let mut parts = match get_trimmed(&keys.url)? {
             Some(url) => parse_url(&url).map_err(|what| {
-                BackstopError::Config(format!(
+                Error::BackstopConfig(format!(
                     "key `{}` is not a valid postgres:// URL: {what}",
                     keys.url
                 ))
@@ -175,12 +171,12 @@ impl ConnectionConfig {
         if let Some(port) = get_trimmed(&keys.port)? {
             parts.port =
                 Some(parse_port(&port).map_err(|what| {
-                    BackstopError::Config(format!("key `{}`: {what}", keys.port))
+                    Error::BackstopConfig(format!("key `{}`: {what}", keys.port))
                 })?);
         }
         if let Some(hostaddr) = get_trimmed(&keys.hostaddr)? {
             parts.hostaddr = Some(hostaddr.parse().map_err(|_| {
-                BackstopError::Config(format!("key `{}` is not an IP address", keys.hostaddr))
+                Error::BackstopConfig(format!("key `{}` is not an IP address", keys.hostaddr))
             })?);
         }
         if let Some(dbname) = get_trimmed(&keys.dbname)? {
@@ -194,26 +190,26 @@ impl ConnectionConfig {
         }
         if let Some(mode) = get_trimmed(&keys.sslmode)? {
             parts.sslmode = Some(SslMode::parse(&mode).map_err(|what| {
-                BackstopError::Config(format!("key `{}`: {what}", keys.sslmode))
+                Error::BackstopConfig(format!("key `{}`: {what}", keys.sslmode))
             })?);
         }
         let root_certs = match get(&keys.sslrootcert)? {
             Some(pem) if !pem.trim().is_empty() => {
                 parse_root_certs(pem.as_bytes()).map_err(|what| {
-                    BackstopError::Config(format!("key `{}`: {what}", keys.sslrootcert))
+                    Error::BackstopConfig(format!("key `{}`: {what}", keys.sslrootcert))
                 })?
             }
             _ => Vec::new(),
         };
 
         let host = parts.host.ok_or_else(|| {
-            BackstopError::Config(format!(
+            Error::BackstopConfig(format!(
                 "no host: set key `{}` or key `{}`",
                 keys.url, keys.host
             ))
         })?;
         let user = parts.user.ok_or_else(|| {
-            BackstopError::Config(format!(
+            Error::BackstopConfig(format!(
                 "no user: set key `{}` or key `{}`",
                 keys.url, keys.user
             ))
@@ -223,7 +219,7 @@ impl ConnectionConfig {
             sslmode = SslMode::VerifyCa;
         }
         if sslmode == SslMode::VerifyCa && root_certs.is_empty() {
-            return Err(BackstopError::Config(format!(
+            return Err(Error::BackstopConfig(format!(
                 "sslmode verify-ca needs the CA certificate in key `{}`",
                 keys.sslrootcert
             )));
@@ -438,7 +434,7 @@ impl TablePrefix {
     /// 63 bytes minus the longest derived name's suffix (`claims_job_period_key`) and then some.
     pub const MAX_LEN: usize = 32;
 
-    pub fn new(prefix: &str) -> Result<Self, BackstopError> {
+    pub fn new(prefix: &str) -> Result<Self> {
         let ok_start = prefix
             .chars()
             .next()
@@ -448,7 +444,7 @@ impl TablePrefix {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         // The prefix is not a secret (it comes from the spec), so it may be quoted.
         if !ok_start || !ok_rest || prefix.len() > Self::MAX_LEN {
-            return Err(BackstopError::Config(format!(
+            return Err(Error::BackstopConfig(format!(
                 "tablePrefix {prefix:?} must be 1 to {} characters of a-z, 0-9 and _, not starting with a digit",
                 Self::MAX_LEN
             )));

@@ -29,6 +29,7 @@ mod schema;
 mod tests;
 mod tls;
 
+use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
@@ -45,7 +46,6 @@ pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,
 };
-pub use error::BackstopError;
 pub use schema::{SCHEMA_VERSION, STALE_TOKEN_SQLSTATE};
 
 use schema::Tables;
@@ -116,7 +116,7 @@ struct Slot {
 impl Backstop {
     /// No I/O: the connection opens on first use. Fails only on a TLS set-up problem (such as
     /// `verify-full` without `sslrootcert` on a host with no system CA certificates).
-    pub fn new(config: ConnectionConfig, prefix: TablePrefix) -> Result<Self, BackstopError> {
+    pub fn new(config: ConnectionConfig, prefix: TablePrefix) -> Result<Self> {
         let tls = tls::client_config(config.sslmode, &config.root_certs)?;
         Ok(Backstop {
             config,
@@ -135,7 +135,7 @@ impl Backstop {
     }
 
     /// Connects if needed and creates or upgrades the schema; returns the schema version.
-    pub async fn ensure_schema(&self) -> Result<i32, BackstopError> {
+    pub async fn ensure_schema(&self) -> Result<i32> {
         self.bounded("ensure schema", async {
             let mut slot = self.session().await?;
             let v = slot.version;
@@ -146,7 +146,7 @@ impl Backstop {
     }
 
     /// Health probe: the database answers and the schema is in place (for `BackstopReady`).
-    pub async fn ping(&self) -> Result<(), BackstopError> {
+    pub async fn ping(&self) -> Result<()> {
         self.bounded("ping", async {
             let mut slot = self.session().await?;
             let r = slot
@@ -154,14 +154,14 @@ impl Backstop {
                 .simple_query("SELECT 1")
                 .await
                 .map(|_| ())
-                .map_err(|e| BackstopError::from_pg(e, false));
+                .map_err(|e| Error::from_pg(e, false));
             slot.settle(r)
         })
         .await
     }
 
     /// The highest fencing token stored for `job` (0 if none).
-    pub async fn fence(&self, job: &str) -> Result<u64, BackstopError> {
+    pub async fn fence(&self, job: &str) -> Result<u64> {
         self.bounded("read fence", async {
             let mut slot = self.session().await?;
             let sql = format!("SELECT token FROM {} WHERE job = $1", slot.tables()?.fences);
@@ -169,7 +169,7 @@ impl Backstop {
                 .client()?
                 .query_opt(&sql, &[&job])
                 .await
-                .map_err(|e| BackstopError::from_pg(e, false))
+                .map_err(|e| Error::from_pg(e, false))
                 .and_then(|row| row.map_or(Ok(0), |row| to_u64(row.get(0))));
             slot.settle(r)
         })
@@ -179,7 +179,7 @@ impl Backstop {
     /// Claims `period` for `job` with `token`, in one transaction: inserts the claim row and
     /// advances the fence to `token`. A period claimed before gives
     /// [`ClaimOutcome::Duplicate`] and changes nothing. `token` must be above the stored fence
-    /// (take `max(status.fencingToken, fence(job)) + 1`), else [`BackstopError::StaleToken`].
+    /// (take `max(status.fencingToken, fence(job)) + 1`), else [`Error::StaleToken`].
     /// `period` is stored at microsecond precision.
     pub async fn claim(
         &self,
@@ -187,12 +187,10 @@ impl Backstop {
         period: Timestamp,
         token: u64,
         job_name: &str,
-    ) -> Result<ClaimOutcome, BackstopError> {
+    ) -> Result<ClaimOutcome> {
         let token_i = to_i64(token)?;
         if token == 0 {
-            return Err(BackstopError::Other(
-                "a claim's token must be at least 1".into(),
-            ));
+            return Err(Error::Backstop("a claim's token must be at least 1".into()));
         }
         self.bounded("claim", async {
             let mut slot = self.session().await?;
@@ -204,11 +202,7 @@ impl Backstop {
     }
 
     /// The claim of (`job`, `period`), if any: whether that period has run.
-    pub async fn claimed(
-        &self,
-        job: &str,
-        period: Timestamp,
-    ) -> Result<Option<ClaimRow>, BackstopError> {
+    pub async fn claimed(&self, job: &str, period: Timestamp) -> Result<Option<ClaimRow>> {
         self.bounded("read claim", async {
             let mut slot = self.session().await?;
             let sql = format!(
@@ -216,7 +210,7 @@ impl Backstop {
                 slot.tables()?.claims
             );
             let r = match slot.client()?.query_opt(&sql, &[&job, &period]).await {
-                Err(e) => Err(BackstopError::from_pg(e, false)),
+                Err(e) => Err(Error::from_pg(e, false)),
                 Ok(None) => Ok(None),
                 Ok(Some(row)) => to_u64(row.get(0)).map(|token| {
                     Some(ClaimRow {
@@ -237,14 +231,14 @@ impl Backstop {
     /// now stored. For `Replace` and breaking a stuck lock: after it returns, a workload holding
     /// an older token is refused by `singleton_fence`. Waits for a workload transaction that
     /// holds the fence row, at most the lock timeout (then `Unavailable`: retry).
-    pub async fn advance_fence(&self, job: &str, token: u64) -> Result<u64, BackstopError> {
+    pub async fn advance_fence(&self, job: &str, token: u64) -> Result<u64> {
         let token_i = to_i64(token)?;
         self.bounded("advance fence", async {
             let mut slot = self.session().await?;
             let t = slot.tables()?.clone();
             let client = slot.client()?;
             let r = async {
-                let pg = |e| BackstopError::from_pg(e, false);
+                let pg = |e| Error::from_pg(e, false);
                 let advanced = client
                     .query_opt(&upsert_fence_sql(&t), &[&job, &token_i])
                     .await
@@ -270,7 +264,7 @@ impl Backstop {
     }
 
     /// How many stale tokens `singleton_fence` has refused, ever, in this database and prefix.
-    pub async fn rejections(&self) -> Result<u64, BackstopError> {
+    pub async fn rejections(&self) -> Result<u64> {
         self.bounded("read rejections", async {
             let mut slot = self.session().await?;
             let sql = format!(
@@ -279,7 +273,7 @@ impl Backstop {
             );
             let r = match slot.client()?.query_one(&sql, &[]).await {
                 Ok(row) => to_u64(row.get(0)),
-                Err(e) => Err(BackstopError::from_pg(e, false)),
+                Err(e) => Err(Error::from_pg(e, false)),
             };
             slot.settle(r)
         })
@@ -287,16 +281,12 @@ impl Backstop {
     }
 
     /// Runs `op` within the operation timeout, and scrubs the Secret's values from any error.
-    async fn bounded<T>(
-        &self,
-        what: &str,
-        op: impl Future<Output = Result<T, BackstopError>>,
-    ) -> Result<T, BackstopError> {
+    async fn bounded<T>(&self, what: &str, op: impl Future<Output = Result<T>>) -> Result<T> {
         let limit = self.config.operation_timeout;
         let started = std::time::Instant::now();
         let r = match tokio::time::timeout(limit, op).await {
             Ok(r) => r.map_err(|e| self.scrub(e)),
-            Err(_) => Err(BackstopError::timeout(what, limit)),
+            Err(_) => Err(Error::backstop_timeout(what, limit)),
         };
         crate::metrics::global().backstop_op(what, started.elapsed(), r.as_ref().err());
         r
@@ -304,7 +294,7 @@ impl Backstop {
 
     /// Defence in depth: no message is built from Secret values, but a server or TLS library
     /// may quote them (a host name in a certificate error), so they are cut out here too.
-    fn scrub(&self, err: BackstopError) -> BackstopError {
+    fn scrub(&self, err: Error) -> Error {
         let c = &self.config;
         // User and database names are only quoted by the server at startup, and those messages
         // are replaced whole (`from_pg`); scrubbing them here too would mangle ordinary words
@@ -317,16 +307,16 @@ impl Backstop {
             .collect();
         let clean = |m: String| secrets.iter().fold(m, |m, s| m.replace(s, "<redacted>"));
         match err {
-            BackstopError::Unavailable(m) => BackstopError::Unavailable(clean(m)),
-            BackstopError::Config(m) => BackstopError::Config(clean(m)),
-            BackstopError::Other(m) => BackstopError::Other(clean(m)),
-            stale @ BackstopError::StaleToken { .. } => stale,
+            Error::BackstopUnavailable(m) => Error::BackstopUnavailable(clean(m)),
+            Error::BackstopConfig(m) => Error::BackstopConfig(clean(m)),
+            Error::Backstop(m) => Error::Backstop(clean(m)),
+            other => other,
         }
     }
 
     /// Locks the slot, (re)connects and ensures the schema. The caller must `settle` (or set
     /// `clean`) when done.
-    async fn session(&self) -> Result<MutexGuard<'_, Slot>, BackstopError> {
+    async fn session(&self) -> Result<MutexGuard<'_, Slot>> {
         let mut slot = self.slot.lock().await;
         if !slot.clean || slot.client.as_ref().is_some_and(Client::is_closed) {
             slot.client = None;
@@ -343,7 +333,7 @@ impl Backstop {
         Ok(slot)
     }
 
-    async fn connect(&self) -> Result<Client, BackstopError> {
+    async fn connect(&self) -> Result<Client> {
         let c = &self.config;
         let mut pg = tokio_postgres::Config::new();
         pg.host(&c.host.0)
@@ -369,7 +359,7 @@ impl Backstop {
         if let Some(pw) = &c.password {
             pg.password(&pw.0);
         }
-        let connecting = |e| BackstopError::from_pg(e, true);
+        let connecting = |e| Error::from_pg(e, true);
         let client = match &self.tls {
             None => {
                 let (client, conn) = pg.connect(NoTls).await.map_err(connecting)?;
@@ -396,36 +386,36 @@ impl Backstop {
                 ms * 2
             ))
             .await
-            .map_err(|e| BackstopError::from_pg(e, false))?;
+            .map_err(|e| Error::from_pg(e, false))?;
         Ok(client)
     }
 }
 
 impl Slot {
-    fn client(&self) -> Result<&Client, BackstopError> {
+    fn client(&self) -> Result<&Client> {
         self.client
             .as_ref()
-            .ok_or_else(|| BackstopError::Unavailable("not connected".into()))
+            .ok_or_else(|| Error::BackstopUnavailable("not connected".into()))
     }
 
-    fn client_mut(&mut self) -> Result<&mut Client, BackstopError> {
+    fn client_mut(&mut self) -> Result<&mut Client> {
         self.client
             .as_mut()
-            .ok_or_else(|| BackstopError::Unavailable("not connected".into()))
+            .ok_or_else(|| Error::BackstopUnavailable("not connected".into()))
     }
 
-    fn tables(&self) -> Result<&Tables, BackstopError> {
+    fn tables(&self) -> Result<&Tables> {
         self.tables
             .as_ref()
-            .ok_or_else(|| BackstopError::Other("schema not ensured".into()))
+            .ok_or_else(|| Error::Backstop("schema not ensured".into()))
     }
 
     /// Records how an operation ended: a connection problem drops the client; an unexpected SQL
     /// error (say, someone dropped a table) re-runs the migration next time.
-    fn settle<T>(&mut self, r: Result<T, BackstopError>) -> Result<T, BackstopError> {
+    fn settle<T>(&mut self, r: Result<T>) -> Result<T> {
         match &r {
-            Err(BackstopError::Unavailable(_)) => self.client = None,
-            Err(BackstopError::Other(_)) => self.tables = None,
+            Err(Error::BackstopUnavailable(_)) => self.client = None,
+            Err(Error::Backstop(_)) => self.tables = None,
             _ => {}
         }
         self.clean = true;
@@ -461,8 +451,8 @@ async fn claim_tx(
     period: Timestamp,
     token: i64,
     job_name: &str,
-) -> Result<ClaimOutcome, BackstopError> {
-    let pg = |e| BackstopError::from_pg(e, false);
+) -> Result<ClaimOutcome> {
+    let pg = |e| Error::from_pg(e, false);
     // Dropping the transaction without commit rolls it back (also on an early `?`).
     let tx = client.transaction().await.map_err(pg)?;
     // The unique constraint decides between racing claimers: the loser waits for the winner's
@@ -490,9 +480,7 @@ async fn claim_tx(
             )
             .await
             .map_err(pg)?
-            .ok_or_else(|| {
-                BackstopError::Other("the claim row conflicted but then vanished".into())
-            })?;
+            .ok_or_else(|| Error::Backstop("the claim row conflicted but then vanished".into()))?;
         tx.rollback().await.map_err(pg)?;
         return Ok(ClaimOutcome::Duplicate {
             token: to_u64(row.get(0))?,
@@ -514,7 +502,7 @@ async fn claim_tx(
             .map_err(pg)?
             .get(0);
         tx.rollback().await.map_err(pg)?;
-        return Err(BackstopError::StaleToken {
+        return Err(Error::StaleToken {
             job: job.to_string(),
             token: token.unsigned_abs(),
             current: to_u64(current)?,
@@ -524,14 +512,13 @@ async fn claim_tx(
     Ok(ClaimOutcome::Claimed)
 }
 
-fn to_i64(token: u64) -> Result<i64, BackstopError> {
+fn to_i64(token: u64) -> Result<i64> {
     i64::try_from(token)
-        .map_err(|_| BackstopError::Other(format!("token {token} exceeds PostgreSQL's bigint")))
+        .map_err(|_| Error::Backstop(format!("token {token} exceeds PostgreSQL's bigint")))
 }
 
-fn to_u64(v: i64) -> Result<u64, BackstopError> {
-    u64::try_from(v)
-        .map_err(|_| BackstopError::Other(format!("negative token {v} in the database")))
+fn to_u64(v: i64) -> Result<u64> {
+    u64::try_from(v).map_err(|_| Error::Backstop(format!("negative token {v} in the database")))
 }
 
 /// Reads a backstop Secret, refusing one without the opt-in label [`SECRET_OPT_IN_LABEL`]`=true`.
@@ -584,7 +571,7 @@ impl BackstopCache {
         data: &BTreeMap<String, ByteString>,
         keys: &SecretKeys,
         prefix: &TablePrefix,
-    ) -> Result<Arc<Backstop>, BackstopError> {
+    ) -> Result<Arc<Backstop>> {
         let fp = fingerprint(data, keys, prefix);
         let mut entries = self
             .entries

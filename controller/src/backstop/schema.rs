@@ -13,11 +13,11 @@
 //!
 //! Migrations only ever add: an older controller keeps working against a newer schema.
 
+use crate::{Error, Result};
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
 use super::config::TablePrefix;
-use super::error::BackstopError;
 
 /// The SQLSTATE `<p>fence()` raises for a stale token.
 pub const STALE_TOKEN_SQLSTATE: &str = "SF001";
@@ -137,18 +137,15 @@ COMMENT ON FUNCTION {function}(text, bigint) IS 'singleton-controller: call insi
 /// to call concurrently from many connections and replicas: a transaction-scoped advisory lock
 /// (keyed by schema and prefix) serialises the callers, so `CREATE TABLE` never races on the
 /// catalog and each migration is applied exactly once.
-pub(crate) async fn migrate(
-    client: &mut Client,
-    prefix: &TablePrefix,
-) -> Result<(i32, Tables), BackstopError> {
-    let pg = |e| BackstopError::from_pg(e, false);
+pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result<(i32, Tables)> {
+    let pg = |e| Error::from_pg(e, false);
     let schema: Option<String> = client
         .query_one("SELECT current_schema()", &[])
         .await
         .map_err(pg)?
         .get(0);
     let schema = schema.ok_or_else(|| {
-        BackstopError::Config(
+        Error::BackstopConfig(
             "the connection has no current schema (empty search_path): cannot create the backstop tables"
                 .into(),
         )

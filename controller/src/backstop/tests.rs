@@ -200,11 +200,11 @@ fn sslmode_rules() {
     assert_eq!((c.sslmode, c.root_certs.len()), (SslMode::VerifyCa, 1));
     let e = build(&[base[0], base[1], ("sslmode", "verify-ca")]).unwrap_err();
     assert!(
-        matches!(e, BackstopError::Config(ref m) if m.contains("sslrootcert")),
+        matches!(e, Error::BackstopConfig(ref m) if m.contains("sslrootcert")),
         "{e}"
     );
     let e = build(&[base[0], base[1], ("sslmode", "allow")]).unwrap_err();
-    assert!(matches!(e, BackstopError::Config(_)), "{e}");
+    assert!(matches!(e, Error::BackstopConfig(_)), "{e}");
     let e = build(&[base[0], base[1], ("sslrootcert", "not a certificate")]).unwrap_err();
     assert!(e.to_string().contains("sslrootcert"), "{e}");
     // Every mode builds a TLS configuration (or none, for disable).
@@ -225,7 +225,7 @@ fn missing_parts_are_config_errors() {
         vec![("host", "h"), ("user", "u"), ("hostaddr", "not-an-ip")],
     ] {
         let e = ConnectionConfig::from_secret(&data(&pairs), &keys).unwrap_err();
-        assert!(matches!(e, BackstopError::Config(_)), "{pairs:?}: {e}");
+        assert!(matches!(e, Error::BackstopConfig(_)), "{pairs:?}: {e}");
         assert_eq!(e.kind(), "BackstopConfig");
     }
     let mut bad = data(&[("host", "h"), ("user", "u")]);
@@ -256,14 +256,8 @@ fn secrets_never_appear_in_errors_or_debug() {
     ];
     for url in &malformed {
         let e = ConnectionConfig::from_secret(&data(&[("url", url)]), &keys).unwrap_err();
-        assert!(matches!(e, BackstopError::Config(_)), "{e}");
-        let crate_err: crate::Error = e.clone().into();
-        for text in [
-            e.to_string(),
-            format!("{e:?}"),
-            crate_err.to_string(),
-            format!("{crate_err:?}"),
-        ] {
+        assert!(matches!(e, Error::BackstopConfig(_)), "{e}");
+        for text in [e.to_string(), format!("{e:?}")] {
             assert_no_secret(&text, &[PW, url, "db.example", "app:"]);
         }
     }
@@ -311,7 +305,7 @@ fn table_prefix_is_a_safe_identifier() {
         "a_very_long_prefix_that_is_too_long_",
     ] {
         let e = TablePrefix::new(bad).unwrap_err();
-        assert!(matches!(e, BackstopError::Config(_)), "{bad:?}");
+        assert!(matches!(e, Error::BackstopConfig(_)), "{bad:?}");
     }
 }
 
@@ -353,23 +347,23 @@ fn cache_rebuilds_on_changed_secret_only() {
 fn errors_map_to_metric_labels() {
     let cases = [
         (
-            BackstopError::Unavailable("x".into()),
+            Error::BackstopUnavailable("x".into()),
             "BackstopUnavailable",
         ),
         (
-            BackstopError::StaleToken {
+            Error::StaleToken {
                 job: "ns/a".into(),
                 token: 1,
                 current: 2,
             },
             "StaleToken",
         ),
-        (BackstopError::Config("x".into()), "BackstopConfig"),
-        (BackstopError::Other("x".into()), "Backstop"),
+        (Error::BackstopConfig("x".into()), "BackstopConfig"),
+        (Error::Backstop("x".into()), "Backstop"),
     ];
     for (e, label) in cases {
         assert_eq!(e.kind(), label);
-        assert_eq!(crate::Error::from(e).kind(), label);
+        assert_eq!(e.kind(), label);
     }
 }
 
@@ -680,15 +674,11 @@ async fn recreation_keeps_claims_and_fence() {
     );
     for stale in [1, 2] {
         let e = second.claim(job, p3, stale, "m-3").await.unwrap_err();
-        assert_eq!(
-            e,
-            BackstopError::StaleToken {
-                job: job.into(),
-                token: stale,
-                current: 2
-            }
+        assert!(
+            matches!(&e, Error::StaleToken { job: j, token, current: 2 } if j == job && *token == stale),
+            "{e:?}"
         );
-        assert_eq!(crate::Error::from(e).kind(), "StaleToken");
+        assert_eq!(e.kind(), "StaleToken");
     }
     assert_eq!(
         second.claimed(job, p3).await.unwrap(),
@@ -727,12 +717,12 @@ async fn unavailable_closed_port_fails_within_timeout() {
     let started = Instant::now();
     let e = b.ping().await.unwrap_err();
     assert!(started.elapsed() < Duration::from_millis(2500));
-    assert!(matches!(e, BackstopError::Unavailable(_)), "{e}");
+    assert!(matches!(e, Error::BackstopUnavailable(_)), "{e}");
     assert!(e.is_retryable());
-    assert_eq!(crate::Error::from(e.clone()).kind(), "BackstopUnavailable");
+    assert_eq!(e.kind(), "BackstopUnavailable");
     assert_no_secret(&format!("{e} {e:?}"), &[PW, &url]);
     let e = b.fence("ns/x").await.unwrap_err();
-    assert!(matches!(e, BackstopError::Unavailable(_)), "{e}");
+    assert!(matches!(e, Error::BackstopUnavailable(_)), "{e}");
 }
 
 /// A server that accepts TCP and never answers (a hung database, a black-holing proxy): the
@@ -768,7 +758,7 @@ async fn unavailable_silent_server_times_out() {
     let took = started.elapsed();
     assert!(took < Duration::from_millis(1500), "took {took:?}");
     assert!(
-        matches!(e, BackstopError::Unavailable(ref m) if m.contains("timed out")),
+        matches!(e, Error::BackstopUnavailable(ref m) if m.contains("timed out")),
         "{e}"
     );
     hold.abort();
@@ -786,9 +776,9 @@ async fn connect_errors_do_not_quote_secret_values() {
     .unwrap();
     let b = Backstop::new(config, unique_prefix("nodb")).unwrap();
     let e = b.ping().await.unwrap_err();
-    assert_eq!(
-        e,
-        BackstopError::Config("the database does not exist (SQLSTATE 3D000)".into())
+    assert!(
+        matches!(&e, Error::BackstopConfig(m) if m == "the database does not exist (SQLSTATE 3D000)"),
+        "{e:?}"
     );
     assert_no_secret(&format!("{e} {e:?}"), &[secret_db]);
 }
@@ -809,7 +799,7 @@ async fn schema_creation_race() {
             })
             .collect();
         for t in tasks {
-            assert_eq!(t.await.unwrap(), Ok(SCHEMA_VERSION), "round {round}");
+            assert_eq!(t.await.unwrap().ok(), Some(SCHEMA_VERSION), "round {round}");
         }
     }
     let admin = workload().await;
@@ -853,10 +843,7 @@ async fn rejection_counter_counts_each_refusal() {
         .claim(job, ts("2025-02-01T00:00:00Z"), 7, "c-7b")
         .await
         .unwrap_err();
-    assert!(
-        matches!(e, BackstopError::StaleToken { current: 7, .. }),
-        "{e}"
-    );
+    assert!(matches!(e, Error::StaleToken { current: 7, .. }), "{e}");
     assert_eq!(b.rejections().await.unwrap(), 3);
     cleanup(&prefix).await;
 }
@@ -895,7 +882,7 @@ fn tls_backstop(mode: &str, ca: Option<&str>, extra: &[(&str, &str)]) -> Backsto
 }
 
 /// Whether the backstop's own session is encrypted (pg_stat_ssl of its backend).
-async fn session_tls(b: &Backstop) -> Result<bool, BackstopError> {
+async fn session_tls(b: &Backstop) -> Result<bool> {
     let mut slot = b.session().await?;
     let ssl: bool = slot
         .client()?
@@ -904,7 +891,7 @@ async fn session_tls(b: &Backstop) -> Result<bool, BackstopError> {
             &[],
         )
         .await
-        .map_err(|e| BackstopError::from_pg(e, false))?
+        .map_err(|e| Error::from_pg(e, false))?
         .get(0);
     slot.clean = true;
     Ok(ssl)
@@ -946,7 +933,7 @@ async fn tls_verification_failures_are_refused() {
             .await
             .unwrap_err();
         assert!(
-            matches!(e, BackstopError::Unavailable(ref m) if m.contains("certificate")),
+            matches!(e, Error::BackstopUnavailable(ref m) if m.contains("certificate")),
             "{mode}: {e}"
         );
     }
@@ -958,7 +945,7 @@ async fn tls_verification_failures_are_refused() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, BackstopError::Unavailable(ref m) if m.contains("certificate")),
+        matches!(e, Error::BackstopUnavailable(ref m) if m.contains("certificate")),
         "{e}"
     );
     assert_no_secret(&format!("{e} {e:?}"), &["wrong-name"]);

@@ -3,6 +3,7 @@
 //! tokio-postgres only knows disable / prefer / require and leaves verification to the TLS
 //! connector, so the libpq levels are expressed here as rustls certificate verifiers.
 
+use crate::{Error, Result};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -12,19 +13,18 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use super::config::SslMode;
-use super::error::BackstopError;
 
 /// The TLS configuration for `mode`, or `None` for plain TCP.
 pub(crate) fn client_config(
     mode: SslMode,
     roots: &[CertificateDer<'static>],
-) -> Result<Option<ClientConfig>, BackstopError> {
+) -> Result<Option<ClientConfig>> {
     // ring, like the rest of the process (kube's rustls); never the process-wide default, which
     // may not be installed.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| BackstopError::Config(format!("TLS: {e}")))?;
+        .map_err(|e| Error::BackstopConfig(format!("TLS: {e}")))?;
     let algorithms = provider.signature_verification_algorithms;
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         SslMode::Disable => return Ok(None),
@@ -49,22 +49,22 @@ pub(crate) fn client_config(
     ))
 }
 
-fn root_store(roots: &[CertificateDer<'static>]) -> Result<RootCertStore, BackstopError> {
+fn root_store(roots: &[CertificateDer<'static>]) -> Result<RootCertStore> {
     let mut store = RootCertStore::empty();
     for cert in roots {
         store
             .add(cert.clone())
-            .map_err(|e| BackstopError::Config(format!("sslrootcert: {e}")))?;
+            .map_err(|e| Error::BackstopConfig(format!("sslrootcert: {e}")))?;
     }
     Ok(store)
 }
 
-fn system_roots() -> Result<RootCertStore, BackstopError> {
+fn system_roots() -> Result<RootCertStore> {
     let found = rustls_native_certs::load_native_certs();
     let mut store = RootCertStore::empty();
     let (_added, _ignored) = store.add_parsable_certificates(found.certs);
     if store.is_empty() {
-        return Err(BackstopError::Config(
+        return Err(Error::BackstopConfig(
             "sslmode verify-full without sslrootcert needs system CA certificates, and none were found"
                 .into(),
         ));
@@ -75,10 +75,10 @@ fn system_roots() -> Result<RootCertStore, BackstopError> {
 fn webpki_verifier(
     store: RootCertStore,
     provider: Arc<CryptoProvider>,
-) -> Result<Arc<WebPkiServerVerifier>, BackstopError> {
+) -> Result<Arc<WebPkiServerVerifier>> {
     WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
         .build()
-        .map_err(|e| BackstopError::Config(format!("TLS verifier: {e}")))
+        .map_err(|e| Error::BackstopConfig(format!("TLS verifier: {e}")))
 }
 
 /// `require`: encrypt, accept any certificate (libpq's behaviour without a root certificate).
