@@ -79,7 +79,7 @@ pub async fn start(
                 tracing::warn!(sj = %sj.key(), error = %e, "backstop fence unreadable; Efficiency: going on without it");
                 0
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         },
         _ => 0,
     };
