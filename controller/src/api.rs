@@ -53,7 +53,10 @@ pub const GROUP: &str = "singleton.dev";
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    // Event names are the object's name plus 17 characters and may not exceed 253.
+    validation = Rule::new("size(self.metadata.name) <= 230")
+        .message("metadata.name must be at most 230 characters (Events about it add a suffix)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SingletonJobSpec {
@@ -133,7 +136,23 @@ pub struct SingletonJobSpec {
     /// SINGLETON_IDEMPOTENCY_KEY. `ttlSecondsAfterFinished` is not honoured: finished Jobs are pruned
     /// by the history limits, so that a Job is never gone before its outcome is recorded.
     #[schemars(schema_with = "job_template_schema")]
-    pub job_template: JobTemplateSpec,
+    pub job_template: JobTemplate,
+}
+
+/// A batch/v1 JobTemplateSpec, kept as the user wrote it. The API server stores it without a
+/// schema, so a wrongly typed field inside it must not make the whole SingletonJob undecodable:
+/// that would fail every list of SingletonJobs and stall the controller for all of them. It is
+/// decoded when a Job is built, and a bad one is reported as `JobTemplateValid=False`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobTemplate(pub serde_json::Value);
+
+impl JobTemplate {
+    /// The typed template, or why it is not one.
+    pub fn decode(&self) -> Result<JobTemplateSpec, String> {
+        serde_json::from_value(self.0.clone())
+            .map_err(|e| format!("not a valid batch/v1 JobTemplateSpec: {e}"))
+    }
 }
 
 /// Tokens are u64 in Rust; OpenAPI has no unsigned format Kubernetes knows, so publish int64 >= 0.
@@ -198,8 +217,9 @@ pub struct LockSpec {
 }
 
 /// Target databases that back claims and fencing. Exactly one kind is set.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.postgres)").message("backstop needs a database kind: postgres"))]
 pub struct BackstopSpec {
     /// PostgreSQL: a claims table with UNIQUE(job, period), a fence row per job, and the
     /// `singleton_fence(job, token)` function for workloads, created by the controller.

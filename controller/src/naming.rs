@@ -90,7 +90,7 @@ pub fn idempotency_key(sj_key: &str, period: Timestamp) -> String {
 /// Builds the Job for a run from the SingletonJob's template.
 pub fn build_job(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
     let name = sj.metadata.name.clone().unwrap_or_default();
-    let template = &sj.spec.job_template;
+    let template = sj.spec.job_template.decode().map_err(Error::JobTemplate)?;
     let mut spec = template
         .spec
         .clone()
