@@ -345,6 +345,10 @@ pub struct RunRef {
     /// When the claim was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_at: Option<Time>,
+    /// The uid of the run's Job once it exists: tells this run's Job from a later re-creation
+    /// under the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_uid: Option<String>,
 }
 
 /// What happened to a period.

@@ -48,6 +48,7 @@ fn run_ref(p: Timestamp) -> RunRef {
         token: 0,
         job_name: format!("job-{}", p.as_second()),
         claimed_at: None,
+        job_uid: None,
     }
 }
 

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::runtime::events::EventType;
 
@@ -93,6 +94,7 @@ pub async fn start(
         token,
         job_name: naming::job_name(sj.metadata.name.as_deref().unwrap_or_default(), period),
         claimed_at: Some(now.into()),
+        job_uid: None,
     };
     status.fencing_token = token;
     status.decided_through = Some(period.into());
@@ -185,11 +187,29 @@ pub async fn complete_claim(
         delete_job(ctx, sj, &old.job_name).await?;
     }
 
-    // 6. Create (G1): the deterministic name makes a second Job for this period impossible. If the
-    //    Job exists, it must be this claim's (same token); anything else is refused loudly.
+    // 6. Create (G1). First, is the claim still pending? A claimer paused since its claim may
+    //    find that another replica completed it meanwhile, and that its Job has since been
+    //    deleted (Replace, pruning, a user): name uniqueness holds only while a Job exists, so
+    //    creating it again would run the period twice. A pause between this read and the create
+    //    remains possible (Kubernetes has no conditional create); step 7 then removes the
+    //    duplicate, and with a backstop its writes are refused by the fence all along.
+    let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+    let fresh = sjs.get(&sj.name_any()).await?;
+    if !claim_pending(&fresh, &claim) {
+        return Err(Error::Conflict(format!(
+            "claim of {} completed by another replica",
+            claim.job_name
+        )));
+    }
+    //    The deterministic name makes a second Job for this period impossible while the first
+    //    exists. If it exists, it must be this claim's (same token); anything else is refused.
     let job = naming::build_job(sj, period, claim.token)?;
+    let mut created_uid = None;
+    let mut claim = claim;
     match jobs.create(&PostParams::default(), &job).await {
         Ok(created) => {
+            created_uid = created.metadata.uid.clone();
+            claim.job_uid = created.metadata.uid.clone();
             ctx.events.run_started(sj, &claim).await;
             crate::metrics::global().run_started(sj, period, &created);
         }
@@ -220,12 +240,13 @@ pub async fn complete_claim(
                     expected: claim.token,
                 });
             }
+            claim.job_uid = existing.metadata.uid.clone();
         }
         Err(e) => return Err(e.into()),
     }
 
-    // 7. Confirm: the run is active; the claim is done.
-    let mut status = sj.status.clone().unwrap_or_default();
+    // 7. Confirm: the run is active; the claim is done. Compare-and-swap on the status read in 6.
+    let mut status = fresh.status.clone().unwrap_or_default();
     status.pending_claim = None;
     status
         .active
@@ -264,11 +285,60 @@ pub async fn complete_claim(
         },
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
-    write_status(ctx, sj, status).await?;
+    match write_status(ctx, &fresh, status).await {
+        Ok(_) => {}
+        Err(Error::Conflict(what)) => {
+            // Lost the confirm. If the status that won neither holds this claim as pending nor
+            // knows the Job we just created, that Job re-creates a period another replica had
+            // completed: remove it (only that Job, by uid) before it does more.
+            if let Some(uid) = created_uid {
+                let now_sj = sjs.get(&sj.name_any()).await?;
+                let known = claim_pending(&now_sj, &claim)
+                    || now_sj.status.as_ref().is_some_and(|s| {
+                        s.active
+                            .iter()
+                            .any(|r| r.job_uid.as_deref() == Some(uid.as_str()))
+                    });
+                if !known {
+                    tracing::warn!(job = %claim.job_name, token = claim.token, "removing a Job re-created for a period another replica completed");
+                    delete_job_uid(ctx, sj, &claim.job_name, &uid).await?;
+                }
+            }
+            return Err(Error::Conflict(what));
+        }
+        Err(e) => return Err(e),
+    }
     for _ in replaced {
         crate::metrics::global().run_finished(sj, Outcome::Replaced);
     }
     Ok(())
+}
+
+/// Whether `sj`'s status still holds `claim` as its pending claim.
+fn claim_pending(sj: &SingletonJob, claim: &RunRef) -> bool {
+    sj.status
+        .as_ref()
+        .and_then(|s| s.pending_claim.as_ref())
+        .is_some_and(|p| p.token == claim.token && p.job_name == claim.job_name)
+}
+
+/// Deletes one Job only if it is still the object with `uid` (never a later one of that name).
+async fn delete_job_uid(ctx: &Context, sj: &SingletonJob, name: &str, uid: &str) -> Result<()> {
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match jobs.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The span of a run's log lines (namespace, name, period, token), for steps 4 to 7 of a claim

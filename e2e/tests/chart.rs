@@ -487,6 +487,8 @@ async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<(
             &["create", "jobs.batch", "-n", &team_ns],
             &["get", "secrets", "-n", &team_ns],
             &["update", &lease, "-n", &sys_ns],
+            // Events about the Lease (leader changes) live beside it.
+            &["create", "events", "-n", &sys_ns],
         ],
         &[
             // Nothing cluster-wide.
@@ -504,7 +506,6 @@ async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<(
                 "default",
             ],
             &["create", "events.events.k8s.io", "-n", "default"],
-            &["create", "events", "-n", &sys_ns],
             &["get", "secrets", "-n", "default"],
             &["get", "secrets", "-n", &sys_ns],
             // In the namespace served: Secrets by name only, no Leases.
