@@ -13,13 +13,16 @@
 //!               in one transaction: a period that ran before (even under an
 //!               earlier SingletonJob of the same name) is Deduplicated; older
 //!               runs' writes are refused by singleton_fence from now on.          G1, G5
+//!    Re-check : re-read the status: go on only while this claim is still pending
+//!               (a paused claimer must not act on a claim another completed).     G1
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
 //!               their Jobs are deleted, before the new Job exists.                G5
 //! 6. Create   : the Job's name is deterministic per period, so the API server
-//!               refuses a second Job for the same period.                         G1
-//! 7. Confirm  : a second status write moves the claim to `active`. If we die
-//!               between 3 and 7, whoever acts next finds `pendingClaim` and
-//!               completes it (complete_claim) with the same name and token.      G1, G2
+//!               refuses a second Job for the same period while it exists.         G1
+//! 7. Confirm  : a compare-and-swap on the re-read status moves the claim to
+//!               `active`; losing it with a Job the winner does not know removes
+//!               that Job. If we die between 3 and 7, whoever acts next finds
+//!               `pendingClaim` and completes it with the same name and token.    G1, G2
 //! ```
 
 use std::sync::Arc;
@@ -182,17 +185,12 @@ pub async fn complete_claim(
         }
     }
 
-    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
-    for old in replaced {
-        delete_job(ctx, sj, &old.job_name).await?;
-    }
-
-    // 6. Create (G1). First, is the claim still pending? A claimer paused since its claim may
-    //    find that another replica completed it meanwhile, and that its Job has since been
-    //    deleted (Replace, pruning, a user): name uniqueness holds only while a Job exists, so
-    //    creating it again would run the period twice. A pause between this read and the create
-    //    remains possible (Kubernetes has no conditional create); step 7 then removes the
-    //    duplicate, and with a backstop its writes are refused by the fence all along.
+    // Still ours? A claimer paused since its claim may find that another replica completed it
+    // meanwhile, and that its Job has since been deleted (Replace, pruning, a user): name
+    // uniqueness holds only while a Job exists, so creating it again would run the period twice,
+    // and deleting "old" runs from a stale view is not ours to do either. A pause between this
+    // read and the create remains possible (Kubernetes has no conditional create); step 7 then
+    // removes the duplicate, and with a backstop its writes are refused by the fence all along.
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
     let fresh = sjs.get(&sj.name_any()).await?;
     if !claim_pending(&fresh, &claim) {
@@ -201,7 +199,13 @@ pub async fn complete_claim(
             claim.job_name
         )));
     }
-    //    The deterministic name makes a second Job for this period impossible while the first
+
+    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
+    for old in replaced {
+        delete_job(ctx, sj, &old.job_name).await?;
+    }
+
+    // 6. Create (G1): the deterministic name makes a second Job for this period impossible while the first
     //    exists. If it exists, it must be this claim's (same token); anything else is refused.
     let job = naming::build_job(sj, period, claim.token)?;
     let mut created_uid = None;
