@@ -134,6 +134,12 @@ fn check_lease_role(docs: &[Value]) -> Result<()> {
     ensure!(role["metadata"]["namespace"].as_str() == Some(NS));
     no_wildcards(role)?;
     for r in role["rules"].as_sequence().context("rules")? {
+        // Besides the Lease: Events about it (leader changes), create and patch only.
+        if strs(&r["resources"]) == ["events"] {
+            ensure!(strs(&r["apiGroups"]) == ["events.k8s.io", ""], "{r:?}");
+            ensure!(strs(&r["verbs"]) == ["create", "patch"], "{r:?}");
+            continue;
+        }
         ensure!(strs(&r["apiGroups"]) == ["coordination.k8s.io"]);
         ensure!(strs(&r["resources"]) == ["leases"]);
         let v = strs(&r["verbs"]);
