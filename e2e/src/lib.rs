@@ -752,3 +752,49 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         })
         .sum()
 }
+
+/// A Secret holding a backstop connection `url`; `opted_in` sets the label the controller requires.
+pub async fn backstop_secret(env: &Env, name: &str, url: &str, opted_in: bool) -> Result<()> {
+    let mut s = k8s_openapi::api::core::v1::Secret::default();
+    s.metadata.name = Some(name.into());
+    if opted_in {
+        s.metadata.labels =
+            Some([("singleton.dev/backstop".to_string(), "true".to_string())].into());
+    }
+    s.string_data = Some([("url".to_string(), url.to_string())].into());
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &s)
+        .await?;
+    Ok(())
+}
+
+/// A backstop table prefix of this test's own, so parallel tests never share claims, fences or
+/// refusal counts.
+pub fn table_prefix(env: &Env) -> String {
+    format!("e2e_{}_", env.ns.rsplit('-').next().unwrap_or("x"))
+}
+
+/// The `spec.backstop` lines (plus `extra` spec lines) for [`sj_yaml`].
+pub fn backstop_spec(secret: &str, prefix: &str, extra: &str) -> String {
+    format!(
+        "  backstop:\n    postgres:\n      secretRef: {{name: {secret}}}\n      tablePrefix: {prefix}\n{extra}"
+    )
+}
+
+/// A SingletonJob YAML from [`sj_yaml`] whose Jobs never get a node, so its runs stay active.
+pub fn never_scheduled(yaml: String) -> String {
+    yaml.replace(
+        "          restartPolicy: Never\n",
+        "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
+    )
+}
+
+/// The port of the test PostgreSQL, from `DATABASE_URL`.
+pub fn database_port() -> Result<u16> {
+    let url = database_url()?;
+    url.rsplit(':')
+        .next()
+        .and_then(|s| s.split('/').next())
+        .and_then(|s| s.parse().ok())
+        .with_context(|| "DATABASE_URL has no port".to_string())
+}

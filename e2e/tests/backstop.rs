@@ -5,44 +5,18 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::{Env, Proxy, ensure, pg, sj_yaml};
+use e2e::{
+    Env, Proxy, backstop_secret, backstop_spec, ensure, never_scheduled, pg, sj_yaml, table_prefix,
+};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
 use singleton::api::Outcome;
-
-/// A backstop Secret pointing at `url`; `labelled` is the opt-in.
-async fn secret(env: &Env, name: &str, url: &str, labelled: bool) -> Result<()> {
-    let mut s = Secret::default();
-    s.metadata.name = Some(name.into());
-    if labelled {
-        s.metadata.labels =
-            Some([("singleton.dev/backstop".to_string(), "true".to_string())].into());
-    }
-    s.string_data = Some([("url".to_string(), url.to_string())].into());
-    Api::<Secret>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &s)
-        .await?;
-    Ok(())
-}
-
-/// A table prefix of this test's own, so parallel tests never share claims or fences.
-fn prefix(env: &Env) -> String {
-    format!("e2e_{}_", env.ns.rsplit('-').next().unwrap_or("x"))
-}
-
-fn backstop_spec(secret: &str, prefix: &str, extra: &str) -> String {
-    format!(
-        "  backstop:\n    postgres:\n      secretRef: {{name: {secret}}}\n      tablePrefix: {prefix}\n{extra}"
-    )
-}
 
 #[tokio::test]
 async fn billing_runs_are_claimed_in_the_database_and_a_stale_token_is_refused() -> Result<()> {
     let mut env = Env::new("billing").await?;
-    let p = prefix(&env);
-    secret(&env, "billing-db", &e2e::database_url()?, true).await?;
+    let p = table_prefix(&env);
+    backstop_secret(&env, "billing-db", &e2e::database_url()?, true).await?;
     // The shipped example is valid against the CRD: a server-side dry run with strict field
     // validation (an unknown or misspelt field fails), in this test's namespace.
     let example = std::fs::read_to_string("../examples/billing/singletonjob.yaml")?
@@ -153,12 +127,12 @@ async fn billing_runs_are_claimed_in_the_database_and_a_stale_token_is_refused()
 #[tokio::test]
 async fn an_unlabelled_secret_is_refused_and_nothing_runs() -> Result<()> {
     let mut env = Env::new("unlabelled").await?;
-    secret(&env, "db", &e2e::database_url()?, false).await?;
+    backstop_secret(&env, "db", &e2e::database_url()?, false).await?;
     env.start_controller(&[]).await?;
     env.create_sj(&sj_yaml(
         "u",
         "*/2 * * * * *",
-        &backstop_spec("db", &prefix(&env), ""),
+        &backstop_spec("db", &table_prefix(&env), ""),
     ))
     .await?;
     env.wait_for(
@@ -203,8 +177,8 @@ async fn an_unlabelled_secret_is_refused_and_nothing_runs() -> Result<()> {
 async fn a_period_claimed_before_recreation_is_deduplicated_and_tokens_keep_increasing()
 -> Result<()> {
     let mut env = Env::new("dedup").await?;
-    let p = prefix(&env);
-    secret(&env, "db", &e2e::database_url()?, true).await?;
+    let p = table_prefix(&env);
+    backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
     env.start_controller(&[]).await?;
     // An earlier SingletonJob of the same name ran a period that is still to come, with token 100.
     let spec = backstop_spec("db", &p, "  concurrencyPolicy: Allow\n");
@@ -276,18 +250,12 @@ async fn a_period_claimed_before_recreation_is_deduplicated_and_tokens_keep_incr
 #[tokio::test]
 async fn a_database_outage_starts_nothing_without_a_claim_and_loses_nothing() -> Result<()> {
     let mut env = Env::new("outage").await?;
-    let p = prefix(&env);
+    let p = table_prefix(&env);
     let url = e2e::database_url()?;
-    let target: std::net::SocketAddr = "127.0.0.1:35432".parse()?;
-    let port = url
-        .rsplit(':')
-        .next()
-        .and_then(|s| s.split('/').next())
-        .and_then(|s| s.parse::<u16>().ok())
-        .unwrap_or(target.port());
+    let port = e2e::database_port()?;
     let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
     let via_proxy = url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port));
-    secret(&env, "db", &via_proxy, true).await?;
+    backstop_secret(&env, "db", &via_proxy, true).await?;
     env.start_controller(&[]).await?;
     let spec = backstop_spec(
         "db",
@@ -410,22 +378,14 @@ async fn a_database_outage_starts_nothing_without_a_claim_and_loses_nothing() ->
     Ok(())
 }
 
-/// Jobs of this SingletonJob never get a node, so runs stay active.
-fn stuck(yaml: String) -> String {
-    yaml.replace(
-        "          restartPolicy: Never\n",
-        "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
-    )
-}
-
 #[tokio::test]
 async fn replace_fences_the_old_run_in_the_database_before_deleting_it() -> Result<()> {
     let mut env = Env::new("replace-fence").await?;
-    let p = prefix(&env);
-    secret(&env, "db", &e2e::database_url()?, true).await?;
+    let p = table_prefix(&env);
+    backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
     env.start_controller(&[]).await?;
     let spec = backstop_spec("db", &p, "  concurrencyPolicy: Replace\n");
-    env.create_sj(&stuck(sj_yaml("r", "*/2 * * * * *", &spec)))
+    env.create_sj(&never_scheduled(sj_yaml("r", "*/2 * * * * *", &spec)))
         .await?;
     let replaced = env
         .wait_for("a run Replaced", Duration::from_secs(40), || async {
@@ -459,9 +419,9 @@ async fn replace_fences_the_old_run_in_the_database_before_deleting_it() -> Resu
 async fn efficiency_runs_without_the_backstop_and_says_so() -> Result<()> {
     let mut env = Env::new("efficiency").await?;
     // An unlabelled Secret: the backstop is unusable.
-    secret(&env, "db", &e2e::database_url()?, false).await?;
+    backstop_secret(&env, "db", &e2e::database_url()?, false).await?;
     env.start_controller(&[]).await?;
-    let spec = backstop_spec("db", &prefix(&env), "  lock: {purpose: Efficiency}\n");
+    let spec = backstop_spec("db", &table_prefix(&env), "  lock: {purpose: Efficiency}\n");
     env.create_sj(&sj_yaml("e", "*/2 * * * * *", &spec)).await?;
     env.wait_for(
         "a run recorded with BackstopSkipped",
@@ -493,15 +453,10 @@ async fn efficiency_runs_without_the_backstop_and_says_so() -> Result<()> {
 async fn a_hung_database_does_not_stall_other_singletonjobs() -> Result<()> {
     let mut env = Env::new("hung").await?;
     let url = e2e::database_url()?;
-    let port: u16 = url
-        .rsplit(':')
-        .next()
-        .and_then(|s| s.split('/').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(35432);
+    let port = e2e::database_port()?;
     let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
     proxy.stall(); // accepts, never answers
-    secret(
+    backstop_secret(
         &env,
         "db",
         &url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port)),
@@ -512,7 +467,7 @@ async fn a_hung_database_does_not_stall_other_singletonjobs() -> Result<()> {
     env.create_sj(&sj_yaml(
         "slow",
         "*/2 * * * * *",
-        &backstop_spec("db", &prefix(&env), ""),
+        &backstop_spec("db", &table_prefix(&env), ""),
     ))
     .await?;
     env.create_sj(&sj_yaml("fine", "*/2 * * * * *", "")).await?;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::{Env, pg, sj_yaml};
-use k8s_openapi::api::core::v1::{Event, Secret};
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
 
 /// Reasons of the Events about objects of `kind` in the test namespace.
 async fn reasons(env: &Env, kind: &str) -> Result<Vec<String>> {
@@ -60,18 +60,10 @@ async fn leader_changes_are_events_on_the_lease() -> Result<()> {
 #[tokio::test]
 async fn a_stale_write_refused_by_the_fence_is_an_event_on_the_singletonjob() -> Result<()> {
     let mut env = Env::new("ev-fence").await?;
-    let prefix = format!("e2e_{}_", env.ns.rsplit('-').next().unwrap_or("x"));
-    let mut s = Secret::default();
-    s.metadata.name = Some("db".into());
-    s.metadata.labels = Some([("singleton.dev/backstop".to_string(), "true".to_string())].into());
-    s.string_data = Some([("url".to_string(), e2e::database_url()?)].into());
-    Api::<Secret>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &s)
-        .await?;
+    let prefix = e2e::table_prefix(&env);
+    e2e::backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
     env.start_controller(&[]).await?;
-    let spec = format!(
-        "  backstop:\n    postgres:\n      secretRef: {{name: db}}\n      tablePrefix: {prefix}\n"
-    );
+    let spec = e2e::backstop_spec("db", &prefix, "");
     env.create_sj(&sj_yaml("f", "*/2 * * * * *", &spec)).await?;
     env.wait_for("two runs", Duration::from_secs(30), || async {
         let s = env.get_sj("f").await?.status.unwrap_or_default();

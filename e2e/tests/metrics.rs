@@ -5,32 +5,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::{Env, Proxy, ensure, http_get, metric, pg, sj_yaml};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
-
-/// A labelled (opted-in) backstop Secret pointing at `url`.
-async fn secret(env: &Env, name: &str, url: &str) -> Result<()> {
-    let mut s = Secret::default();
-    s.metadata.name = Some(name.into());
-    s.metadata.labels = Some([("singleton.dev/backstop".to_string(), "true".to_string())].into());
-    s.string_data = Some([("url".to_string(), url.to_string())].into());
-    Api::<Secret>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &s)
-        .await?;
-    Ok(())
-}
-
-/// A table prefix of this test's own, so parallel tests never share claims, fences or counts.
-fn prefix(env: &Env) -> String {
-    format!("e2e_{}_", env.ns.rsplit('-').next().unwrap_or("x"))
-}
-
-fn backstop_spec(secret: &str, prefix: &str, extra: &str) -> String {
-    format!(
-        "  backstop:\n    postgres:\n      secretRef: {{name: {secret}}}\n      tablePrefix: {prefix}\n{extra}"
-    )
-}
+use e2e::{
+    Env, Proxy, backstop_secret, backstop_spec, ensure, http_get, metric, pg, sj_yaml, table_prefix,
+};
 
 #[tokio::test]
 async fn a_run_moves_runs_started_tokens_issued_and_the_skew_histogram() -> Result<()> {
@@ -160,8 +137,8 @@ async fn a_failover_makes_the_survivor_leader_and_moves_its_transitions() -> Res
 #[tokio::test]
 async fn a_stale_token_refused_by_a_workload_is_exported() -> Result<()> {
     let mut env = Env::new("metrics-fence").await?;
-    let p = prefix(&env);
-    secret(&env, "db", &e2e::database_url()?).await?;
+    let p = table_prefix(&env);
+    backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
     let c = env.start_controller(&[]).await?;
     env.create_sj(&sj_yaml("f", "*/2 * * * * *", &backstop_spec("db", &p, "")))
         .await?;
@@ -230,17 +207,12 @@ async fn a_stale_token_refused_by_a_workload_is_exported() -> Result<()> {
 #[tokio::test]
 async fn a_database_outage_moves_backstop_errors_and_missed_periods() -> Result<()> {
     let mut env = Env::new("metrics-outage").await?;
-    let p = prefix(&env);
+    let p = table_prefix(&env);
     let url = e2e::database_url()?;
-    let port = url
-        .rsplit(':')
-        .next()
-        .and_then(|s| s.split('/').next())
-        .and_then(|s| s.parse::<u16>().ok())
-        .unwrap_or(35432);
+    let port = e2e::database_port()?;
     let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
     let via_proxy = url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port));
-    secret(&env, "db", &via_proxy).await?;
+    backstop_secret(&env, "db", &via_proxy, true).await?;
     let c = env.start_controller(&[]).await?;
     let spec = backstop_spec(
         "db",

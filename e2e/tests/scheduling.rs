@@ -14,14 +14,9 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use singleton::api::{Outcome, RunRef, SingletonJob};
 
-const STUCK: &str = "  # (jobs of this SingletonJob never get a node)\n";
-
-/// A SingletonJob whose Jobs never finish.
+/// A SingletonJob whose Jobs never finish (their pods never get a node).
 fn stuck_yaml(name: &str, schedule: &str, extra_spec: &str) -> String {
-    sj_yaml(name, schedule, &format!("{STUCK}{extra_spec}")).replace(
-        "          restartPolicy: Never\n",
-        "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
-    )
+    e2e::never_scheduled(sj_yaml(name, schedule, extra_spec))
 }
 
 fn periods(jobs: &[k8s_openapi::api::batch::v1::Job]) -> Vec<Timestamp> {
