@@ -1,5 +1,6 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
+use singleton::plugin::{self, Conn, Output, PluginError};
 use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule, preview};
 
 #[derive(Parser, Debug)]
@@ -38,6 +39,54 @@ enum Cmd {
         #[arg(long, default_value = "First", value_parser = parse_fold)]
         fold: FoldPolicy,
     },
+    /// List SingletonJobs: schedule, suspension, active runs, last result, next run, token.
+    List {
+        #[command(flatten)]
+        ns: Namespace,
+        /// List SingletonJobs of all namespaces.
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
+        /// Output format: json or yaml (default: a table).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: Output,
+    },
+    /// Show a SingletonJob: spec summary, conditions, active runs, next times, recent history.
+    Status {
+        name: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Output format: json or yaml (default: a summary).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: Output,
+    },
+    /// Show every recorded period of a SingletonJob with its outcome, reason, Job and token.
+    History {
+        name: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Output format: json or yaml (default: a table).
+        #[arg(short = 'o', long, default_value = "table")]
+        output: Output,
+    },
+    /// Stop new runs (sets spec.suspend=true); active runs continue.
+    Suspend {
+        name: String,
+        #[command(flatten)]
+        ns: Namespace,
+    },
+    /// Let runs start again (sets spec.suspend=false).
+    Resume {
+        name: String,
+        #[command(flatten)]
+        ns: Namespace,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct Namespace {
+    /// Namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long)]
+    namespace: Option<String>,
 }
 
 fn parse_gap(s: &str) -> Result<GapPolicy, String> {
@@ -79,5 +128,67 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(2)
             }
         },
+        cmd => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: starting the async runtime: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(cluster(cmd)) {
+                Ok(text) => {
+                    print!("{text}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// The commands that talk to the API server; returns what to print.
+async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
+    let conn = Conn::infer().await?;
+    let ns = |n: Namespace| {
+        n.namespace
+            .unwrap_or_else(|| conn.default_namespace.clone())
+    };
+    let now = jiff::Timestamp::now();
+    match cmd {
+        Cmd::Schedule { .. } => Ok(String::new()),
+        Cmd::List {
+            ns: n,
+            all_namespaces,
+            output,
+        } => {
+            let scope = (!all_namespaces).then(|| ns(n));
+            let sjs = conn.list(scope.as_deref()).await?;
+            plugin::format_list(&sjs, all_namespaces, output, now)
+        }
+        Cmd::Status {
+            name,
+            ns: n,
+            output,
+        } => {
+            let sj = conn.get(&ns(n), &name).await?;
+            plugin::format_status(&sj, output, now)
+        }
+        Cmd::History {
+            name,
+            ns: n,
+            output,
+        } => {
+            let sj = conn.get(&ns(n), &name).await?;
+            plugin::format_history(&sj, output)
+        }
+        Cmd::Suspend { name, ns: n } => conn.set_suspend(&ns(n), &name, true).await,
+        Cmd::Resume { name, ns: n } => conn.set_suspend(&ns(n), &name, false).await,
     }
 }
