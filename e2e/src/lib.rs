@@ -798,3 +798,13 @@ pub fn database_port() -> Result<u16> {
         .and_then(|s| s.parse().ok())
         .with_context(|| "DATABASE_URL has no port".to_string())
 }
+
+/// The test PostgreSQL behind a test-owned [`Proxy`], and an opted-in backstop Secret `name`
+/// pointing through it: cutting the proxy is a database outage for this test alone.
+pub async fn proxied_backstop_secret(env: &Env, name: &str) -> Result<Proxy> {
+    let port = database_port()?;
+    let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let url = database_url()?.replace(&format!(":{port}/"), &format!(":{}/", proxy.port));
+    backstop_secret(env, name, &url, true).await?;
+    Ok(proxy)
+}

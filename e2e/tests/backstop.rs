@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::{
-    Env, Proxy, backstop_secret, backstop_spec, ensure, never_scheduled, pg, sj_yaml, table_prefix,
+    Env, backstop_secret, backstop_spec, ensure, never_scheduled, pg, sj_yaml, table_prefix,
 };
 use jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
@@ -251,11 +251,7 @@ async fn a_period_claimed_before_recreation_is_deduplicated_and_tokens_keep_incr
 async fn a_database_outage_starts_nothing_without_a_claim_and_loses_nothing() -> Result<()> {
     let mut env = Env::new("outage").await?;
     let p = table_prefix(&env);
-    let url = e2e::database_url()?;
-    let port = e2e::database_port()?;
-    let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
-    let via_proxy = url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port));
-    backstop_secret(&env, "db", &via_proxy, true).await?;
+    let proxy = e2e::proxied_backstop_secret(&env, "db").await?;
     env.start_controller(&[]).await?;
     let spec = backstop_spec(
         "db",
@@ -452,17 +448,8 @@ async fn efficiency_runs_without_the_backstop_and_says_so() -> Result<()> {
 #[tokio::test]
 async fn a_hung_database_does_not_stall_other_singletonjobs() -> Result<()> {
     let mut env = Env::new("hung").await?;
-    let url = e2e::database_url()?;
-    let port = e2e::database_port()?;
-    let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let proxy = e2e::proxied_backstop_secret(&env, "db").await?;
     proxy.stall(); // accepts, never answers
-    backstop_secret(
-        &env,
-        "db",
-        &url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port)),
-        true,
-    )
-    .await?;
     env.start_controller(&[]).await?;
     env.create_sj(&sj_yaml(
         "slow",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::{
-    Env, Proxy, backstop_secret, backstop_spec, ensure, http_get, metric, pg, sj_yaml, table_prefix,
+    Env, backstop_secret, backstop_spec, ensure, http_get, metric, pg, sj_yaml, table_prefix,
 };
 
 #[tokio::test]
@@ -208,11 +208,7 @@ async fn a_stale_token_refused_by_a_workload_is_exported() -> Result<()> {
 async fn a_database_outage_moves_backstop_errors_and_missed_periods() -> Result<()> {
     let mut env = Env::new("metrics-outage").await?;
     let p = table_prefix(&env);
-    let url = e2e::database_url()?;
-    let port = e2e::database_port()?;
-    let proxy = Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await?;
-    let via_proxy = url.replace(&format!(":{port}/"), &format!(":{}/", proxy.port));
-    backstop_secret(&env, "db", &via_proxy, true).await?;
+    let proxy = e2e::proxied_backstop_secret(&env, "db").await?;
     let c = env.start_controller(&[]).await?;
     let spec = backstop_spec(
         "db",

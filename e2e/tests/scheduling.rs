@@ -322,7 +322,9 @@ async fn a_schedule_edit_never_fires_retroactively() -> Result<()> {
         },
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(5)).await; // periods of the new schedule would pile up here
+    // The scenario itself: time passes under the old schedule; an edit that counted from
+    // creation (kubernetes#63371) would now owe the new schedule's periods since then.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let edited = Timestamp::now();
     let patch = serde_json::json!({"spec": {"schedule": "*/2 * * * * *"}});
     env.sjs()
