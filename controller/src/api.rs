@@ -4,7 +4,7 @@
 //! user who runs `kubectl explain singletonjob.spec`.
 
 use k8s_openapi::api::batch::v1::JobTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -138,6 +138,16 @@ pub struct SingletonJobSpec {
     #[schemars(schema_with = "job_template_schema")]
     pub job_template: JobTemplate,
 }
+
+/// Annotation through which `kubectl singleton trigger` asks for a run now:
+/// `{"id": "...", "by": "..."}`.
+pub const ANNOTATION_TRIGGER: &str = "singleton.dev/trigger";
+/// Annotation through which `kubectl singleton backfill` asks for past periods:
+/// `{"id": "...", "by": "...", "from": "<RFC 3339>", "to": "<RFC 3339>"}`.
+pub const ANNOTATION_BACKFILL: &str = "singleton.dev/backfill";
+/// Annotation through which `kubectl singleton break-lock` asks to fence out every issued token:
+/// `{"id": "...", "by": "...", "reason": "..."}`.
+pub const ANNOTATION_BREAK_LOCK: &str = "singleton.dev/break-lock";
 
 /// A batch/v1 JobTemplateSpec, kept as the user wrote it. The API server stores it without a
 /// schema, so a wrongly typed field inside it must not make the whole SingletonJob undecodable:
@@ -329,14 +339,123 @@ pub struct SingletonJobStatus {
     /// The most recent periods, newest first, with their outcome (bounded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+
+    /// What became of the latest operation of each kind asked for through the annotations
+    /// `singleton.dev/trigger`, `singleton.dev/backfill` and `singleton.dev/break-lock` (which
+    /// `kubectl singleton trigger|backfill|break-lock` set).
+    #[serde(default, skip_serializing_if = "Operations::is_empty")]
+    pub operations: Operations,
+}
+
+/// The latest operation of each kind. A request whose `id` equals the one recorded here has been
+/// handled and is never acted on again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Operations {
+    /// The latest manual run (`kubectl singleton trigger`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<OperationStatus>,
+    /// The latest backfill of past periods (`kubectl singleton backfill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<OperationStatus>,
+    /// The latest broken lock (`kubectl singleton break-lock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub break_lock: Option<OperationStatus>,
+}
+
+impl Operations {
+    pub fn is_empty(&self) -> bool {
+        self.trigger.is_none() && self.backfill.is_none() && self.break_lock.is_none()
+    }
+}
+
+/// One operation asked for by a user, and how far the controller got with it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationStatus {
+    /// The request's id, as written in its annotation.
+    pub id: String,
+    /// Pending (accepted, waiting to start), Running (a backfill in progress), Done or Rejected.
+    pub phase: OperationPhase,
+    /// Who asked, as the requester's client reported it (`kubectl singleton` writes the
+    /// authenticated user name from a SelfSubjectReview).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Why, as the requester wrote it (required for break-lock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What happened, for humans.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Backfill: the first period of the range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Time>,
+    /// Backfill: the last period of the range (inclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Time>,
+    /// Backfill: every period of the range before this instant has been considered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Time>,
+    /// Backfill: runs started; trigger: 1 once its run started.
+    #[serde(default)]
+    #[schemars(schema_with = "token_schema")]
+    pub started: u64,
+    /// Backfill: periods of the range that had run before (the backstop holds their claim).
+    #[serde(default)]
+    #[schemars(schema_with = "token_schema")]
+    pub already_run: u64,
+    /// Trigger: the run's Job; break-lock: unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// Trigger: the run's token; break-lock: the token the fence was raised to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_token_schema")]
+    pub token: Option<u64>,
+    /// When the controller last changed this record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<Time>,
+}
+
+/// Progress of an operation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OperationPhase {
+    /// Accepted; waits for an active run to finish (or for the clock or backstop).
+    #[default]
+    Pending,
+    /// A backfill with periods still to start.
+    Running,
+    /// Finished: the run started, the backfill went through its range, the lock was broken.
+    Done,
+    /// Not carried out; `message` says why.
+    Rejected,
+}
+
+/// How a run came about, when not by the schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RunOrigin {
+    /// `kubectl singleton trigger`: a manual period at the time of its claim.
+    Trigger,
+    /// `kubectl singleton backfill`: a past scheduled period that had not run.
+    Backfill,
+}
+
+impl RunOrigin {
+    /// The reason recorded with the run's history entry.
+    pub fn reason(self) -> &'static str {
+        match self {
+            RunOrigin::Trigger => "Triggered",
+            RunOrigin::Backfill => "Backfill",
+        }
+    }
 }
 
 /// One run: its period, token and Job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunRef {
-    /// The scheduled instant this run is for.
-    pub period: Time,
+    /// The scheduled instant this run is for (a manual run's carries microseconds: it names the
+    /// run's Job and backstop claim, so it is kept exactly).
+    pub period: MicroTime,
     /// The fencing token issued to this run.
     #[schemars(schema_with = "token_schema")]
     pub token: u64,
@@ -349,6 +468,9 @@ pub struct RunRef {
     /// under the same name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_uid: Option<String>,
+    /// Trigger or Backfill for a run asked for by a user; unset for a scheduled run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<RunOrigin>,
 }
 
 /// What happened to a period.
@@ -376,8 +498,8 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
-    /// The scheduled instant (the first of a folded range).
-    pub period: Time,
+    /// The scheduled instant (the first of a folded range); a manual run's, with microseconds.
+    pub period: MicroTime,
     /// The last scheduled instant of a folded range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_period: Option<Time>,

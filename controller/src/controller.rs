@@ -16,10 +16,14 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
-use crate::api::{HistoryEntry, LockPurpose, Outcome, RunRef, SingletonJob};
+use crate::api::{
+    ConcurrencyPolicy, HistoryEntry, LockPurpose, OperationPhase, Outcome, RunOrigin, RunRef,
+    SingletonJob,
+};
 use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
 use crate::clock::ClockState;
 use crate::decide::{self, JobState, Observed, Waiting};
+use crate::ops::{self, Kind};
 use crate::run::Db;
 use crate::schedule::Schedule;
 use crate::{Error, Result, conditions, naming, run};
@@ -98,12 +102,13 @@ impl Gate {
 
 /// Events for humans, one per state change they care about.
 pub struct Events {
-    recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
 }
 
 impl Events {
-    pub fn new(recorder: Recorder) -> Self {
-        Events { recorder }
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Events { client, reporter }
     }
 
     pub async fn publish(
@@ -121,7 +126,12 @@ impl Events {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &sj.object_ref(&())).await {
+        // A Recorder per Event: kube's Recorder folds Events with the same reason into one
+        // series keeping the first note, which would show the first run's Job and token, or the
+        // first break-lock's who and why, for every later one. Ours differ in their notes and
+        // are rate-limited by the state changes that cause them.
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        if let Err(e) = recorder.publish(&ev, &sj.object_ref(&())).await {
             tracing::warn!(sj = %sj.key(), error = %e, "could not publish event");
         }
     }
@@ -299,6 +309,11 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         tracing::Instrument::instrument(run::complete_claim(&ctx, &sj, claim, &[], &db), span)
             .await?;
         return Ok(Action::requeue(Duration::ZERO));
+    }
+
+    // A broken lock goes before any new run: it is asked for because a holder is stuck.
+    if let Some(req) = ops::pending(&sj, Kind::BreakLock) {
+        return break_lock(&ctx, &sj, req, &db).await;
     }
 
     status.observed_generation = generation;
@@ -564,9 +579,51 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     };
     conditions::set(conds, conditions::READY, ready, why, "", generation, now);
 
+    // Operations users asked for (trigger, backfill) come after the schedule's own run.
+    let mut notes = Vec::new();
+    let manual = match plan.start {
+        Some(_) => None,
+        None => {
+            let gates = ManualGates {
+                blocked,
+                template: &template,
+                active: &plan.still_active,
+            };
+            next_operation(
+                &sj,
+                &mut status,
+                &schedule,
+                &plan,
+                &gates,
+                &db,
+                now,
+                &mut notes,
+            )
+            .await?
+        }
+    };
+
+    // Who asked for the manual run, for its Event; whether an operation goes on after this.
+    let requested_by = manual.and_then(|(_, origin)| {
+        let kind = match origin {
+            RunOrigin::Trigger => Kind::Trigger,
+            RunOrigin::Backfill => Kind::Backfill,
+        };
+        kind.slot(&status.operations)
+            .and_then(|o| o.requested_by.clone())
+    });
+    let ops_going_on = ops::in_progress(&status.operations);
+
     // Act.
+    let mut started_manual = None;
     if let Some(period) = plan.start {
-        run::start(&ctx, &sj, status, period, &plan.replace, &db).await?;
+        let why = run::Why::Scheduled {
+            replace: &plan.replace,
+        };
+        run::start(&ctx, &sj, status, period, why, &db).await?;
+    } else if let Some((period, origin)) = manual {
+        let claim = run::start(&ctx, &sj, status, period, run::Why::Manual(origin), &db).await?;
+        started_manual = Some((origin, claim));
     } else if sj.status.as_ref() != Some(&status) {
         run::write_status(&ctx, &sj, status.clone()).await?;
     }
@@ -574,13 +631,286 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         ctx.events.recorded(&sj, e).await;
         crate::metrics::global().recorded(&sj, e);
     }
+    for (type_, reason, note) in notes {
+        ctx.events
+            .publish(&sj, type_, reason, "Operate", note)
+            .await;
+    }
+    if let Some((origin, claim)) = &started_manual {
+        let op = match origin {
+            RunOrigin::Trigger => Kind::Trigger,
+            RunOrigin::Backfill => Kind::Backfill,
+        };
+        let by = requested_by.as_deref().unwrap_or("unknown");
+        let note = format!(
+            "{} requested by {by}: Job {} for period {} with fencing token {}",
+            op.command(),
+            claim.job_name,
+            naming::period_rfc3339(claim.period.0),
+            claim.token
+        );
+        let reason = match origin {
+            RunOrigin::Trigger => "RunTriggered",
+            RunOrigin::Backfill => "BackfillRunStarted",
+        };
+        ctx.events
+            .publish(&sj, EventType::Normal, reason, "Operate", note)
+            .await;
+    }
 
     prune_jobs(&ctx, &sj).await?;
 
-    Ok(match plan.wake_at {
-        Some(at) => Action::requeue(until(now, at)),
-        None => Action::await_change(),
+    // A manual run just started: look again at once (a backfill goes on, or waits for it).
+    // An operation waiting on the clock or the backstop is looked at again shortly; one waiting
+    // for a run to finish is woken by that Job's change as well.
+    let wake = plan.wake_at.map(|at| until(now, at));
+    let operating = if started_manual.is_some() {
+        Some(Duration::ZERO)
+    } else {
+        ops_going_on.then_some(OPERATION_RETRY)
+    };
+    Ok(match (wake, operating) {
+        (Some(a), Some(b)) => Action::requeue(a.min(b)),
+        (a, b) => a.or(b).map_or_else(Action::await_change, Action::requeue),
     })
+}
+
+/// How soon an operation that waits (clock, backstop, a running Job) is looked at again.
+const OPERATION_RETRY: Duration = Duration::from_secs(2);
+
+/// What stands in the way of a manual run.
+struct ManualGates<'a> {
+    blocked: Option<Waiting>,
+    template: &'a std::result::Result<(), String>,
+    /// Runs still active after this reconcile's plan.
+    active: &'a [RunRef],
+}
+
+impl ManualGates<'_> {
+    /// Why a manual run cannot start now, if so. Manual runs never replace a run and never
+    /// overlap one unless concurrencyPolicy is Allow.
+    fn waiting(&self, sj: &SingletonJob) -> Option<String> {
+        match self.blocked {
+            Some(Waiting::ClockUntrusted) => {
+                return Some("waiting for the local clock to agree with the API server's".into());
+            }
+            Some(Waiting::BackstopUnavailable) => {
+                return Some("waiting for the backstop database to answer".into());
+            }
+            _ => {}
+        }
+        if !self.active.is_empty() && sj.spec.concurrency_policy != ConcurrencyPolicy::Allow {
+            let names: Vec<&str> = self.active.iter().map(|r| r.job_name.as_str()).collect();
+            return Some(format!(
+                "waiting for the active run {} to finish (a manual run never overlaps or replaces one unless concurrencyPolicy is Allow)",
+                names.join(", ")
+            ));
+        }
+        None
+    }
+}
+
+/// The next step of a trigger or backfill: records acceptance, rejection and progress in
+/// `status.operations` and, when a run is to start now, returns its period (to be claimed through
+/// [`run::start`], whose claim write also marks the step done). Events to publish after the write
+/// go to `notes`.
+#[allow(clippy::too_many_arguments)]
+async fn next_operation(
+    sj: &SingletonJob,
+    status: &mut crate::api::SingletonJobStatus,
+    schedule: &Schedule,
+    plan: &decide::Plan,
+    gates: &ManualGates<'_>,
+    db: &Db,
+    now: Timestamp,
+    notes: &mut Vec<(EventType, &'static str, String)>,
+) -> Result<Option<(Timestamp, RunOrigin)>> {
+    let reject = |status: &mut crate::api::SingletonJobStatus,
+                  kind: Kind,
+                  id: &str,
+                  req: Option<&ops::Request>,
+                  message: String,
+                  notes: &mut Vec<(EventType, &'static str, String)>| {
+        notes.push((
+            EventType::Warning,
+            "OperationRejected",
+            format!("{} {id} rejected: {message}", kind.command()),
+        ));
+        *kind.slot_mut(&mut status.operations) = Some(ops::rejected(id, req, message, now));
+    };
+
+    // Trigger: one run now, as a manual period with its own token.
+    if let Some(req) = ops::pending(sj, Kind::Trigger) {
+        match req {
+            Err(bad) => reject(status, Kind::Trigger, &bad.id, None, bad.message, notes),
+            Ok(req) => {
+                if let Err(msg) = gates.template {
+                    let why = format!("the API server rejects the Job template: {msg}");
+                    reject(status, Kind::Trigger, &req.id, Some(&req), why, notes);
+                } else if let Some(why) = gates.waiting(sj) {
+                    let mut op = ops::accepted(&req, now);
+                    op.message = why;
+                    ops::set(&mut status.operations.trigger, op);
+                } else {
+                    status.operations.trigger = Some(ops::accepted(&req, now));
+                    return Ok(Some((naming::manual_period(now), RunOrigin::Trigger)));
+                }
+            }
+        }
+    }
+
+    // Backfill: a new request is checked and its range fixed once...
+    if let Some(req) = ops::pending(sj, Kind::Backfill) {
+        let req = match req {
+            Err(bad) => {
+                reject(status, Kind::Backfill, &bad.id, None, bad.message, notes);
+                return Ok(None);
+            }
+            Ok(req) => req,
+        };
+        let decided = plan.decided_through.unwrap_or(now);
+        let range = match (db, gates.template, req.from.zip(req.to)) {
+            (Db::NotConfigured, _, _) => Err(
+                "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran, so without it a backfill could run a period twice"
+                    .to_string(),
+            ),
+            (_, Err(msg), _) => Err(format!("the API server rejects the Job template: {msg}")),
+            (_, _, Some((from, to))) => ops::backfill_range(schedule, from, to, decided),
+            (_, _, None) => Err("backfill needs from and to".into()),
+        };
+        match range {
+            Err(why) => {
+                reject(status, Kind::Backfill, &req.id, Some(&req), why, notes);
+                return Ok(None);
+            }
+            Ok((first, last, count)) => {
+                let mut op = ops::accepted(&req, now);
+                op.phase = OperationPhase::Running;
+                op.from = Some(first.into());
+                op.to = Some(last.into());
+                op.next = Some(first.into());
+                op.message = format!(
+                    "backfilling {count} period(s) from {} to {}",
+                    naming::period_rfc3339(first),
+                    naming::period_rfc3339(last)
+                );
+                notes.push((
+                    EventType::Normal,
+                    "BackfillAccepted",
+                    format!(
+                        "backfill requested by {}: {}",
+                        req.by.as_deref().unwrap_or("unknown"),
+                        op.message
+                    ),
+                ));
+                status.operations.backfill = Some(op);
+            }
+        }
+    }
+
+    // ...then walked a period at a time: one that ran before (its claim is in the backstop) is
+    // counted and passed; the first that did not is started, once it may.
+    let Some(mut op) = status
+        .operations
+        .backfill
+        .clone()
+        .filter(|o| matches!(o.phase, OperationPhase::Pending | OperationPhase::Running))
+    else {
+        return Ok(None);
+    };
+    let backstop = match db {
+        Db::Ready(b) => b.clone(),
+        Db::Unavailable(why) => {
+            op.message = format!("waiting for the backstop database: {why}");
+            ops::set(&mut status.operations.backfill, op);
+            return Ok(None);
+        }
+        Db::NotConfigured => {
+            let why = "spec.backstop was removed while the backfill ran".to_string();
+            let id = op.id.clone();
+            reject(status, Kind::Backfill, &id, None, why, notes);
+            return Ok(None);
+        }
+    };
+    // Bounded, so a long run of periods that ran before spreads over several reconciles.
+    for _ in 0..BACKFILL_CHECKS_PER_RECONCILE {
+        let Some(period) = ops::backfill_next(schedule, &op) else {
+            op.phase = OperationPhase::Done;
+            op.message = format!(
+                "done: started {} run(s); {} period(s) had run before",
+                op.started, op.already_run
+            );
+            notes.push((EventType::Normal, "BackfillDone", op.message.clone()));
+            ops::set(&mut status.operations.backfill, op);
+            return Ok(None);
+        };
+        if backstop.claimed(&sj.key(), period).await?.is_some() {
+            op.already_run += 1;
+            op.next = Some(ops::after(period).into());
+            continue;
+        }
+        if let Some(why) = gates.waiting(sj) {
+            op.message = why;
+            ops::set(&mut status.operations.backfill, op);
+            return Ok(None);
+        }
+        ops::set(&mut status.operations.backfill, op);
+        return Ok(Some((period, RunOrigin::Backfill)));
+    }
+    ops::set(&mut status.operations.backfill, op);
+    Ok(None)
+}
+
+/// Periods a backfill checks against the backstop in one reconcile.
+const BACKFILL_CHECKS_PER_RECONCILE: usize = 200;
+
+/// Handles a break-lock request (see [`run::break_lock`]).
+async fn break_lock(
+    ctx: &Context,
+    sj: &SingletonJob,
+    req: std::result::Result<ops::Request, ops::Invalid>,
+    db: &Db,
+) -> Result<Action> {
+    let now = Timestamp::now();
+    let req = match req {
+        Ok(req) => req,
+        Err(bad) => {
+            let mut status = sj.status.clone().unwrap_or_default();
+            status.operations.break_lock =
+                Some(ops::rejected(&bad.id, None, bad.message.clone(), now));
+            run::write_status(ctx, sj, status).await?;
+            let note = format!("break-lock {} rejected: {}", bad.id, bad.message);
+            ctx.events
+                .publish(sj, EventType::Warning, "OperationRejected", "Operate", note)
+                .await;
+            return Ok(Action::requeue(Duration::ZERO));
+        }
+    };
+    match run::break_lock(ctx, sj, ops::accepted(&req, now), db).await {
+        Ok(done) => {
+            let note = format!(
+                "lock broken by {}: {}; {}",
+                req.by.as_deref().unwrap_or("unknown"),
+                req.reason.as_deref().unwrap_or_default(),
+                done.message
+            );
+            ctx.events
+                .publish(sj, EventType::Warning, "LockBroken", "BreakLock", note)
+                .await;
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Err(Error::BackstopUnavailable(why)) => {
+            // Say so where the requester looks, and try again.
+            let mut status = sj.status.clone().unwrap_or_default();
+            let mut op = ops::accepted(&req, now);
+            op.message = format!("waiting for the backstop database to raise the fence: {why}");
+            if ops::set(&mut status.operations.break_lock, op) {
+                run::write_status(ctx, sj, status).await?;
+            }
+            Ok(Action::requeue(OPERATION_RETRY))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The SingletonJob's backstop, connected and checked (the schema is ensured on connect). Every
@@ -737,7 +1067,7 @@ pub async fn run(
     let gate_opened = gate.opened();
     let ctx = Arc::new(Context {
         client: client.clone(),
-        events: Events::new(Recorder::new(client.clone(), reporter)),
+        events: Events::new(client.clone(), reporter),
         jobs: reader,
         clock: clock_rx.clone(),
         gate,

@@ -96,6 +96,7 @@ pub mod reason {
     pub const BACKSTOP_UNAVAILABLE: &str = "BackstopUnavailable";
     pub const BACKSTOP_SKIPPED: &str = "BackstopSkipped";
     pub const DEDUPLICATED: &str = "AlreadyClaimed";
+    pub const LOCK_BROKEN: &str = "LockBroken";
 }
 
 /// Identifies what the cursor refers to: a change of any part re-anchors the schedule.

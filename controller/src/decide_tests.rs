@@ -49,6 +49,7 @@ fn run_ref(p: Timestamp) -> RunRef {
         job_name: format!("job-{}", p.as_second()),
         claimed_at: None,
         job_uid: None,
+        origin: None,
     }
 }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod lease;
 pub mod metrics;
 pub mod naming;
+pub mod ops;
 pub mod plugin;
 pub mod run;
 pub mod schedule;

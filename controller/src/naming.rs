@@ -26,7 +26,7 @@ pub const ENV_IDEMPOTENCY_KEY: &str = "SINGLETON_IDEMPOTENCY_KEY";
 /// Job names become the `job-name` label of pods, limited to 63 characters.
 const MAX_NAME: usize = 63;
 
-fn short_hash(s: &str, hex_len: usize) -> String {
+pub(crate) fn short_hash(s: &str, hex_len: usize) -> String {
     let digest = Sha256::digest(s.as_bytes());
     digest
         .iter()
@@ -58,20 +58,58 @@ pub fn job_label(sj_name: &str) -> String {
     }
 }
 
-/// Label-safe compact period: `20270328T010000Z`.
+/// Label-safe compact period: `20270328T010000Z` (a manual period: `20270328T010000.123456Z`).
 pub fn period_label(period: Timestamp) -> String {
-    period.strftime("%Y%m%dT%H%M%SZ").to_string()
+    if is_manual(period) {
+        period.strftime("%Y%m%dT%H%M%S%.6fZ").to_string()
+    } else {
+        period.strftime("%Y%m%dT%H%M%SZ").to_string()
+    }
 }
 
-/// RFC 3339 UTC with seconds, the value of SINGLETON_PERIOD.
+/// RFC 3339 UTC with seconds, the value of SINGLETON_PERIOD; a manual period (see
+/// [`manual_period`]) carries its microseconds.
 pub fn period_rfc3339(period: Timestamp) -> String {
-    period.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    if is_manual(period) {
+        period.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    } else {
+        period.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    }
 }
 
-/// The Job name for a period: `<name>-<unix seconds>`, with the name shortened and a hash of the
-/// full name added when the result would exceed 63 characters.
+/// The period of a manual run (`kubectl singleton trigger`) claimed at `now`: `now` at
+/// microsecond precision (what the backstop stores), never on a whole second. Cron has whole
+/// seconds only, so a manual period can never be one of the schedule's: its claim, Job name and
+/// idempotency key never collide with a scheduled run's, however the two fall.
+pub fn manual_period(now: Timestamp) -> Timestamp {
+    let micros = now.as_microsecond();
+    let micros = if micros % 1_000_000 == 0 {
+        micros + 1
+    } else {
+        micros
+    };
+    // In range: `now` was, and moving by one microsecond off a whole second stays within a second.
+    Timestamp::from_microsecond(micros).unwrap_or(now)
+}
+
+/// Whether `period` is a manual one (not on a whole second).
+pub fn is_manual(period: Timestamp) -> bool {
+    period.subsec_nanosecond() != 0
+}
+
+/// The Job name for a period: `<name>-<unix seconds>` (a manual period:
+/// `<name>-<unix seconds>-<microseconds>`), with the name shortened and a hash of the full name
+/// added when the result would exceed 63 characters.
 pub fn job_name(sj_name: &str, period: Timestamp) -> String {
-    let suffix = period.as_second().to_string();
+    let suffix = if is_manual(period) {
+        format!(
+            "{}-{:06}",
+            period.as_second(),
+            period.subsec_microsecond().unsigned_abs()
+        )
+    } else {
+        period.as_second().to_string()
+    };
     let full = format!("{sj_name}-{suffix}");
     if full.len() <= MAX_NAME {
         return full;
@@ -193,5 +231,29 @@ mod tests {
         assert_eq!(period_rfc3339(p), "2027-03-28T01:00:00Z");
         assert_eq!(idempotency_key("ns/a", p).len(), 64);
         assert_ne!(idempotency_key("ns/a", p), idempotency_key("ns/b", p));
+    }
+
+    #[test]
+    fn manual_periods_never_fall_on_a_scheduled_instant() {
+        let whole: Timestamp = "2027-03-28T01:00:00Z".parse().unwrap();
+        // Claimed exactly on a whole second: moved off it by a microsecond.
+        let m = manual_period(whole);
+        assert!(is_manual(m) && !is_manual(whole));
+        assert_eq!(m, whole + jiff::SignedDuration::from_micros(1));
+        // Finer than the backstop's microseconds: truncated, so the stored claim is exact.
+        let fine: Timestamp = "2027-03-28T01:00:00.123456789Z".parse().unwrap();
+        let m = manual_period(fine);
+        assert_eq!(period_rfc3339(m), "2027-03-28T01:00:00.123456Z");
+        assert_eq!(period_label(m), "20270328T010000.123456Z");
+        assert_eq!(job_name("hello", m), "hello-1806195600-123456");
+        assert_ne!(job_name("hello", m), job_name("hello", whole));
+        assert_ne!(
+            idempotency_key("ns/a", m),
+            idempotency_key("ns/a", whole),
+            "a manual run is not the scheduled period's retry"
+        );
+        let long = "a".repeat(253);
+        let n = job_name(&long, m);
+        assert!(n.len() <= 63 && n.ends_with("-1806195600-123456"), "{n}");
     }
 }

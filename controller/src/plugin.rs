@@ -1,14 +1,17 @@
-//! `kubectl singleton list|status|history|suspend|resume`: the plugin's commands against the API
-//! server, and the pure rendering of SingletonJobs to text (tested without a cluster).
+//! `kubectl singleton list|status|history|suspend|resume|trigger|backfill|break-lock`: the plugin's
+//! commands against the API server, and the pure rendering of SingletonJobs to text (tested
+//! without a cluster). The operations (trigger, backfill, break-lock) only ask: they write a
+//! request annotation and wait for the controller to record what it did (see [`crate::ops`]).
 
 use std::fmt::Write as _;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
-use crate::api::{HistoryEntry, Outcome, SingletonJob};
+use crate::api::{HistoryEntry, OperationPhase, OperationStatus, Outcome, SingletonJob};
+use crate::ops::{self, Kind, Request};
 
 /// The resource as kubectl and RBAC name it.
 const RESOURCE: &str = "singletonjobs.singleton.dev";
@@ -62,6 +65,19 @@ pub enum PluginError {
     Kube(#[source] kube::Error),
     #[error("encoding output: {0}")]
     Encode(String),
+    /// A request of the same kind is not finished; overwriting it would lose it.
+    #[error("{0}")]
+    Busy(String),
+    /// Nobody acted on the request in time.
+    #[error("{0}")]
+    NoController(String),
+    #[error("{command} rejected by the controller: {message}")]
+    Rejected {
+        command: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// A client and the namespace the kubeconfig's context selects.
@@ -185,6 +201,183 @@ impl Conn {
     }
 }
 
+/// How long an operation command waits, and for what.
+#[derive(Clone, Copy, Debug)]
+pub struct Wait {
+    /// Give up after this long.
+    pub timeout: std::time::Duration,
+    /// Backfill: wait until the whole range is done, not only until it is accepted.
+    pub until_done: bool,
+}
+
+impl Conn {
+    /// The authenticated user name, as the API server sees us (a SelfSubjectReview), for the
+    /// request's record. None if the cluster does not answer it.
+    pub async fn whoami(&self) -> Option<String> {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let api: Api<SelfSubjectReview> = Api::all(self.client.clone());
+        let review = api
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await
+            .ok()?;
+        review.status?.user_info?.username
+    }
+
+    /// Asks the controller for an operation: writes `req` into its annotation (guarded by the
+    /// object's resourceVersion, so a concurrent request is never overwritten unseen), then polls
+    /// `status.operations` until the controller records it. Returns the record.
+    pub async fn operate(
+        &self,
+        ns: &str,
+        name: &str,
+        kind: Kind,
+        req: Request,
+        wait: Wait,
+    ) -> Result<OperationStatus, PluginError> {
+        let api: Api<SingletonJob> = Api::namespaced(self.client.clone(), ns);
+        // A few tries: the controller writes the status all the time, which changes the
+        // resourceVersion the patch is guarded by.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let sj = self.get(ns, name).await?;
+            check_not_busy(&sj, kind)?;
+            if kind == Kind::Backfill && sj.spec.backstop.is_none() {
+                return Err(PluginError::Rejected {
+                    command: kind.command(),
+                    message: "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran".into(),
+                });
+            }
+            let value =
+                serde_json::to_string(&req).map_err(|e| PluginError::Encode(e.to_string()))?;
+            let patch = serde_json::json!({"metadata": {
+                "resourceVersion": sj.resource_version(),
+                "annotations": {kind.annotation(): value},
+            }});
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => break,
+                Err(kube::Error::Api(s)) if s.code == 409 && tries < 5 => continue,
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return Err(PluginError::NotFound {
+                        namespace: ns.into(),
+                        name: name.into(),
+                    });
+                }
+                Err(e) => return Err(self.err(e, "patch", Some(ns))),
+            }
+        }
+
+        let deadline = tokio::time::Instant::now() + wait.timeout;
+        let mut seen: Option<OperationStatus> = None;
+        loop {
+            let sj = self.get(ns, name).await?;
+            let op = sj
+                .status
+                .as_ref()
+                .and_then(|s| kind.slot(&s.operations))
+                .filter(|o| o.id == req.id)
+                .cloned();
+            if let Some(op) = &op {
+                let finished = match op.phase {
+                    OperationPhase::Done => true,
+                    OperationPhase::Rejected => {
+                        return Err(PluginError::Rejected {
+                            command: kind.command(),
+                            message: op.message.clone(),
+                        });
+                    }
+                    // A backfill under way has been accepted: enough unless asked to wait.
+                    OperationPhase::Running => !wait.until_done,
+                    OperationPhase::Pending => false,
+                };
+                if finished {
+                    return Ok(op.clone());
+                }
+            }
+            seen = op.or(seen);
+            if tokio::time::Instant::now() >= deadline {
+                return match seen {
+                    // Accepted and waiting (for a run to finish, the clock, the backstop): the
+                    // controller carries it out; say what it waits for.
+                    Some(op) => Ok(op),
+                    None => Err(PluginError::NoController(format!(
+                        "no controller acted on the {cmd} request within {secs}s: is singleton-controller running, and does it watch namespace {ns}? The request stays in annotation {key} and is carried out when a controller sees it; withdraw it with: kubectl annotate singletonjob {name} -n {ns} {key}-",
+                        cmd = kind.command(),
+                        secs = wait.timeout.as_secs(),
+                        key = kind.annotation(),
+                    ))),
+                };
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Refuses to overwrite a request of the same kind the controller has not finished with.
+fn check_not_busy(sj: &SingletonJob, kind: Kind) -> Result<(), PluginError> {
+    let ns = sj.namespace().unwrap_or_default();
+    let name = sj.name_any();
+    let busy = |id: String, state: String| {
+        PluginError::Busy(format!(
+            "a {cmd} request ({id}) on {ns}/{name} is not finished: {state}; wait for it (kubectl singleton status {name} -n {ns}) or withdraw it: kubectl annotate singletonjob {name} -n {ns} {key}-",
+            cmd = kind.command(),
+            key = kind.annotation(),
+        ))
+    };
+    let recorded = sj.status.as_ref().and_then(|s| kind.slot(&s.operations));
+    if let Some(Ok(req)) = ops::pending(sj, kind) {
+        let state = match recorded.filter(|o| o.id == req.id) {
+            Some(o) => format!("accepted, {}", o.message),
+            None => "not yet seen by a controller".into(),
+        };
+        return Err(busy(req.id, state));
+    }
+    if let Some(o) = recorded.filter(|o| o.phase == OperationPhase::Running) {
+        return Err(busy(o.id.clone(), format!("in progress, {}", o.message)));
+    }
+    Ok(())
+}
+
+/// A new request: its id is the time of asking, with microseconds.
+pub fn new_request(by: Option<String>, now: Timestamp) -> Request {
+    Request {
+        id: crate::naming::period_rfc3339(crate::naming::manual_period(now)),
+        by,
+        ..Request::default()
+    }
+}
+
+/// What an operation command prints: one line for humans, or the record.
+pub fn format_operation(
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    op: &OperationStatus,
+    output: Output,
+) -> Result<String, PluginError> {
+    if output != Output::Table {
+        return encode(op, output);
+    }
+    let head = match (kind, op.phase) {
+        (Kind::Trigger, OperationPhase::Done) => format!("singletonjob {ns}/{name} triggered"),
+        (Kind::BreakLock, OperationPhase::Done) => format!("singletonjob {ns}/{name}: lock broken"),
+        (Kind::Backfill, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name}: backfill done")
+        }
+        (Kind::Backfill, OperationPhase::Running) => {
+            format!("singletonjob {ns}/{name}: backfill accepted")
+        }
+        (_, _) => format!(
+            "singletonjob {ns}/{name}: {} accepted, not done yet",
+            kind.command()
+        ),
+    };
+    Ok(format!("{head}: {} (request {})\n", op.message, op.id))
+}
+
 /// An error and its sources, outermost first ("client error (Connect): Connection refused").
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -301,6 +494,11 @@ pub fn age(then: Timestamp, now: Timestamp) -> String {
 
 fn ts(t: &Time) -> String {
     t.0.to_string()
+}
+
+/// A period: seconds for a scheduled one, microseconds for a manual one.
+fn period(t: &MicroTime) -> String {
+    crate::naming::period_rfc3339(t.0)
 }
 
 fn opt_ts(t: Option<&Time>) -> String {
@@ -453,7 +651,7 @@ pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
         let rows: Vec<Vec<String>> = st
             .active
             .iter()
-            .map(|r| vec![r.job_name.clone(), ts(&r.period), r.token.to_string()])
+            .map(|r| vec![r.job_name.clone(), period(&r.period), r.token.to_string()])
             .collect();
         out += &indent(&table(&["JOB", "PERIOD", "TOKEN"], &rows));
     }
@@ -482,7 +680,7 @@ pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
             .take(STATUS_HISTORY)
             .map(|h| {
                 vec![
-                    ts(&h.period),
+                    period(&h.period),
                     count(h),
                     outcome(h.outcome),
                     dash(h.reason.as_deref()),
@@ -493,6 +691,28 @@ pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
             .collect();
         out += &indent(&table(
             &["PERIOD", "COUNT", "OUTCOME", "REASON", "JOB", "TOKEN"],
+            &rows,
+        ));
+    }
+
+    let ops = &st.operations;
+    if !ops.is_empty() {
+        out.push_str("Operations:\n");
+        let rows: Vec<Vec<String>> = Kind::ALL
+            .iter()
+            .filter_map(|k| k.slot(ops).map(|o| (k, o)))
+            .map(|(k, o)| {
+                vec![
+                    k.command().to_string(),
+                    format!("{:?}", o.phase),
+                    dash(o.requested_by.as_deref()),
+                    opt_ts(o.updated.as_ref()),
+                    o.message.clone(),
+                ]
+            })
+            .collect();
+        out += &indent(&table(
+            &["OPERATION", "PHASE", "BY", "UPDATED", "MESSAGE"],
             &rows,
         ));
     }
@@ -516,7 +736,7 @@ pub fn render_history(history: &[HistoryEntry]) -> String {
         .iter()
         .map(|h| {
             vec![
-                ts(&h.period),
+                period(&h.period),
                 opt_ts(h.last_period.as_ref()),
                 count(h),
                 outcome(h.outcome),
@@ -555,7 +775,7 @@ mod tests {
 
     fn entry(period: &str, o: Outcome, token: Option<u64>, reason: Option<&str>) -> HistoryEntry {
         HistoryEntry {
-            period: t(period),
+            period: t(period).0.into(),
             last_period: None,
             count: 1,
             outcome: o,
@@ -588,11 +808,12 @@ mod tests {
                 t("2026-01-01T00:20:00Z"),
             ],
             active: vec![RunRef {
-                period: t("2026-01-01T00:05:00Z"),
+                period: t("2026-01-01T00:05:00Z").0.into(),
                 token: 7,
                 job_name: "hello-1767225900".into(),
                 claimed_at: None,
                 job_uid: None,
+                origin: None,
             }],
             conditions: vec![Condition {
                 type_: "Ready".into(),
@@ -717,6 +938,52 @@ mod tests {
         assert_eq!(history.lines().count(), 12, "{history}");
         assert!(history.contains(" 11"), "{history}");
         assert!(!history.contains(" 10\n"), "{history}");
+    }
+
+    #[test]
+    fn operations_are_shown_and_a_pending_one_is_not_overwritten() {
+        use crate::api::{ANNOTATION_TRIGGER, Operations};
+        let mut s = sj();
+        let req = new_request(Some("alice".into()), now());
+        assert!(req.id.contains('.'), "microseconds in {}", req.id);
+        let mut done = ops::accepted(&req, now());
+        done.phase = OperationPhase::Done;
+        done.message = "started Job hello-1-000001 with fencing token 21".into();
+        s.status.as_mut().unwrap().operations = Operations {
+            trigger: Some(done.clone()),
+            ..Default::default()
+        };
+        let out = render_status(&s, now());
+        let ops_part = out.split("Operations:").nth(1).expect(&out);
+        for want in ["trigger", "Done", "alice", "fencing token 21"] {
+            assert!(ops_part.contains(want), "{want:?} in\n{out}");
+        }
+        let line = format_operation(Kind::Trigger, "ns", "hello", &done, Output::Table).unwrap();
+        assert!(
+            line.starts_with("singletonjob ns/hello triggered: started Job"),
+            "{line}"
+        );
+        let json = format_operation(Kind::Trigger, "ns", "hello", &done, Output::Json).unwrap();
+        assert_eq!(
+            serde_json::from_str::<OperationStatus>(&json).unwrap(),
+            done
+        );
+
+        // The handled request in the annotation: a new one may be written.
+        let raw = serde_json::to_string(&req).unwrap();
+        s.metadata.annotations = Some([(ANNOTATION_TRIGGER.to_string(), raw)].into());
+        assert!(check_not_busy(&s, Kind::Trigger).is_ok());
+        // Accepted but waiting, or never seen: refused, saying how to withdraw it.
+        let mut waiting = done.clone();
+        waiting.phase = OperationPhase::Pending;
+        waiting.message = "waiting for the active run x to finish".into();
+        s.status.as_mut().unwrap().operations.trigger = Some(waiting);
+        let e = check_not_busy(&s, Kind::Trigger).unwrap_err().to_string();
+        assert!(e.contains("accepted, waiting for the active run"), "{e}");
+        assert!(e.contains("singleton.dev/trigger-"), "{e}");
+        s.status.as_mut().unwrap().operations.trigger = None;
+        let e = check_not_busy(&s, Kind::Trigger).unwrap_err().to_string();
+        assert!(e.contains("not yet seen by a controller"), "{e}");
     }
 
     #[test]

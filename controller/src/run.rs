@@ -33,7 +33,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::runtime::events::EventType;
 
-use crate::api::{HistoryEntry, LockPurpose, Outcome, RunRef, SingletonJob, SingletonJobStatus};
+use crate::api::{
+    HistoryEntry, LockPurpose, Outcome, RunOrigin, RunRef, SingletonJob, SingletonJobStatus,
+};
 use crate::backstop::{Backstop, ClaimOutcome};
 use crate::controller::Context;
 use crate::decide::reason;
@@ -69,7 +71,7 @@ pub async fn start(
     sj: &SingletonJob,
     mut status: SingletonJobStatus,
     period: Timestamp,
-    replace: &[RunRef],
+    why: Why<'_>,
     db: &Db,
 ) -> Result<RunRef> {
     // 1. Gate (G4): a replica that is not allowed to act must not write at all.
@@ -98,11 +100,19 @@ pub async fn start(
         job_name: naming::job_name(sj.metadata.name.as_deref().unwrap_or_default(), period),
         claimed_at: Some(now.into()),
         job_uid: None,
+        origin: why.origin(),
     };
     status.fencing_token = token;
-    status.decided_through = Some(period.into());
     status.pending_claim = Some(claim.clone());
-    status.last_schedule_time = Some(period.into());
+    match why {
+        // Only the schedule moves the schedule's cursor; a manual run is outside it.
+        Why::Scheduled { .. } => {
+            status.decided_through = Some(period.into());
+            status.last_schedule_time = Some(period.into());
+        }
+        // The operation is marked handled by this same write: asked once, claimed once.
+        Why::Manual(origin) => crate::ops::on_claim(&mut status.operations, origin, &claim),
+    }
     let claimed = write_status(ctx, sj, status)
         .await
         .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;
@@ -110,8 +120,31 @@ pub async fn start(
     crate::metrics::global().token_issued(sj);
 
     // 4 to 7.
+    let replace = match why {
+        Why::Scheduled { replace } => replace,
+        Why::Manual(_) => &[],
+    };
     complete_claim(ctx, &claimed, claim.clone(), replace, db).await?;
     Ok(claim)
+}
+
+/// Why a period is claimed.
+#[derive(Clone, Copy, Debug)]
+pub enum Why<'a> {
+    /// The schedule made it due; `replace` are the active runs to fence and delete first
+    /// (concurrencyPolicy Replace).
+    Scheduled { replace: &'a [RunRef] },
+    /// A user asked for it (trigger, backfill): it moves no schedule cursor and replaces nothing.
+    Manual(RunOrigin),
+}
+
+impl Why<'_> {
+    fn origin(self) -> Option<RunOrigin> {
+        match self {
+            Why::Scheduled { .. } => None,
+            Why::Manual(o) => Some(o),
+        }
+    }
 }
 
 /// Steps 4 to 7 for a claim written earlier, possibly by another (dead) replica.
@@ -281,7 +314,11 @@ pub async fn complete_claim(
             last_period: None,
             count: 1,
             outcome: Outcome::Running,
-            reason: backstop_skipped.then(|| reason::BACKSTOP_SKIPPED.to_string()),
+            reason: if backstop_skipped {
+                Some(reason::BACKSTOP_SKIPPED.to_string())
+            } else {
+                claim.origin.map(|o| o.reason().to_string())
+            },
             job_name: Some(claim.job_name.clone()),
             token: Some(claim.token),
             start_time: claim.claimed_at.clone(),
@@ -316,6 +353,98 @@ pub async fn complete_claim(
         crate::metrics::global().run_finished(sj, Outcome::Replaced);
     }
     Ok(())
+}
+
+/// Breaks the lock (`kubectl singleton break-lock`): every token issued so far is fenced out and
+/// the active runs are stopped, so a stuck or stale holder can neither block later periods nor
+/// write. Who asked and why go into `status.operations.breakLock` and a `LockBroken` Event.
+/// `op` is the accepted request's record. Returns the record as written (phase Done).
+///
+/// ```text
+/// 1. Gate   : only the replica that may act                                         G4
+/// 2. Token  : one above every issued token (status and backstop fence)               G3
+/// 3. Fence  : the backstop's fence rises to it; from now on singleton_fence refuses
+///             every older token, whatever its holder does                             G5
+/// 4. Stop   : delete the active runs' Jobs (their tokens are fenced already)          G5
+/// 5. Record : one resourceVersion-guarded status write: the new token, the stopped
+///             runs as Failed/LockBroken, the operation Done. A 409 redoes it all:
+///             raising a fence twice only skips a token number.                        G3
+/// ```
+pub async fn break_lock(
+    ctx: &Context,
+    sj: &SingletonJob,
+    mut op: crate::api::OperationStatus,
+    db: &Db,
+) -> Result<crate::api::OperationStatus> {
+    // 1. Gate.
+    ctx.gate.check()?;
+    let mut status = sj.status.clone().unwrap_or_default();
+
+    // 2. Token.
+    let fence = match db {
+        Db::Ready(b) => b.fence(&sj.key()).await?,
+        Db::NotConfigured => 0,
+        // Breaking a lock without the fence would promise what it cannot keep: wait for it.
+        Db::Unavailable(why) => return Err(Error::BackstopUnavailable(why.clone())),
+    };
+    let before = status.fencing_token.max(fence);
+    let token = before + 1;
+
+    // 3. Fence.
+    if let Db::Ready(b) = db {
+        b.advance_fence(&sj.key(), token).await?;
+    }
+
+    // 4. Stop.
+    let stopped = std::mem::take(&mut status.active);
+    for run in &stopped {
+        delete_job(ctx, sj, &run.job_name).await?;
+    }
+
+    // 5. Record.
+    let now = Timestamp::now();
+    for run in &stopped {
+        status
+            .history
+            .retain(|h| h.job_name.as_deref() != Some(run.job_name.as_str()));
+        status.history.insert(
+            0,
+            HistoryEntry {
+                period: run.period.clone(),
+                last_period: None,
+                count: 1,
+                outcome: Outcome::Failed,
+                reason: Some(reason::LOCK_BROKEN.into()),
+                job_name: Some(run.job_name.clone()),
+                token: Some(run.token),
+                start_time: run.claimed_at.clone(),
+                finish_time: Some(now.into()),
+            },
+        );
+    }
+    status.history.truncate(crate::controller::HISTORY_LIMIT);
+    status.active_count = 0;
+    status.fencing_token = token;
+    let jobs = if stopped.is_empty() {
+        "no run was active".to_string()
+    } else {
+        let names: Vec<&str> = stopped.iter().map(|r| r.job_name.as_str()).collect();
+        format!("deleted Job(s) {}", names.join(", "))
+    };
+    let fenced = match db {
+        Db::Ready(_) => "the backstop refuses every older token from now on",
+        _ => "without a backstop, only workloads that compare tokens themselves refuse older ones",
+    };
+    op.phase = crate::api::OperationPhase::Done;
+    op.token = Some(token);
+    op.message = format!("fencing token raised from {before} to {token}; {jobs}; {fenced}");
+    op.updated = Some(now.into());
+    status.operations.break_lock = Some(op.clone());
+    write_status(ctx, sj, status).await?;
+    for _ in &stopped {
+        crate::metrics::global().run_finished(sj, Outcome::Failed);
+    }
+    Ok(op)
 }
 
 /// Whether `sj`'s status still holds `claim` as its pending claim.
@@ -469,7 +598,7 @@ mod tests {
     use crate::controller::{Events, Gate};
     use http::{Request, Response};
     use kube::client::Body;
-    use kube::runtime::events::{Recorder, Reporter};
+    use kube::runtime::events::Reporter;
     use kube::runtime::reflector;
 
     fn context(client: kube::Client) -> Context {
@@ -477,13 +606,13 @@ mod tests {
         drop(clock_tx);
         Context {
             client: client.clone(),
-            events: Events::new(Recorder::new(
+            events: Events::new(
                 client,
                 Reporter {
                     controller: "test".into(),
                     instance: None,
                 },
-            )),
+            ),
             jobs: reflector::store().0,
             clock,
             gate: Gate::always(),

@@ -467,6 +467,55 @@ pub async fn pg() -> Result<tokio_postgres::Client> {
     Ok(client)
 }
 
+// ---- The kubectl plugin (tests/plugin.rs, tests/operations.rs) ----
+
+/// The plugin as `make e2e` builds it (`cargo build -p singleton-controller --bins`).
+pub fn plugin_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("debug/kubectl-singleton")
+}
+
+/// Runs the plugin with `args` (and extra environment); its exit status and output.
+pub fn plugin(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Result<std::process::Output> {
+    let bin = plugin_bin();
+    std::process::Command::new(&bin)
+        .args(args)
+        .envs(envs.iter().copied())
+        .output()
+        .with_context(|| {
+            format!(
+                "running {} (build it with `cargo build -p singleton-controller --bins`)",
+                bin.display()
+            )
+        })
+}
+
+/// What a finished command printed on stdout.
+pub fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// What a finished command printed on stderr.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The Events of the test namespace with `reason`, oldest first.
+pub async fn events_with_reason(env: &Env, reason: &str) -> Result<Vec<Event>> {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut evs: Vec<Event> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect();
+    evs.sort_by_key(|e| e.metadata.creation_timestamp.clone());
+    Ok(evs)
+}
+
 // ---- Helm chart and ServiceAccount helpers (tests/chart.rs, tests/chart_render.rs) ----
 
 /// `helm`: `HELM` (set by `make e2e` and `make chart` to the cached build), else the one on PATH.

@@ -1,47 +1,14 @@
 //! `kubectl singleton list|status|history|suspend|resume` against the real API server: the built
 //! plugin binary is run as a user would run it, with the test's KUBECONFIG.
 
-use std::path::PathBuf;
-use std::process::Output;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use e2e::{Env, ensure, sj_yaml};
+use e2e::{Env, ensure, plugin, sj_yaml, stderr, stdout};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use singleton::api::{HistoryEntry, Outcome, SingletonJob};
 use singleton::conditions;
-
-/// The plugin as `make e2e` builds it (`cargo build -p singleton-controller --bins`).
-fn plugin_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("debug/kubectl-singleton")
-}
-
-/// Runs the plugin with `args` (and extra environment); its exit status and output.
-fn plugin(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Result<Output> {
-    let bin = plugin_bin();
-    std::process::Command::new(&bin)
-        .args(args)
-        .envs(envs.iter().copied())
-        .output()
-        .with_context(|| {
-            format!(
-                "running {} (build it with `cargo build -p singleton-controller --bins`)",
-                bin.display()
-            )
-        })
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn succeeded(sj: &SingletonJob) -> usize {
     sj.status.as_ref().map_or(0, |s| {

@@ -358,6 +358,7 @@ async fn a_claim_whose_job_was_never_created_is_completed_after_a_restart() -> R
         job_name: singleton::naming::job_name("k", period),
         claimed_at: Some(Timestamp::now().into()),
         job_uid: None,
+        origin: None,
     };
     let mut obj = sj.clone();
     let mut status = obj.status.clone().unwrap_or_default();

@@ -1,6 +1,7 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
-use singleton::plugin::{self, Conn, Output, PluginError};
+use singleton::ops::Kind;
+use singleton::plugin::{self, Conn, Output, PluginError, Wait};
 use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule, preview};
 
 #[derive(Parser, Debug)]
@@ -80,6 +81,70 @@ enum Cmd {
         #[command(flatten)]
         ns: Namespace,
     },
+    /// Run now, outside the schedule: a manual period with its own fencing token.
+    ///
+    /// The controller starts it through the same claim as scheduled runs; it waits while another
+    /// run is active (unless concurrencyPolicy is Allow) and never replaces one.
+    Trigger {
+        name: String,
+        #[command(flatten)]
+        ns: Namespace,
+        #[command(flatten)]
+        op: OpArgs,
+    },
+    /// Run the scheduled periods of a past range that have not run, each once, oldest first.
+    ///
+    /// Needs spec.backstop: its claims table is what knows every period that ever ran. Periods
+    /// that ran before are counted and skipped, so repeating a backfill starts nothing new.
+    Backfill {
+        name: String,
+        /// First instant of the range (RFC 3339, e.g. 2026-11-01T00:00:00Z).
+        #[arg(long)]
+        from: jiff::Timestamp,
+        /// Last instant of the range, inclusive (RFC 3339).
+        #[arg(long)]
+        to: jiff::Timestamp,
+        /// Wait until every period of the range is done, not only until the backfill is accepted.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        ns: Namespace,
+        #[command(flatten)]
+        op: OpArgs,
+    },
+    /// Fence out every token issued so far and stop the active runs.
+    ///
+    /// For a run stuck holding its job: the fencing token is raised in status and in the
+    /// backstop's fence, so the old holder's writes are refused; its Job is deleted. Who asked and
+    /// why are recorded in status and in a LockBroken Event.
+    BreakLock {
+        name: String,
+        /// Why the lock is broken (recorded in status and in the Event).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        ns: Namespace,
+        #[command(flatten)]
+        op: OpArgs,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct OpArgs {
+    /// How long to wait for the controller to act.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+    /// Output format: json or yaml (default: a line of text).
+    #[arg(short = 'o', long, default_value = "table")]
+    output: Output,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d: jiff::SignedDuration = s
+        .parse::<jiff::Span>()
+        .map_err(|e| format!("{s:?} is not a duration such as 30s or 2m: {e}"))
+        .and_then(|span| jiff::SignedDuration::try_from(span).map_err(|e| format!("{s:?}: {e}")))?;
+    std::time::Duration::try_from(d).map_err(|_| format!("{s:?} must not be negative"))
 }
 
 #[derive(clap::Args, Debug)]
@@ -190,5 +255,59 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
         }
         Cmd::Suspend { name, ns: n } => conn.set_suspend(&ns(n), &name, true).await,
         Cmd::Resume { name, ns: n } => conn.set_suspend(&ns(n), &name, false).await,
+        Cmd::Trigger { name, ns: n, op } => {
+            let req = plugin::new_request(conn.whoami().await, now);
+            operate(&conn, &ns(n), &name, Kind::Trigger, req, op, false).await
+        }
+        Cmd::Backfill {
+            name,
+            from,
+            to,
+            wait,
+            ns: n,
+            op,
+        } => {
+            if from > to {
+                return Err(PluginError::Usage(format!(
+                    "--from {from} is after --to {to}"
+                )));
+            }
+            let mut req = plugin::new_request(conn.whoami().await, now);
+            req.from = Some(from);
+            req.to = Some(to);
+            operate(&conn, &ns(n), &name, Kind::Backfill, req, op, wait).await
+        }
+        Cmd::BreakLock {
+            name,
+            reason,
+            ns: n,
+            op,
+        } => {
+            if reason.trim().is_empty() {
+                return Err(PluginError::Usage(
+                    "--reason must say why the lock is broken".into(),
+                ));
+            }
+            let mut req = plugin::new_request(conn.whoami().await, now);
+            req.reason = Some(reason);
+            operate(&conn, &ns(n), &name, Kind::BreakLock, req, op, false).await
+        }
     }
+}
+
+async fn operate(
+    conn: &Conn,
+    ns: &str,
+    name: &str,
+    kind: Kind,
+    req: singleton::ops::Request,
+    op: OpArgs,
+    until_done: bool,
+) -> Result<String, PluginError> {
+    let wait = Wait {
+        timeout: op.timeout,
+        until_done,
+    };
+    let record = conn.operate(ns, name, kind, req, wait).await?;
+    plugin::format_operation(kind, ns, name, &record, op.output)
 }

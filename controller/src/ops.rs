@@ -1,0 +1,557 @@
+//! Operations users ask for with `kubectl singleton trigger|backfill|break-lock`.
+//!
+//! The plugin only asks: it writes a request into an annotation of the SingletonJob (so who may
+//! ask is decided by RBAC on `patch singletonjobs`), and the controller, the only writer of runs
+//! and tokens, carries it out through the same claim-and-fence path as scheduled runs
+//! ([`crate::run`]). `status.operations` records the id of the latest request of each kind it
+//! handled; a request with that id is never acted on again, so a retried or re-applied annotation
+//! starts nothing twice.
+//!
+//! Everything here is pure: parsing and checking requests, and where a backfill stands.
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::api::{
+    ANNOTATION_BACKFILL, ANNOTATION_BREAK_LOCK, ANNOTATION_TRIGGER, OperationPhase,
+    OperationStatus, Operations, RunOrigin, RunRef, SingletonJob,
+};
+use crate::schedule::Schedule;
+
+/// At most this many periods per backfill: a typo in a year should not queue a million runs.
+pub const BACKFILL_MAX_PERIODS: u64 = 10_000;
+const MAX_ID: usize = 128;
+const MAX_BY: usize = 256;
+const MAX_REASON: usize = 1024;
+
+/// The kinds of operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Trigger,
+    Backfill,
+    BreakLock,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::BreakLock, Kind::Trigger, Kind::Backfill];
+
+    pub fn annotation(self) -> &'static str {
+        match self {
+            Kind::Trigger => ANNOTATION_TRIGGER,
+            Kind::Backfill => ANNOTATION_BACKFILL,
+            Kind::BreakLock => ANNOTATION_BREAK_LOCK,
+        }
+    }
+
+    /// The command, for messages.
+    pub fn command(self) -> &'static str {
+        match self {
+            Kind::Trigger => "trigger",
+            Kind::Backfill => "backfill",
+            Kind::BreakLock => "break-lock",
+        }
+    }
+
+    pub fn slot(self, ops: &Operations) -> Option<&OperationStatus> {
+        match self {
+            Kind::Trigger => ops.trigger.as_ref(),
+            Kind::Backfill => ops.backfill.as_ref(),
+            Kind::BreakLock => ops.break_lock.as_ref(),
+        }
+    }
+
+    pub fn slot_mut(self, ops: &mut Operations) -> &mut Option<OperationStatus> {
+        match self {
+            Kind::Trigger => &mut ops.trigger,
+            Kind::Backfill => &mut ops.backfill,
+            Kind::BreakLock => &mut ops.break_lock,
+        }
+    }
+}
+
+/// A request as written into its annotation (JSON).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// Unique per request; `kubectl singleton` uses the time of asking with microseconds.
+    pub id: String,
+    /// Who asks (reported by the client).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// Why (break-lock: required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Backfill: first instant of the range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Timestamp>,
+    /// Backfill: last instant of the range (inclusive).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<Timestamp>,
+}
+
+/// An annotation that is not a valid request: rejected under `id` (the request's own id when it
+/// has one, else derived from the text, so the same bad text is rejected once).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invalid {
+    pub id: String,
+    pub message: String,
+}
+
+/// The request of `kind` on `sj` that has not been handled yet, if any.
+pub fn pending(sj: &SingletonJob, kind: Kind) -> Option<Result<Request, Invalid>> {
+    let raw = sj.metadata.annotations.as_ref()?.get(kind.annotation())?;
+    // Accepted but still waiting (Pending) is not handled yet: it is looked at again.
+    let handled = sj
+        .status
+        .as_ref()
+        .and_then(|s| kind.slot(&s.operations))
+        .filter(|o| o.phase != OperationPhase::Pending)
+        .map(|o| o.id.as_str());
+    let parsed = parse(kind, raw);
+    let id = match &parsed {
+        Ok(r) => r.id.as_str(),
+        Err(e) => e.id.as_str(),
+    };
+    (handled != Some(id)).then_some(parsed)
+}
+
+/// Parses and checks one annotation's text.
+pub fn parse(kind: Kind, raw: &str) -> Result<Request, Invalid> {
+    let invalid_id = || format!("invalid-{}", crate::naming::short_hash(raw, 16));
+    let req: Request = serde_json::from_str(raw).map_err(|e| Invalid {
+        id: invalid_id(),
+        message: format!(
+            "annotation {} is not a valid request ({e}); expected JSON such as {}",
+            kind.annotation(),
+            example(kind)
+        ),
+    })?;
+    let bad = |message: String| {
+        let id = if req.id.is_empty() || req.id.len() > MAX_ID {
+            invalid_id()
+        } else {
+            req.id.clone()
+        };
+        Err(Invalid { id, message })
+    };
+    if req.id.trim().is_empty() || req.id.len() > MAX_ID {
+        return bad(format!(
+            "annotation {}: id must be 1 to {MAX_ID} characters",
+            kind.annotation()
+        ));
+    }
+    if req.by.as_ref().is_some_and(|b| b.len() > MAX_BY) {
+        return bad(format!("by must be at most {MAX_BY} characters"));
+    }
+    if req.reason.as_ref().is_some_and(|r| r.len() > MAX_REASON) {
+        return bad(format!("reason must be at most {MAX_REASON} characters"));
+    }
+    match kind {
+        Kind::BreakLock if req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) => {
+            return bad("break-lock needs a reason: say why the lock is broken".into());
+        }
+        Kind::Backfill => match (req.from, req.to) {
+            (Some(from), Some(to)) if from <= to => {}
+            (Some(from), Some(to)) => {
+                return bad(format!(
+                    "backfill range is empty: from {from} is after to {to}"
+                ));
+            }
+            _ => return bad("backfill needs both from and to (RFC 3339 instants)".into()),
+        },
+        Kind::Trigger | Kind::BreakLock => {
+            if req.from.is_some() || req.to.is_some() {
+                return bad(format!("{} takes no from/to", kind.command()));
+            }
+        }
+    }
+    Ok(req)
+}
+
+fn example(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Trigger => r#"{"id":"2026-12-02T10:00:00.123456Z"}"#,
+        Kind::Backfill => {
+            r#"{"id":"2026-12-02T10:00:00.123456Z","from":"2026-11-01T00:00:00Z","to":"2026-11-30T00:00:00Z"}"#
+        }
+        Kind::BreakLock => {
+            r#"{"id":"2026-12-02T10:00:00.123456Z","reason":"run stuck on a dead node"}"#
+        }
+    }
+}
+
+/// A fresh record for an accepted request.
+pub fn accepted(req: &Request, now: Timestamp) -> OperationStatus {
+    OperationStatus {
+        id: req.id.clone(),
+        phase: OperationPhase::Pending,
+        requested_by: req.by.clone(),
+        reason: req.reason.clone(),
+        from: req.from.map(Into::into),
+        to: req.to.map(Into::into),
+        updated: Some(now.into()),
+        ..OperationStatus::default()
+    }
+}
+
+/// The record of a rejected request.
+pub fn rejected(
+    id: &str,
+    req: Option<&Request>,
+    message: String,
+    now: Timestamp,
+) -> OperationStatus {
+    OperationStatus {
+        id: id.to_string(),
+        phase: OperationPhase::Rejected,
+        message,
+        updated: Some(now.into()),
+        ..req.map(|r| accepted(r, now)).unwrap_or_default()
+    }
+}
+
+/// Sets `slot` to `new`, keeping the old `updated` time when nothing else changed (so waiting
+/// does not rewrite the status on every reconcile). Returns whether anything changed.
+pub fn set(slot: &mut Option<OperationStatus>, mut new: OperationStatus) -> bool {
+    if let Some(old) = slot.as_ref() {
+        let same = OperationStatus {
+            updated: old.updated.clone(),
+            ..new.clone()
+        };
+        if *old == same {
+            return false;
+        }
+    }
+    if new.updated.is_none() {
+        new.updated = Some(Timestamp::now().into());
+    }
+    *slot = Some(new);
+    true
+}
+
+/// Whether an operation waits or goes on (then the controller looks again soon).
+pub fn in_progress(ops: &Operations) -> bool {
+    [&ops.trigger, &ops.backfill, &ops.break_lock]
+        .into_iter()
+        .flatten()
+        .any(|o| matches!(o.phase, OperationPhase::Pending | OperationPhase::Running))
+}
+
+/// The range a backfill covers: the schedule's periods in `[from, to]` that are already decided
+/// (at or before `decided_through`; later ones are the schedule's to run). Returns the first and
+/// last period and how many, or why there is nothing to do.
+pub fn backfill_range(
+    schedule: &Schedule,
+    from: Timestamp,
+    to: Timestamp,
+    decided_through: Timestamp,
+) -> Result<(Timestamp, Timestamp, u64), String> {
+    let until = to.min(decided_through);
+    let before_from = from - SignedDuration::from_nanos(1);
+    let Some(first) = schedule.next_after(before_from).filter(|f| *f <= until) else {
+        return Err(if to > decided_through {
+            format!(
+                "no period of the schedule between {from} and {until} (periods after {decided_through} are not decided yet: the schedule runs them)"
+            )
+        } else {
+            format!("no period of the schedule between {from} and {to}")
+        });
+    };
+    let last = schedule.latest_at_or_before(until).unwrap_or(first);
+    let count = schedule.count_between(before_from, last, BACKFILL_MAX_PERIODS + 1);
+    if count > BACKFILL_MAX_PERIODS {
+        return Err(format!(
+            "the range holds more than {BACKFILL_MAX_PERIODS} periods: split it into smaller backfills"
+        ));
+    }
+    Ok((first, last, count))
+}
+
+/// The next period of a backfill still to consider: the first period at or after `next` and at
+/// or before `to`.
+pub fn backfill_next(schedule: &Schedule, op: &OperationStatus) -> Option<Timestamp> {
+    let next = op.next.as_ref().or(op.from.as_ref())?.0;
+    let to = op.to.as_ref()?.0;
+    schedule
+        .next_after(next - SignedDuration::from_nanos(1))
+        .filter(|p| *p <= to)
+}
+
+/// The backfill cursor just past `period`. Cron's finest unit is the second, and the cursor is
+/// stored as a `Time` (whole seconds), so one second past is the next instant that can be due.
+pub fn after(period: Timestamp) -> Timestamp {
+    period + SignedDuration::from_secs(1)
+}
+
+/// Records in `ops` that `claim` was written for an operation (in the claim's own status write,
+/// so "handled" and "claimed" are one atomic step).
+pub fn on_claim(ops: &mut Operations, origin: RunOrigin, claim: &RunRef) {
+    let (slot, done) = match origin {
+        RunOrigin::Trigger => (&mut ops.trigger, true),
+        RunOrigin::Backfill => (&mut ops.backfill, false),
+    };
+    let Some(op) = slot.as_mut() else { return };
+    op.started += 1;
+    op.job_name = Some(claim.job_name.clone());
+    op.token = Some(claim.token);
+    op.updated = claim.claimed_at.clone();
+    if done {
+        op.phase = OperationPhase::Done;
+        op.message = format!(
+            "started Job {} with fencing token {}",
+            claim.job_name, claim.token
+        );
+    } else {
+        op.phase = OperationPhase::Running;
+        op.next = Some(after(claim.period.0).into());
+        op.message = format!(
+            "started {} run(s), {} period(s) had run before; latest: Job {} (token {})",
+            op.started, op.already_run, claim.job_name, claim.token
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::SingletonJobSpec;
+    use crate::schedule::DstPolicy;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn sj(annotations: &[(&str, &str)], ops: Operations) -> SingletonJob {
+        let mut sj = SingletonJob::new(
+            "a",
+            serde_yaml::from_str::<SingletonJobSpec>(
+                "schedule: '0 * * * *'\njobTemplate: {spec: {template: {spec: {containers: []}}}}",
+            )
+            .unwrap(),
+        );
+        sj.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        sj.status = Some(crate::api::SingletonJobStatus {
+            operations: ops,
+            ..Default::default()
+        });
+        sj
+    }
+
+    #[test]
+    fn a_request_is_pending_until_its_id_is_recorded() {
+        let raw = r#"{"id":"r1","by":"alice"}"#;
+        let fresh = sj(&[(ANNOTATION_TRIGGER, raw)], Operations::default());
+        let req = pending(&fresh, Kind::Trigger).unwrap().unwrap();
+        assert_eq!(req.id, "r1");
+        assert_eq!(req.by.as_deref(), Some("alice"));
+        assert!(pending(&fresh, Kind::Backfill).is_none(), "no annotation");
+
+        // Accepted but waiting (for a run to finish, the clock, the backstop): still pending.
+        let waiting = Operations {
+            trigger: Some(accepted(&req, ts("2026-01-01T00:00:00Z"))),
+            ..Default::default()
+        };
+        assert!(pending(&sj(&[(ANNOTATION_TRIGGER, raw)], waiting), Kind::Trigger).is_some());
+        let mut done = accepted(&req, ts("2026-01-01T00:00:00Z"));
+        done.phase = OperationPhase::Done;
+        let handled = Operations {
+            trigger: Some(done),
+            ..Default::default()
+        };
+        assert!(
+            pending(
+                &sj(&[(ANNOTATION_TRIGGER, raw)], handled.clone()),
+                Kind::Trigger
+            )
+            .is_none()
+        );
+        // A new id is a new request.
+        let again = sj(&[(ANNOTATION_TRIGGER, r#"{"id":"r2"}"#)], handled);
+        assert_eq!(pending(&again, Kind::Trigger).unwrap().unwrap().id, "r2");
+    }
+
+    #[test]
+    fn bad_requests_are_rejected_once_with_a_clear_message() {
+        for (kind, raw, says) in [
+            (Kind::Trigger, "not json", "not a valid request"),
+            (Kind::Trigger, r#"{"id":""}"#, "id must be"),
+            (
+                Kind::Trigger,
+                r#"{"id":"x","colour":"red"}"#,
+                "unknown field",
+            ),
+            (
+                Kind::Trigger,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z"}"#,
+                "takes no from/to",
+            ),
+            (Kind::BreakLock, r#"{"id":"x"}"#, "needs a reason"),
+            (
+                Kind::BreakLock,
+                r#"{"id":"x","reason":"  "}"#,
+                "needs a reason",
+            ),
+            (
+                Kind::Backfill,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z"}"#,
+                "both from and to",
+            ),
+            (
+                Kind::Backfill,
+                r#"{"id":"x","from":"2026-02-01T00:00:00Z","to":"2026-01-01T00:00:00Z"}"#,
+                "range is empty",
+            ),
+            (
+                Kind::Backfill,
+                r#"{"id":"x","from":"yesterday","to":"today"}"#,
+                "not a valid request",
+            ),
+        ] {
+            let e = parse(kind, raw).expect_err(raw);
+            assert!(e.message.contains(says), "{raw}: {}", e.message);
+            assert!(!e.id.is_empty());
+            // The same text gives the same id: rejected once, not on every reconcile.
+            assert_eq!(parse(kind, raw).unwrap_err().id, e.id);
+            let rejected_once = Operations {
+                trigger: Some(rejected(
+                    &e.id,
+                    None,
+                    e.message.clone(),
+                    ts("2026-01-01T00:00:00Z"),
+                )),
+                backfill: Some(rejected(
+                    &e.id,
+                    None,
+                    e.message.clone(),
+                    ts("2026-01-01T00:00:00Z"),
+                )),
+                break_lock: Some(rejected(&e.id, None, e.message, ts("2026-01-01T00:00:00Z"))),
+            };
+            assert!(pending(&sj(&[(kind.annotation(), raw)], rejected_once), kind).is_none());
+        }
+        let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(200));
+        assert!(
+            parse(Kind::Trigger, &long)
+                .unwrap_err()
+                .id
+                .starts_with("invalid-")
+        );
+    }
+
+    #[test]
+    fn a_backfill_covers_decided_periods_only() {
+        let hourly = Schedule::parse("0 * * * *", None, DstPolicy::default()).unwrap();
+        let decided = ts("2026-01-01T10:30:00Z");
+        // Inclusive at both ends.
+        let (first, last, n) = backfill_range(
+            &hourly,
+            ts("2026-01-01T02:00:00Z"),
+            ts("2026-01-01T05:00:00Z"),
+            decided,
+        )
+        .unwrap();
+        assert_eq!(
+            (first, last, n),
+            (ts("2026-01-01T02:00:00Z"), ts("2026-01-01T05:00:00Z"), 4)
+        );
+        // Clamped to what the schedule has decided.
+        let (_, last, n) = backfill_range(
+            &hourly,
+            ts("2026-01-01T08:00:00Z"),
+            ts("2026-01-02T00:00:00Z"),
+            decided,
+        )
+        .unwrap();
+        assert_eq!((last, n), (ts("2026-01-01T10:00:00Z"), 3));
+        let e = backfill_range(
+            &hourly,
+            ts("2026-01-01T11:00:00Z"),
+            ts("2026-01-01T12:00:00Z"),
+            decided,
+        )
+        .unwrap_err();
+        assert!(e.contains("not decided yet"), "{e}");
+        let e = backfill_range(
+            &hourly,
+            ts("2026-01-01T02:10:00Z"),
+            ts("2026-01-01T02:50:00Z"),
+            decided,
+        )
+        .unwrap_err();
+        assert!(e.contains("no period"), "{e}");
+        let e = backfill_range(
+            &hourly,
+            ts("2020-01-01T00:00:00Z"),
+            ts("2025-12-31T00:00:00Z"),
+            decided,
+        )
+        .unwrap_err();
+        assert!(e.contains("split"), "{e}");
+    }
+
+    #[test]
+    fn a_backfill_walks_its_range_once() {
+        let hourly = Schedule::parse("0 * * * *", None, DstPolicy::default()).unwrap();
+        let req = Request {
+            id: "b".into(),
+            from: Some(ts("2026-01-01T02:00:00Z")),
+            to: Some(ts("2026-01-01T04:00:00Z")),
+            ..Default::default()
+        };
+        let mut ops = Operations {
+            backfill: Some(accepted(&req, ts("2026-01-02T00:00:00Z"))),
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        let mut token = 10;
+        while let Some(p) = backfill_next(&hourly, ops.backfill.as_ref().unwrap()) {
+            assert!(seen.len() < 10, "runaway: {seen:?}");
+            seen.push(p);
+            token += 1;
+            let claim = RunRef {
+                period: p.into(),
+                token,
+                job_name: crate::naming::job_name("a", p),
+                claimed_at: None,
+                job_uid: None,
+                origin: Some(RunOrigin::Backfill),
+            };
+            on_claim(&mut ops, RunOrigin::Backfill, &claim);
+        }
+        assert_eq!(
+            seen,
+            [
+                "2026-01-01T02:00:00Z",
+                "2026-01-01T03:00:00Z",
+                "2026-01-01T04:00:00Z"
+            ]
+            .map(ts)
+        );
+        let op = ops.backfill.unwrap();
+        assert_eq!(
+            (op.started, op.token, op.phase),
+            (3, Some(13), OperationPhase::Running)
+        );
+    }
+
+    #[test]
+    fn waiting_does_not_rewrite_the_record() {
+        let req = Request {
+            id: "t".into(),
+            ..Default::default()
+        };
+        let mut slot = None;
+        let mut op = accepted(&req, ts("2026-01-01T00:00:00Z"));
+        op.message = "waiting".into();
+        assert!(set(&mut slot, op.clone()));
+        op.updated = Some(ts("2026-01-01T00:00:05Z").into());
+        assert!(!set(&mut slot, op.clone()), "only the time differs");
+        op.message = "still waiting, for something else".into();
+        assert!(set(&mut slot, op));
+    }
+}
