@@ -837,10 +837,11 @@ async fn next_operation(
         let Some(period) = ops::backfill_next(schedule, &op) else {
             op.phase = OperationPhase::Done;
             op.message = format!(
-                "done: started {} run(s); {} period(s) had run before",
+                "started {} run(s); {} period(s) had run before",
                 op.started, op.already_run
             );
-            notes.push((EventType::Normal, "BackfillDone", op.message.clone()));
+            let note = format!("backfill {} done: {}", op.id, op.message);
+            notes.push((EventType::Normal, "BackfillDone", note));
             ops::set(&mut status.operations.backfill, op);
             return Ok(None);
         };

@@ -427,6 +427,22 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
     )
     .await?;
 
+    // Upgrade in place, as docs/operations.md says: the same values, a new revision.
+    run_ok(
+        helm()
+            .args(["upgrade", &release.name])
+            .arg(chart_dir())
+            .args(["-n", &ns, "--reuse-values", "--wait", "--timeout", "120s"]),
+    )?;
+    let history = run_ok(helm().args(["history", &release.name, "-n", &ns, "-o", "json"]))?;
+    let revisions: Vec<serde_json::Value> = serde_json::from_str(&history)?;
+    ensure(
+        &env,
+        revisions.len() == 2 && revisions.last().is_some_and(|r| r["status"] == "deployed"),
+        ("helm history after the upgrade", &history),
+    )
+    .await?;
+
     // Uninstall: the controller first (it releases the Lease), then everything but the CRD goes.
     env.stop_controller(idx, false).await?;
     release.uninstall()?;
