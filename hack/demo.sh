@@ -50,6 +50,12 @@ while :; do
   sleep "$interval"
 done
 
+# The plugin as the README's quickstart runs it: kubectl finds kubectl-singleton on PATH.
+if [ "$MANIFEST" = examples/hello.yaml ]; then
+  echo; echo "--- $(date +%T)  kubectl singleton status hello"
+  PATH="$(dirname "$BIN"):$PATH" "$KUBECTL_BIN" singleton status hello
+fi
+
 k=kubectl
 command -v kubectl >/dev/null 2>&1 || k=$KUBECTL_BIN
 cat <<EOF
@@ -59,6 +65,7 @@ The controller keeps running in the background (log: ${LOGFILE#"$REPO"/}). To ke
   eval "\$(make -s env)"
   $k get sj
   $k describe sj hello
+  PATH="$(dirname "$BIN"):\$PATH" $k singleton status hello
   $k get jobs -w
 
 To stop the controller, the cluster and PostgreSQL:
