@@ -287,9 +287,54 @@ async fn check_uninstalled(env: &Env, release: &Release, sa: &Client, watched: &
 #[tokio::test]
 async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
     let mut env = Env::new("chart").await?;
-    let mut release = Release::install(&env, &[])?;
+    let mut release = Release::install(&env, &["rbac.userRoles=true".into()])?;
     let full = release.fullname();
     let ns = env.ns.clone();
+
+    // People: with rbac.userRoles, `edit` in a namespace may run the plugin's operations (all
+    // are patches), `view` may only read. Aggregation is done by kube-controller-manager.
+    let sj_in_ns = ["singletonjobs.singleton.dev", "-n", ns.as_str()];
+    let mut users = Vec::new();
+    for (who, role) in [("operator", "edit"), ("watcher", "view")] {
+        run_ok(kubectl().args(["create", "serviceaccount", who, "-n", &ns]))?;
+        run_ok(kubectl().args([
+            "create",
+            "rolebinding",
+            &format!("{who}-{role}"),
+            &format!("--clusterrole={role}"),
+            &format!("--serviceaccount={ns}:{who}"),
+            "-n",
+            &ns,
+        ]))?;
+        users.push(env.service_account_kubeconfig(&ns, who)?);
+    }
+    let (operator, watcher) = (&users[0], &users[1]);
+    env.wait_for(
+        "edit and view to include the chart's user roles",
+        Duration::from_secs(30),
+        || async {
+            let patch = can_i(operator, &[&["patch"], &sj_in_ns[..]].concat())?;
+            let get = can_i(watcher, &[&["get"], &sj_in_ns[..]].concat())?;
+            Ok((patch && get).then_some(()))
+        },
+    )
+    .await?;
+    ensure(
+        &env,
+        !can_i(watcher, &[&["patch"], &sj_in_ns[..]].concat())?
+            && !can_i(
+                operator,
+                &[
+                    "update",
+                    "singletonjobs.singleton.dev",
+                    "--subresource=status",
+                    "-n",
+                    &ns,
+                ],
+            )?,
+        "view may not patch; nobody but the controller writes status",
+    )
+    .await?;
 
     // Cluster-wide mode: a ClusterRole for the work, a Role for the Lease.
     let cr = Api::<ClusterRole>::all(env.client.clone())

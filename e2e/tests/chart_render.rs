@@ -322,6 +322,49 @@ fn watch_namespaces_renders_roles_and_no_cluster_role() -> Result<()> {
 }
 
 #[test]
+fn user_roles_aggregate_into_view_and_edit_only_when_asked() -> Result<()> {
+    let view_name = format!("{FULLNAME}-view");
+    let edit_name = format!("{FULLNAME}-edit");
+    let docs = render(&[])?;
+    ensure!(
+        one(&docs, "ClusterRole", &view_name).is_err()
+            && one(&docs, "ClusterRole", &edit_name).is_err(),
+        "user roles rendered without rbac.userRoles"
+    );
+    let docs = render(&["rbac.userRoles=true"])?;
+    let view = one(&docs, "ClusterRole", &view_name)?;
+    let edit = one(&docs, "ClusterRole", &edit_name)?;
+    let label = |r: &Value, l: &str| r["metadata"]["labels"][l].as_str() == Some("true");
+    let agg = "rbac.authorization.k8s.io/aggregate-to-";
+    ensure!(
+        ["view", "edit", "admin"]
+            .iter()
+            .all(|k| label(view, &format!("{agg}{k}")))
+    );
+    ensure!(label(edit, &format!("{agg}edit")) && label(edit, &format!("{agg}admin")));
+    ensure!(
+        !label(edit, &format!("{agg}view")),
+        "view must not get write verbs"
+    );
+    for (role, verbs) in [
+        (view, vec!["get", "list", "watch"]),
+        (
+            edit,
+            vec!["create", "update", "patch", "delete", "deletecollection"],
+        ),
+    ] {
+        let rules = role["rules"].as_sequence().context("rules")?;
+        ensure!(rules.len() == 1, "{rules:?}");
+        ensure!(
+            strs(&rules[0]["resources"]) == ["singletonjobs"],
+            "{rules:?}"
+        );
+        ensure!(strs(&rules[0]["verbs"]) == verbs, "{rules:?}");
+    }
+    Ok(())
+}
+
+#[test]
 fn more_than_one_watch_namespace_is_refused() -> Result<()> {
     // By values.schema.json ...
     let err = render_err(&["watchNamespaces={a,b}"])?;
