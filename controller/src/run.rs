@@ -24,6 +24,10 @@
 //!               that Job. If we die between 3 and 7, whoever acts next finds
 //!               `pendingClaim` and completes it with the same name and token.    G1, G2
 //! ```
+//!
+//! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::ops`]) take the same
+//! seven steps ([`Why::Manual`]); their claim write also marks the request handled, so a request
+//! is claimed once. Breaking a lock ([`break_lock`]) has its own numbered steps below.
 
 use std::sync::Arc;
 
