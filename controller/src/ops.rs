@@ -539,6 +539,86 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+        /// Walking a backfill (claims interleaved with periods that ran before, as the cursor
+        /// is stored and re-read between reconciles) visits exactly the schedule's periods of the
+        /// range, in order, each once, and counts them all.
+        #[test]
+        fn a_backfill_visits_each_period_of_its_range_once(
+            expr in proptest::sample::select(vec![
+                "*/7 * * * * *", "0 */5 * * * *", "30 2 * * *", "0 0 1 * *", "15,45 * * * *",
+                "0 0 29 2 *", "0 9 * * 1-5",
+            ]),
+            zone in proptest::sample::select(vec!["UTC", "Europe/Berlin", "Australia/Lord_Howe"]),
+            start in 1_700_000_000i64..1_800_000_000,
+            span in 0i64..40 * 86_400,
+            ran_before in proptest::collection::vec(proptest::bool::ANY, 64),
+        ) {
+            let s = Schedule::parse(expr, Some(zone), DstPolicy::default()).unwrap();
+            let from = Timestamp::from_second(start).unwrap();
+            let to = Timestamp::from_second(start + span).unwrap();
+            let decided = to + SignedDuration::from_hours(1);
+            let expected: Vec<Timestamp> = s
+                .iter_after(from - SignedDuration::from_nanos(1))
+                .take_while(|p| *p <= to)
+                .take(64)
+                .collect();
+            let all = s.count_between(from - SignedDuration::from_nanos(1), to, BACKFILL_MAX_PERIODS + 1);
+            let (first, last, count) = match backfill_range(&s, from, to, decided) {
+                Ok(r) => r,
+                Err(e) if all > BACKFILL_MAX_PERIODS => {
+                    proptest::prop_assert!(e.contains("split"), "{}", e);
+                    return Ok(());
+                }
+                Err(e) => {
+                    proptest::prop_assert!(expected.is_empty(), "{}", e);
+                    return Ok(());
+                }
+            };
+            proptest::prop_assert_eq!(Some(&first), expected.first());
+            if expected.len() < 64 {
+                proptest::prop_assert_eq!(Some(&last), expected.last());
+                proptest::prop_assert_eq!(count, expected.len() as u64);
+            }
+            let mut op = accepted(
+                &Request { id: "p".into(), from: Some(first), to: Some(last), ..Default::default() },
+                to,
+            );
+            op.next = Some(first.into());
+            let mut seen = Vec::new();
+            let mut token = 0;
+            while let Some(p) = backfill_next(&s, &op) {
+                if seen.len() == expected.len() {
+                    break;
+                }
+                seen.push(p);
+                if ran_before[seen.len() - 1] {
+                    op.already_run += 1;
+                    op.next = Some(after(p).into());
+                } else {
+                    token += 1;
+                    let claim = RunRef {
+                        period: p.into(),
+                        token,
+                        job_name: crate::naming::job_name("a", p),
+                        claimed_at: None,
+                        job_uid: None,
+                        origin: Some(RunOrigin::Backfill),
+                    };
+                    let mut ops = Operations { backfill: Some(op), ..Default::default() };
+                    on_claim(&mut ops, RunOrigin::Backfill, &claim);
+                    op = ops.backfill.unwrap();
+                }
+                // The cursor goes through the status as a Time (whole seconds).
+                op = serde_json::from_value(serde_json::to_value(&op).unwrap()).unwrap();
+            }
+            proptest::prop_assert_eq!(&seen, &expected);
+            proptest::prop_assert_eq!(op.started + op.already_run, expected.len() as u64);
+        }
+    }
+
     #[test]
     fn waiting_does_not_rewrite_the_record() {
         let req = Request {
