@@ -605,11 +605,8 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
 
     // Who asked for the manual run, for its Event; whether an operation goes on after this.
     let requested_by = manual.and_then(|(_, origin)| {
-        let kind = match origin {
-            RunOrigin::Trigger => Kind::Trigger,
-            RunOrigin::Backfill => Kind::Backfill,
-        };
-        kind.slot(&status.operations)
+        Kind::from(origin)
+            .slot(&status.operations)
             .and_then(|o| o.requested_by.clone())
     });
     let ops_going_on = ops::in_progress(&status.operations);
@@ -637,14 +634,10 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
             .await;
     }
     if let Some((origin, claim)) = &started_manual {
-        let op = match origin {
-            RunOrigin::Trigger => Kind::Trigger,
-            RunOrigin::Backfill => Kind::Backfill,
-        };
         let by = requested_by.as_deref().unwrap_or("unknown");
         let note = format!(
             "{} requested by {by}: Job {} for period {} with fencing token {}",
-            op.command(),
+            Kind::from(*origin).command(),
             claim.job_name,
             naming::period_rfc3339(claim.period.0),
             claim.token

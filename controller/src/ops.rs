@@ -69,6 +69,15 @@ impl Kind {
     }
 }
 
+impl From<RunOrigin> for Kind {
+    fn from(origin: RunOrigin) -> Kind {
+        match origin {
+            RunOrigin::Trigger => Kind::Trigger,
+            RunOrigin::Backfill => Kind::Backfill,
+        }
+    }
+}
+
 /// A request as written into its annotation (JSON).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
