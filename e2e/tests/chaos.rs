@@ -28,7 +28,6 @@ async fn chaos_suite() -> Result<()> {
     };
     let (outcomes, report) = run_all(&chosen, mode).await?;
     println!("\n{report}");
-    eprintln!("\n{report}");
     if let Some(path) = std::env::var_os("CHAOS_REPORT") {
         let path = std::path::PathBuf::from(path);
         if let Some(dir) = path.parent() {

@@ -118,7 +118,11 @@ impl Row {
                 self.scenario
             ));
         }
-        v.extend(self.details.iter().map(|d| format!("{}: {d}", self.scenario)));
+        v.extend(
+            self.details
+                .iter()
+                .map(|d| format!("{}: {d}", self.scenario)),
+        );
         v
     }
 }
@@ -156,8 +160,11 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row) {
     for (p, tokens) in &claims_by_period {
         if tokens.len() > 1 {
             row.duplicates += tokens.len() as u64 - 1;
-            row.details
-                .push(format!("{} period {p} claimed {} times", sj.key, tokens.len()));
+            row.details.push(format!(
+                "{} period {p} claimed {} times",
+                sj.key,
+                tokens.len()
+            ));
         }
     }
     for (p, tokens) in &jobs_by_period {
@@ -167,10 +174,8 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row) {
         }
         if all.len() > 1 {
             row.duplicates += all.len() as u64 - 1;
-            row.details.push(format!(
-                "{} period {p} ran with tokens {all:?}",
-                sj.key
-            ));
+            row.details
+                .push(format!("{} period {p} ran with tokens {all:?}", sj.key));
         }
     }
 
@@ -305,7 +310,7 @@ pub fn table(rows: &[Row]) -> String {
         } else {
             r.failovers
                 .iter()
-                .map(|d| secs(*d))
+                .map(|d| format!("{:.2}", d.as_secs_f64()))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -390,7 +395,11 @@ mod tests {
             ),
             (0, 0, 0, 0)
         );
-        assert!(row.violations(false).is_empty(), "{:?}", row.violations(false));
+        assert!(
+            row.violations(false).is_empty(),
+            "{:?}",
+            row.violations(false)
+        );
         // A pause scenario without a refused stale write fails: the checker is not vacuous.
         assert!(!row.violations(true).is_empty());
     }
@@ -471,7 +480,11 @@ mod tests {
         });
         let row = evaluate("pause", Duration::ZERO, &obs);
         assert_eq!((row.stale_refused, row.stale_accepted), (1, 0));
-        assert!(row.violations(true).is_empty(), "{:?}", row.violations(true));
+        assert!(
+            row.violations(true).is_empty(),
+            "{:?}",
+            row.violations(true)
+        );
         // A held token accepted, and a lower token committed after a higher one: both stale.
         obs.writes.push(Write {
             job: "ns/a".into(),
@@ -511,6 +524,6 @@ mod tests {
         let row = evaluate("healthy", Duration::from_secs(10), &healthy());
         let text = table(&[row.clone(), row]);
         assert_eq!(text.lines().count(), 4);
-        assert!(text.contains("| healthy | 10.0 s | 6 | 6 | 0 | 0 | 0 | 0 | 0 | 0 | 3.4 |"));
+        assert!(text.contains("| healthy | 10.0 s | 6 | 6 | 0 | 0 | 0 | 0 | 0 | 0 | 3.40 |"));
     }
 }

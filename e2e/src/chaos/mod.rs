@@ -151,9 +151,11 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     let mut w = World::start(&format!("chaos-{}", fault.name()), fault.sjs(), proxied).await?;
     w.wait_leader(None, Instant::now(), Duration::from_secs(60))
         .await?;
-    w.wait("a first run of every SingletonJob", Duration::from_secs(60), |w| {
-        Box::pin(async move { Ok(w.recovered_since(Timestamp::MIN).await?.then_some(())) })
-    })
+    w.wait(
+        "a first run of every SingletonJob",
+        Duration::from_secs(60),
+        |w| Box::pin(async move { Ok(w.recovered_since(Timestamp::MIN).await?.then_some(())) }),
+    )
     .await?;
     let from = Timestamp::now();
     w.run_for(mode.steady()).await?;
@@ -231,7 +233,9 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
                     let leading = w.leader().await? == Some(slot);
                     w.signal(slot, "TERM").await?;
                     if leading {
-                        let (_, took) = w.wait_leader(Some(slot), Instant::now(), lease_wait).await?;
+                        let (_, took) = w
+                            .wait_leader(Some(slot), Instant::now(), lease_wait)
+                            .await?;
                         failovers.push(took);
                     }
                 }
@@ -272,7 +276,8 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             };
             let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
             let slot = (leader + 1) % world::REPLICAS;
-            w.replace_replica(slot, crate::skewed_clock(offset)?).await?;
+            w.replace_replica(slot, crate::skewed_clock(offset)?)
+                .await?;
             w.wait_running(lease_wait).await?;
             if !w.make_leader(slot, 8).await? {
                 anyhow::bail!("the skewed replica never took the Lease");
@@ -280,7 +285,9 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             w.run_for(window).await?;
             // Heal: the replica restarts with the right clock.
             w.replace_replica(slot, Vec::new()).await?;
-            let (_, took) = w.wait_leader(Some(slot), Instant::now(), lease_wait).await?;
+            let (_, took) = w
+                .wait_leader(Some(slot), Instant::now(), lease_wait)
+                .await?;
             failovers.push(took);
             w.wait_running(lease_wait).await?;
         }

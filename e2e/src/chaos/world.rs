@@ -158,7 +158,11 @@ impl World {
                 "{}  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n",
                 sj.extra
             );
-            let mut yaml = sj_yaml(sj.name, sj.schedule, &backstop_spec("db", &world.prefix, &extra));
+            let mut yaml = sj_yaml(
+                sj.name,
+                sj.schedule,
+                &backstop_spec("db", &world.prefix, &extra),
+            );
             if sj.never_scheduled {
                 yaml = crate::never_scheduled(yaml);
             }
@@ -167,17 +171,21 @@ impl World {
         // The schema (and singleton_fence) exists once a backstop is ready; then the workload's
         // table.
         world
-            .wait("BackstopReady on every SingletonJob", Duration::from_secs(60), |w| {
-                Box::pin(async move {
-                    for sj in &w.sjs {
-                        let s = w.env.get_sj(sj.name).await?.status.unwrap_or_default();
-                        if !singleton::conditions::is_true(&s.conditions, "BackstopReady") {
-                            return Ok(None);
+            .wait(
+                "BackstopReady on every SingletonJob",
+                Duration::from_secs(60),
+                |w| {
+                    Box::pin(async move {
+                        for sj in &w.sjs {
+                            let s = w.env.get_sj(sj.name).await?.status.unwrap_or_default();
+                            if !singleton::conditions::is_true(&s.conditions, "BackstopReady") {
+                                return Ok(None);
+                            }
                         }
-                    }
-                    Ok(Some(()))
-                })
-            })
+                        Ok(Some(()))
+                    })
+                },
+            )
             .await?;
         let db = crate::pg().await?;
         db.batch_execute(&format!(
@@ -305,11 +313,17 @@ impl World {
 
     /// Sends `signal` to the replica in `slot`.
     pub async fn signal(&self, slot: usize, signal: &str) -> Result<()> {
-        self.env.signal_controller(self.slots[slot].idx, signal).await
+        self.env
+            .signal_controller(self.slots[slot].idx, signal)
+            .await
     }
 
     /// SIGTERM to `slot`; it is restarted (with `envs`, from then on) once it has exited.
-    pub async fn replace_replica(&mut self, slot: usize, envs: Vec<(String, String)>) -> Result<()> {
+    pub async fn replace_replica(
+        &mut self,
+        slot: usize,
+        envs: Vec<(String, String)>,
+    ) -> Result<()> {
         self.slots[slot].envs = envs;
         self.signal(slot, "TERM").await
     }
@@ -341,8 +355,8 @@ impl World {
             let mut all = true;
             for s in 0..self.slots.len() {
                 let idx = self.slots[s].idx;
-                all &= self.env.controller_exit(idx)?.is_none()
-                    && self.slots[s].restart_at.is_none();
+                all &=
+                    self.env.controller_exit(idx)?.is_none() && self.slots[s].restart_at.is_none();
             }
             if all {
                 self.run_for(Duration::from_millis(1500)).await?;
@@ -377,7 +391,9 @@ impl World {
         for sj in &self.sjs {
             let mine: Vec<_> = jobs
                 .iter()
-                .filter(|j| j.annotations().get("singleton.dev/job").map(String::as_str) == Some(sj.name))
+                .filter(|j| {
+                    j.annotations().get("singleton.dev/job").map(String::as_str) == Some(sj.name)
+                })
                 .collect();
             let ran_since = mine.iter().any(|j| {
                 j.annotations()
@@ -426,7 +442,10 @@ impl World {
             let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
             let claims = db
                 .query(
-                    &format!("SELECT period, token FROM {}claims WHERE job = $1", self.prefix),
+                    &format!(
+                        "SELECT period, token FROM {}claims WHERE job = $1",
+                        self.prefix
+                    ),
                     &[&key],
                 )
                 .await?
@@ -438,12 +457,18 @@ impl World {
                 .collect();
             let runs = jobs
                 .iter()
-                .filter(|j| j.annotations().get("singleton.dev/job").map(String::as_str) == Some(def.name))
+                .filter(|j| {
+                    j.annotations().get("singleton.dev/job").map(String::as_str) == Some(def.name)
+                })
                 .filter_map(|j| {
                     Some(RunJob {
                         name: j.name_any(),
                         period: j.annotations().get("singleton.dev/period")?.parse().ok()?,
-                        token: j.annotations().get("singleton.dev/fencing-token")?.parse().ok()?,
+                        token: j
+                            .annotations()
+                            .get("singleton.dev/fencing-token")?
+                            .parse()
+                            .ok()?,
                     })
                 })
                 .collect();
@@ -469,7 +494,12 @@ impl World {
                                 Outcome::Missed | Outcome::Skipped | Outcome::Deduplicated
                             )
                     })
-                    .map(|h| (h.period.0, h.last_period.as_ref().map_or(h.period.0, |l| l.0))),
+                    .map(|h| {
+                        (
+                            h.period.0,
+                            h.last_period.as_ref().map_or(h.period.0, |l| l.0),
+                        )
+                    }),
             );
             sjs.push(SjObservation {
                 key,
@@ -611,7 +641,14 @@ fn on_new_run(w: &Arc<Workload>, prefix: &str, ns: &str, sj: &str, period: Times
     }
 }
 
-fn spawn_write(w: &Arc<Workload>, prefix: &str, key: &str, period: Timestamp, token: u64, held: bool) {
+fn spawn_write(
+    w: &Arc<Workload>,
+    prefix: &str,
+    key: &str,
+    period: Timestamp,
+    token: u64,
+    held: bool,
+) {
     let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
     w.in_flight.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
@@ -668,7 +705,10 @@ async fn fenced_write(
     tokio::spawn(conn);
     let tx = client.transaction().await?;
     if let Err(e) = tx
-        .query(&format!("SELECT {prefix}fence($1, $2)"), &[&key, &(token as i64)])
+        .query(
+            &format!("SELECT {prefix}fence($1, $2)"),
+            &[&key, &(token as i64)],
+        )
         .await
     {
         let code = e.code().map(|c| c.code().to_string());
