@@ -301,8 +301,8 @@ pub fn secs(d: Duration) -> String {
 /// The markdown table of `rows`.
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| scenario | fault | periods due | runs started | recorded (reason) | duplicates | lost | non-monotonic tokens | stale writes accepted | stale writes refused | failover (s) |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| scenario | fault | periods due | runs started | recorded (reason) | pending | duplicates | lost | non-monotonic tokens | stale writes accepted | stale writes refused | failover (s) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         let failover = if r.failovers.is_empty() {
@@ -315,12 +315,13 @@ pub fn table(rows: &[Row]) -> String {
                 .join(", ")
         };
         out += &format!(
-            "| {} | {} s | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} s | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.scenario,
             secs(r.fault_window),
             r.due,
             r.started,
             r.recorded,
+            r.pending,
             r.duplicates,
             r.lost,
             r.non_monotonic,
@@ -524,6 +525,6 @@ mod tests {
         let row = evaluate("healthy", Duration::from_secs(10), &healthy());
         let text = table(&[row.clone(), row]);
         assert_eq!(text.lines().count(), 4);
-        assert!(text.contains("| healthy | 10.0 s | 6 | 6 | 0 | 0 | 0 | 0 | 0 | 0 | 3.40 |"));
+        assert!(text.contains("| healthy | 10.0 s | 6 | 6 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 3.40 |"));
     }
 }

@@ -161,7 +161,14 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     w.run_for(mode.steady()).await?;
 
     let fault_began = Instant::now();
-    let failovers = inject(&mut w, fault, mode).await?;
+    let failovers = match inject(&mut w, fault, mode).await {
+        Ok(f) => f,
+        Err(e) => {
+            // Leave the cluster whole for the next scenario (and the other tests).
+            heal_all().await;
+            return Err(e.context(format!("injecting {}", fault.name())));
+        }
+    };
     let fault_window = fault_began.elapsed();
     let healed = Timestamp::now();
     w.wait(
@@ -313,6 +320,20 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
         }
     }
     Ok(failovers)
+}
+
+/// Best effort: every component the suite may have stopped or paused runs again.
+async fn heal_all() {
+    for (action, component) in [
+        ("resume", "etcd"),
+        ("start", "etcd"),
+        ("start", "kube-apiserver"),
+        ("start", "postgres"),
+    ] {
+        if let Err(e) = cluster(action, component).await {
+            eprintln!("chaos: healing {component}: {e:#}");
+        }
+    }
 }
 
 /// Runs `scenarios` in order; the rows, with a markdown table (and wall time) in `report`.
