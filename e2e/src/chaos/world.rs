@@ -47,6 +47,13 @@ pub struct SjDef {
     pub never_scheduled: bool,
 }
 
+impl SjDef {
+    /// `concurrencyPolicy: Forbid` (the default): a new period waits for the active run.
+    pub fn forbid(&self) -> bool {
+        !self.extra.contains("concurrencyPolicy")
+    }
+}
+
 /// The SingletonJobs of most scenarios: one Forbid every 2 s (catchUp Latest) and one Allow every
 /// 3 s (catchUp All within a 20 s deadline).
 pub fn default_sjs() -> Vec<SjDef> {
@@ -403,7 +410,7 @@ impl World {
             });
             let waiting = !ran_since && {
                 let s = self.env.get_sj(sj.name).await?.status.unwrap_or_default();
-                !s.active.is_empty() && sj.extra.is_empty()
+                !s.active.is_empty() && sj.forbid()
             };
             if !ran_since && !waiting {
                 return Ok(false);
@@ -521,11 +528,6 @@ impl World {
             writes,
             failovers,
         })
-    }
-
-    /// The log of the replica in `slot` (for diagnostics).
-    pub fn replica_log(&self, slot: usize) -> String {
-        self.env.controller_log(self.slots[slot].idx)
     }
 }
 
