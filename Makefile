@@ -17,7 +17,7 @@ CHART_DIR ?= charts/singleton-controller
 CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: help tools up down status env crds lint chart unit e2e test demo
+.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries (cached in ~/.cache/singleton-controller)'
@@ -30,6 +30,7 @@ help:
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
+	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
 	echo 'make test     lint + unit + e2e (what CI runs)'
 	echo 'make demo     run the controller against the local cluster with examples/hello.yaml'
 
@@ -97,7 +98,34 @@ e2e:
 	"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
 	# Each test deletes its namespace; this catches those a crashed test left behind.
 	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
-	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS)
+	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite
+	# The chaos suite's short form last and alone: it restarts the API server, etcd and PostgreSQL
+	# under everyone's feet.
+	CHAOS_REPORT=$(TARGET_DIR)/chaos/short.md $(CARGO) test -p e2e --test chaos
+	cat $(TARGET_DIR)/chaos/short.md
+
+# The fault-injection suite, full length (docs/reliability.md). Like e2e, it starts the cluster
+# when it is not running and then stops it again; the table is printed and kept in $(CHAOS_REPORT).
+CHAOS_REPORT ?= $(TARGET_DIR)/chaos/report.md
+chaos:
+	started=
+	if ! hack/cluster.sh status >/dev/null 2>&1; then started=1; fi
+	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
+	trap 'exit 130' INT TERM
+	if [ -n "$$started" ]; then hack/cluster.sh up; fi
+	$(CARGO) build -p singleton-controller --bins
+	$(CARGO) test -p e2e --test chaos --no-run
+	eval "$$(hack/cluster.sh env)"
+	export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
+	export KUBECTL="$(KUBECTL)"
+	"$(KUBECTL)" apply --server-side -f crds/
+	"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
+	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+	rm -f "$(CHAOS_REPORT)"
+	rc=0
+	CHAOS=full CHAOS_REPORT="$(CHAOS_REPORT)" $(CARGO) test -p e2e --test chaos -- --nocapture || rc=$$?
+	if [ -s "$(CHAOS_REPORT)" ]; then echo; cat "$(CHAOS_REPORT)"; echo "(kept in $(CHAOS_REPORT))"; fi
+	exit $$rc
 
 # Sub-makes rather than prerequisites, so the order holds under `make -j` too.
 test:

@@ -4,11 +4,17 @@
 # within about a second), plus PostgreSQL (hack/postgres.sh). Everything listens on 127.0.0.1 only.
 #
 # Usage: hack/cluster.sh up|down|status|env
+#        hack/cluster.sh stop|start|restart|pause|resume COMPONENT
 #   up      start what is missing; a no-op when all is healthy. If only part of it runs (a crash),
 #           it is torn down and started fresh, so `up` always yields a known state.
 #   down    stop exactly the processes `up` started and delete the cluster and database state.
 #   status  say what runs; exit 0 only if everything is healthy.
 #   env     print `export KUBECONFIG=...` and `export DATABASE_URL=...` for eval.
+#   stop|start|restart|pause|resume COMPONENT: fault injection (the chaos suite, `make chaos`) on a
+#           running cluster, keeping its state. COMPONENT: etcd, kube-apiserver or postgres (stop,
+#           start, restart only). pause is SIGSTOP, resume SIGCONT. Idempotent: stopping what is
+#           stopped, starting what runs, resuming what runs are no-ops. start and restart wait
+#           until the component is healthy.
 # Env: SINGLETON_ETCD_PORT (32379), SINGLETON_ETCD_PEER_PORT (32380), SINGLETON_APISERVER_PORT
 #      (36443), SINGLETON_KCM_PORT (36257), SINGLETON_SCHEDULER_PORT (36259), SINGLETON_PG_PORT (35432)
 set -euo pipefail
@@ -168,14 +174,7 @@ all_alive() {
 
 healthy() { all_alive && readyz >/dev/null 2>&1 && node_ready >/dev/null 2>&1; }
 
-start_all() {
-  mkdir -p "$PIDS" "$LOGS" "$STATE/run"
-  check_ports_free
-  ensure_pki
-  write_kubeconfig "$KUBECONFIG_FILE" admin
-  write_kubeconfig "$STATE/kube-controller-manager.kubeconfig" kube-controller-manager
-  write_kubeconfig "$STATE/kube-scheduler.kubeconfig" kube-scheduler
-
+start_etcd() {
   log "starting etcd on 127.0.0.1:$ETCD_PORT"
   start etcd "$ETCD_BIN" --name=singleton --data-dir="$STATE/etcd" \
     --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
@@ -184,7 +183,9 @@ start_all() {
     --initial-cluster="singleton=http://127.0.0.1:$ETCD_PEER_PORT" \
     --unsafe-no-fsync --log-level=warn   # throwaway data: fsync only costs time
   WAIT_PIDFILE=$(pidfile etcd) wait_for "etcd health" 30 "$(logfile etcd)" etcd_healthy
+}
 
+start_apiserver() {
   # --endpoint-reconciler-type=none: the `kubernetes` Service's Endpoints may not hold a loopback
   # address, and with the default reconciler the apiserver refuses to start on 127.0.0.1.
   log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
@@ -205,6 +206,18 @@ start_all() {
     --allow-privileged=true \
     --cert-dir="$STATE/run/kube-apiserver"
   WAIT_PIDFILE=$(pidfile kube-apiserver) wait_for "kube-apiserver /readyz" 120 "$(logfile kube-apiserver)" readyz
+}
+
+start_all() {
+  mkdir -p "$PIDS" "$LOGS" "$STATE/run"
+  check_ports_free
+  ensure_pki
+  write_kubeconfig "$KUBECONFIG_FILE" admin
+  write_kubeconfig "$STATE/kube-controller-manager.kubeconfig" kube-controller-manager
+  write_kubeconfig "$STATE/kube-scheduler.kubeconfig" kube-scheduler
+
+  start_etcd
+  start_apiserver
 
   # Both serve /healthz on loopback (not their default 0.0.0.0) with an in-memory self-signed cert.
   log "starting kube-controller-manager, kube-scheduler and kwok"
@@ -335,10 +348,52 @@ cmd_env() {
   echo "export DATABASE_URL=$("$REPO/hack/postgres.sh" url)"
 }
 
+# stop|start|restart|pause|resume COMPONENT, reusing the pid files of `up`.
+cmd_component() {
+  local action=$1 comp=${2:-} f pid
+  case $comp in
+    postgres)
+      case $action in
+        stop) "$REPO/hack/postgres.sh" stop ;;
+        start) "$REPO/hack/postgres.sh" up ;;
+        restart) "$REPO/hack/postgres.sh" stop; "$REPO/hack/postgres.sh" up ;;
+        *) die "postgres supports stop, start and restart" ;;
+      esac
+      return ;;
+    etcd|kube-apiserver) ;;
+    *) die "COMPONENT must be etcd, kube-apiserver or postgres (got '${comp}')" ;;
+  esac
+  f=$(pidfile "$comp")
+  case $action in
+    stop)
+      if pid_alive "$f"; then
+        read -r pid _ < "$f"
+        kill -CONT -- "-$pid" 2>/dev/null || true   # a paused process cannot act on TERM
+        # kube-apiserver drains its watches for up to a minute on TERM; a restart should not
+        # wait for that (KILL after 8 s is then a crash, which a restart may well be).
+        stop_pidfile "$f" 8
+      fi ;;
+    start)
+      pid_alive "$f" && { log "$comp already runs"; return 0; }
+      [ -s "$KUBECONFIG_FILE" ] || die "no cluster state: run '$0 up' first"
+      if [ "$comp" = etcd ]; then start_etcd; else start_apiserver; fi ;;
+    restart)
+      cmd_component stop "$comp"
+      cmd_component start "$comp" ;;
+    pause|resume)
+      pid_alive "$f" || die "$comp is not running"
+      read -r pid _ < "$f"
+      if [ "$action" = pause ]; then kill -STOP -- "-$pid"; else kill -CONT -- "-$pid"; fi
+      log "$action $comp (pgid $pid)" ;;
+    *) die "unknown action $action" ;;
+  esac
+}
+
 case ${1:-} in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  stop|start|restart|pause|resume) cmd_component "$1" "${2:-}" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -3,7 +3,7 @@
 # trust auth for loopback, database `singleton`. Idempotent.
 # TLS is on too (ssl=on with a throwaway CA, server certificate for 127.0.0.1 and localhost), while
 # plain connections keep working; the CA certificate is at `hack/postgres.sh ca` for sslmode tests.
-# Usage: hack/postgres.sh up|down|url|status|ca
+# Usage: hack/postgres.sh up|down|stop|url|status|ca   (stop keeps the data; `up` starts it again)
 # Env: SINGLETON_PG_PORT (default 35432)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -92,7 +92,8 @@ ensure_tls() {
 up() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if ! running; then
-    PORT=${SINGLETON_PG_PORT:-35432}
+    # A server stopped by `stop` comes back on its port (clients hold URLs with it).
+    if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_PG_PORT:-35432}; fi
     if [ ! -s "$DATA/PG_VERSION" ]; then
       log "initdb in $DATA"
       rm -rf "$DATA"
@@ -141,6 +142,17 @@ down() {
   rm -rf "$SERVER" "$ROOT"
 }
 
+# Stops the server and keeps its data and port (the chaos suite's database outage).
+stop() {
+  [ -d "$ROOT" ] || return 0
+  BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
+  if running; then
+    log "stopping (data kept)"
+    as_pg "$BIN/pg_ctl" -D "$DATA" -m fast -w -t 30 stop >/dev/null \
+      || as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w -t 10 stop >/dev/null
+  fi
+}
+
 status() {
   [ -d "$ROOT" ] || { printf '%-24s stopped\n' postgres; return 1; }
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
@@ -154,8 +166,9 @@ status() {
 case ${1:-} in
   up) up ;;
   down) down ;;
+  stop) stop ;;
   url) url ;;
   status) status ;;
   ca) echo "$TLS_DIR/ca.crt" ;;
-  *) echo "usage: $0 up|down|url|status|ca" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|stop|url|status|ca" >&2; exit 2 ;;
 esac

@@ -20,6 +20,8 @@ use tokio::process::{Child, Command};
 
 pub use singleton;
 
+pub mod chaos;
+
 /// One test's world: a namespace, a client, and controller processes.
 pub struct Env {
     pub client: Client,

@@ -1,0 +1,367 @@
+//! The fault-injection suite (issue #8): each scenario starts a world (three replicas, the real
+//! control plane, PostgreSQL, the kwok node, SingletonJobs every 2 and 3 s with the backstop, a
+//! workload doing fenced writes), injects one fault for a bounded time, lets it heal, and checks
+//! the external truth ([`check`]). `CHAOS=full` (make chaos) runs each fault for about a minute;
+//! otherwise (make e2e) a short window each.
+
+pub mod check;
+pub mod world;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use jiff::{SignedDuration, Timestamp};
+
+use check::Row;
+use world::{SjDef, World, cluster, default_sjs};
+
+/// How long each phase lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `make e2e`: every scenario once, short fault windows.
+    Short,
+    /// `make chaos` (`CHAOS=full`): about a minute per scenario.
+    Full,
+}
+
+impl Mode {
+    pub fn from_env() -> Mode {
+        match std::env::var("CHAOS").as_deref() {
+            Ok("full") => Mode::Full,
+            _ => Mode::Short,
+        }
+    }
+
+    /// Steady state observed before the fault.
+    fn steady(self) -> Duration {
+        match self {
+            Mode::Short => Duration::from_secs(2),
+            Mode::Full => Duration::from_secs(8),
+        }
+    }
+
+    /// How long a fault lasts (where its length is ours to choose).
+    fn window(self) -> Duration {
+        match self {
+            Mode::Short => Duration::from_secs(7),
+            Mode::Full => Duration::from_secs(30),
+        }
+    }
+
+    /// Observed after recovery.
+    fn settle(self) -> Duration {
+        match self {
+            Mode::Short => Duration::from_secs(3),
+            Mode::Full => Duration::from_secs(10),
+        }
+    }
+}
+
+/// One fault type per scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The leader SIGSTOPped longer than its lease (Kleppmann's diagram), then SIGCONT; the
+    /// workload holds its tokens meanwhile.
+    LeaderSigstop,
+    /// SIGKILL of whichever replica leads, repeatedly.
+    LeaderSigkill,
+    /// SIGTERM of every replica in turn (a rolling restart).
+    RollingSigterm,
+    /// kube-apiserver stopped and started.
+    ApiserverRestart,
+    /// etcd SIGSTOPped, then SIGCONT.
+    EtcdPause,
+    /// etcd stopped and started.
+    EtcdRestart,
+    /// PostgreSQL (the backstop and the workload's database) stopped and started.
+    PostgresStop,
+    /// One replica's clock 40 s ahead (libfaketime), and it leads.
+    ClockAhead,
+    /// One replica's clock 40 s behind, and it leads.
+    ClockBehind,
+    /// The leader cut off from the API server (a stalled TCP proxy on loopback).
+    Partition,
+    /// The workload of a Replace SingletonJob paused past the Replace of its run.
+    ReplacePause,
+}
+
+pub const SCENARIOS: &[Fault] = &[
+    Fault::LeaderSigstop,
+    Fault::LeaderSigkill,
+    Fault::RollingSigterm,
+    Fault::ApiserverRestart,
+    Fault::EtcdPause,
+    Fault::EtcdRestart,
+    Fault::PostgresStop,
+    Fault::ClockAhead,
+    Fault::ClockBehind,
+    Fault::Partition,
+    Fault::ReplacePause,
+];
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::LeaderSigstop => "leader-sigstop",
+            Fault::LeaderSigkill => "leader-sigkill",
+            Fault::RollingSigterm => "rolling-sigterm",
+            Fault::ApiserverRestart => "apiserver-restart",
+            Fault::EtcdPause => "etcd-pause",
+            Fault::EtcdRestart => "etcd-restart",
+            Fault::PostgresStop => "postgres-stop",
+            Fault::ClockAhead => "clock-ahead-40s",
+            Fault::ClockBehind => "clock-behind-40s",
+            Fault::Partition => "partition",
+            Fault::ReplacePause => "replace-pause",
+        }
+    }
+
+    /// A scenario whose workload holds tokens past a newer run: it must see refusals.
+    pub fn pause(self) -> bool {
+        matches!(self, Fault::LeaderSigstop | Fault::ReplacePause)
+    }
+
+    fn sjs(self) -> Vec<SjDef> {
+        match self {
+            Fault::ReplacePause => vec![
+                default_sjs().remove(0),
+                SjDef {
+                    name: "swap",
+                    schedule: "*/2 * * * * *",
+                    extra: "  concurrencyPolicy: Replace\n",
+                    never_scheduled: true,
+                },
+            ],
+            _ => default_sjs(),
+        }
+    }
+}
+
+/// A scenario's row and what it violated (empty: passed).
+pub struct Outcome {
+    pub row: Row,
+    pub violations: Vec<String>,
+    pub took: Duration,
+}
+
+/// Runs one scenario end to end.
+pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
+    let began = Instant::now();
+    let proxied = (fault == Fault::Partition).then_some(0);
+    let mut w = World::start(&format!("chaos-{}", fault.name()), fault.sjs(), proxied).await?;
+    w.wait_leader(None, Instant::now(), Duration::from_secs(60))
+        .await?;
+    w.wait(
+        "a first run of every SingletonJob",
+        Duration::from_secs(60),
+        |w| Box::pin(async move { Ok(w.recovered_since(Timestamp::MIN).await?.then_some(())) }),
+    )
+    .await?;
+    let from = Timestamp::now();
+    w.run_for(mode.steady()).await?;
+
+    let fault_began = Instant::now();
+    let failovers = match inject(&mut w, fault, mode).await {
+        Ok(f) => f,
+        Err(e) => {
+            // Leave the cluster whole for the next scenario (and the other tests).
+            heal_all().await;
+            return Err(e.context(format!("injecting {}", fault.name())));
+        }
+    };
+    let fault_window = fault_began.elapsed();
+    let healed = Timestamp::now();
+    w.wait(
+        "every SingletonJob running again after the fault",
+        Duration::from_secs(120),
+        |w| Box::pin(async move { Ok(w.recovered_since(healed).await?.then_some(())) }),
+    )
+    .await?;
+    w.run_for(mode.settle()).await?;
+    // Periods due up to 4 s ago have had time to be decided.
+    let to = Timestamp::now() - SignedDuration::from_secs(4);
+    let obs = w.observe(from, to, failovers).await?;
+    let row = check::evaluate(fault.name(), fault_window, &obs);
+    let violations = row.violations(fault.pause());
+    if !violations.is_empty() {
+        eprintln!("==== {} failed ====\n{}", fault.name(), w.env.dump().await);
+    }
+    Ok(Outcome {
+        row,
+        violations,
+        took: began.elapsed(),
+    })
+}
+
+/// Injects `fault`, lets it heal; the failover times it measured.
+async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>> {
+    let window = mode.window();
+    let lease_wait = Duration::from_secs(60);
+    let mut failovers = Vec::new();
+    match fault {
+        Fault::LeaderSigstop => {
+            for sj in w.sjs.clone() {
+                w.pause_workload(sj.name, true);
+            }
+            let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
+            w.signal(leader, "STOP").await?;
+            let t0 = Instant::now();
+            let (_, took) = w.wait_leader(Some(leader), t0, lease_wait).await?;
+            failovers.push(took);
+            w.run_for(window.saturating_sub(t0.elapsed())).await?;
+            w.signal(leader, "CONT").await?;
+            for sj in w.sjs.clone() {
+                w.pause_workload(sj.name, false);
+            }
+        }
+        Fault::LeaderSigkill => {
+            let kills = match mode {
+                Mode::Short => 2,
+                Mode::Full => 5,
+            };
+            for _ in 0..kills {
+                w.wait_running(lease_wait).await?;
+                let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
+                w.signal(leader, "KILL").await?;
+                let t0 = Instant::now();
+                let (_, took) = w.wait_leader(Some(leader), t0, lease_wait).await?;
+                failovers.push(took);
+                w.run_for(window / kills).await?;
+            }
+        }
+        Fault::RollingSigterm => {
+            let rounds = match mode {
+                Mode::Short => 1,
+                Mode::Full => 3,
+            };
+            for _ in 0..rounds {
+                for slot in 0..world::REPLICAS {
+                    w.wait_running(lease_wait).await?;
+                    let leading = w.leader().await? == Some(slot);
+                    w.signal(slot, "TERM").await?;
+                    if leading {
+                        let (_, took) = w
+                            .wait_leader(Some(slot), Instant::now(), lease_wait)
+                            .await?;
+                        failovers.push(took);
+                    }
+                }
+            }
+            w.wait_running(lease_wait).await?;
+        }
+        Fault::ApiserverRestart => match mode {
+            Mode::Short => cluster("restart", "kube-apiserver").await?,
+            Mode::Full => {
+                cluster("stop", "kube-apiserver").await?;
+                w.run_for(window).await?;
+                cluster("start", "kube-apiserver").await?;
+            }
+        },
+        Fault::EtcdPause => {
+            cluster("pause", "etcd").await?;
+            w.run_for(window).await?;
+            cluster("resume", "etcd").await?;
+        }
+        Fault::EtcdRestart => match mode {
+            Mode::Short => cluster("restart", "etcd").await?,
+            Mode::Full => {
+                cluster("stop", "etcd").await?;
+                w.run_for(window).await?;
+                cluster("start", "etcd").await?;
+            }
+        },
+        Fault::PostgresStop => {
+            cluster("stop", "postgres").await?;
+            w.run_for(window).await?;
+            cluster("start", "postgres").await?;
+        }
+        Fault::ClockAhead | Fault::ClockBehind => {
+            let offset = if fault == Fault::ClockAhead {
+                "+40s"
+            } else {
+                "-40s"
+            };
+            let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
+            let slot = (leader + 1) % world::REPLICAS;
+            w.replace_replica(slot, crate::skewed_clock(offset)?)
+                .await?;
+            w.wait_running(lease_wait).await?;
+            if !w.make_leader(slot, 8).await? {
+                anyhow::bail!("the skewed replica never took the Lease");
+            }
+            w.run_for(window).await?;
+            // Heal: the replica restarts with the right clock.
+            w.replace_replica(slot, Vec::new()).await?;
+            let (_, took) = w
+                .wait_leader(Some(slot), Instant::now(), lease_wait)
+                .await?;
+            failovers.push(took);
+            w.wait_running(lease_wait).await?;
+        }
+        Fault::Partition => {
+            if !w.make_leader(0, 8).await? {
+                anyhow::bail!("the proxied replica never took the Lease");
+            }
+            if let Some(p) = &w.proxy {
+                p.stall();
+            }
+            let t0 = Instant::now();
+            let (_, took) = w.wait_leader(Some(0), t0, lease_wait).await?;
+            failovers.push(took);
+            w.run_for(window.saturating_sub(t0.elapsed())).await?;
+            if let Some(p) = &w.proxy {
+                p.up();
+            }
+        }
+        Fault::ReplacePause => {
+            w.pause_workload("swap", true);
+            w.run_for(window).await?;
+            w.pause_workload("swap", false);
+        }
+    }
+    Ok(failovers)
+}
+
+/// Best effort: every component the suite may have stopped or paused runs again.
+async fn heal_all() {
+    for (action, component) in [
+        ("resume", "etcd"),
+        ("start", "etcd"),
+        ("start", "kube-apiserver"),
+        ("start", "postgres"),
+    ] {
+        if let Err(e) = cluster(action, component).await {
+            eprintln!("chaos: healing {component}: {e:#}");
+        }
+    }
+}
+
+/// Runs `scenarios` in order; the rows, with a markdown table (and wall time) in `report`.
+pub async fn run_all(scenarios: &[Fault], mode: Mode) -> Result<(Vec<Outcome>, String)> {
+    let began = Instant::now();
+    let mut outcomes = Vec::new();
+    for f in scenarios {
+        eprintln!("chaos: {} ({mode:?})", f.name());
+        let o = run_scenario(*f, mode).await?;
+        eprintln!(
+            "chaos: {} done in {:.0} s{}",
+            f.name(),
+            o.took.as_secs_f64(),
+            if o.violations.is_empty() {
+                String::new()
+            } else {
+                format!(": {:?}", o.violations)
+            }
+        );
+        outcomes.push(o);
+    }
+    let rows: Vec<Row> = outcomes.iter().map(|o| o.row.clone()).collect();
+    let report = format!(
+        "{}\n{mode:?} run of {} scenarios: {:.0} s wall time ({}).\n",
+        check::table(&rows),
+        rows.len(),
+        began.elapsed().as_secs_f64(),
+        Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
+    );
+    Ok((outcomes, report))
+}
