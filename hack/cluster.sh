@@ -14,8 +14,9 @@
 #      SINGLETON_APISERVER_EXTRA_ARGS, SINGLETON_KCM_EXTRA_ARGS: extra flags for kube-apiserver and
 #      kube-controller-manager, split on whitespace (so no spaces inside one flag), read by `up`
 #      only. make bench passes an audit policy and log to the API server and
-#      `--controllers=cronjob,job` to the KCM; with `--controllers=` no ServiceAccount controller may run:
-#      `up` then creates default/default itself. `up` records them in .cache/cluster/extra-args, so
+#      `--controllers=cronjob,job` to the KCM; with `--controllers=` no ServiceAccount or node
+#      lifecycle controller may run: `up` then creates default/default and lifts the node's
+#      not-ready taint itself. `up` records them in .cache/cluster/extra-args, so
 #      a caller can tell how a running cluster was started.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -266,8 +267,11 @@ EOF
   WAIT_PIDFILE=$(pidfile kwok) wait_for "node $NODE Ready" 60 "$(logfile kwok)" node_ready
   # Pods are rejected until the ServiceAccount admission finds `default`, made by the KCM, unless
   # its controllers are restricted (make bench): then no ServiceAccount controller runs.
+  # Nor does a node lifecycle controller then lift the not-ready taint the API server puts on a
+  # new node: lift it here (kwok keeps the node Ready).
   if [[ " ${KCM_EXTRA_ARGS[*]-} " == *" --controllers="* ]]; then
     kubectl create serviceaccount default -n default >/dev/null 2>&1 || true
+    kubectl taint node "$NODE" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
   fi
   WAIT_PIDFILE=$(pidfile kube-controller-manager) wait_for "ServiceAccount default/default" 60 \
     "$(logfile kube-controller-manager)" kubectl get serviceaccount default -n default -o name
