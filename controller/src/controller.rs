@@ -8,7 +8,7 @@ use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, ListParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self as kube_controller, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -30,6 +30,12 @@ use crate::{Error, Result, conditions, naming, run};
 
 /// How long in-flight reconciles get to finish their writes once the controller stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
+
+/// At most this many reconciles run at once. Unbounded, a burst of a thousand due periods put a
+/// thousand claims in flight at once: the Lease renewal queued behind them, missed the renew
+/// deadline, and the leader stepped down in the middle of the burst. Beyond a few dozen, more in
+/// flight does not make the API server accept writes any faster.
+const MAX_CONCURRENT_RECONCILES: u16 = 64;
 
 /// Entries kept in `status.history`.
 pub const HISTORY_LIMIT: usize = 20;
@@ -1089,6 +1095,7 @@ pub async fn run(
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     Controller::new(sjs, watcher::Config::default())
+        .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(job_stream)
         .reconcile_all_on(reconcile_all)
         .graceful_shutdown_on(async move {
