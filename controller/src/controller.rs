@@ -193,7 +193,8 @@ impl Events {
 pub struct Context {
     pub client: Client,
     pub events: Events,
-    /// Jobs labelled `singleton.dev/job`, kept current by a watch.
+    /// Jobs labelled `singleton.dev/job`, kept current by a watch: metadata and status only
+    /// (see [`slim_job`]).
     pub jobs: Store<Job>,
     pub clock: watch::Receiver<ClockState>,
     pub gate: Gate,
@@ -1011,6 +1012,26 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
     }
 }
 
+/// What the cache keeps of a Job: its metadata (name, labels, annotations, owner) and status,
+/// which is all the controller reads from a cached Job. Managed fields and the pod template are
+/// most of a Job's size, and a cache of thousands of Jobs held them all.
+fn slim_job(job: &mut Job) {
+    job.metadata.managed_fields = None;
+    job.spec = None;
+}
+
+/// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
+/// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
+/// subresource, where the API server ignores every change outside `status`.
+fn slim_sj(sj: &mut SingletonJob) {
+    sj.metadata.managed_fields = None;
+    if let Some(a) = sj.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Configuration of a controller instance.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -1056,9 +1077,15 @@ pub async fn run(
 
     let (reader, writer) = reflector::store::<Job>();
     let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
-    let job_stream = reflector::reflector(writer, watcher(jobs_api, job_watch))
+    let job_stream = reflector::reflector(writer, watcher(jobs_api, job_watch).modify(slim_job))
         .default_backoff()
         .touched_objects();
+    let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
+    let sj_stream = reflector::reflector(
+        sj_writer,
+        watcher(sjs, watcher::Config::default()).modify(slim_sj),
+    )
+    .applied_objects();
 
     let reporter = Reporter {
         controller: cfg.reporter.clone(),
@@ -1094,7 +1121,7 @@ pub async fn run(
         let _ = forceful_rx.changed().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
-    Controller::new(sjs, watcher::Config::default())
+    Controller::for_stream(sj_stream, sj_reader)
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(job_stream)
         .reconcile_all_on(reconcile_all)
