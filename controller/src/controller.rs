@@ -313,8 +313,11 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     // A claim left half-done by a replica that died: finish it first, with its name and token.
     if let Some(claim) = status.pending_claim.clone() {
         let span = run::span(&sj, &claim);
-        tracing::Instrument::instrument(run::complete_claim(&ctx, &sj, claim, &[], &db), span)
-            .await?;
+        tracing::Instrument::instrument(
+            run::complete_claim(&ctx, &sj, claim, &[], &db, run::Read::Earlier),
+            span,
+        )
+        .await?;
         return Ok(Action::requeue(Duration::ZERO));
     }
 

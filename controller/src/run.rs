@@ -128,7 +128,7 @@ pub async fn start(
         Why::Scheduled { replace } => replace,
         Why::Manual(_) => &[],
     };
-    complete_claim(ctx, &claimed, claim.clone(), replace, db).await?;
+    complete_claim(ctx, &claimed, claim.clone(), replace, db, Read::JustWritten).await?;
     Ok(claim)
 }
 
@@ -151,6 +151,15 @@ impl Why<'_> {
     }
 }
 
+/// Where the `sj` given to [`complete_claim`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The response of this process's own claim write, just now.
+    JustWritten,
+    /// A copy read earlier (the cache): another replica may have moved on since.
+    Earlier,
+}
+
 /// Steps 4 to 7 for a claim written earlier, possibly by another (dead) replica.
 pub async fn complete_claim(
     ctx: &Context,
@@ -158,6 +167,7 @@ pub async fn complete_claim(
     claim: RunRef,
     replaced: &[RunRef],
     db: &Db,
+    read: Read,
 ) -> Result<()> {
     ctx.gate.check()?;
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
@@ -228,8 +238,16 @@ pub async fn complete_claim(
     // and deleting "old" runs from a stale view is not ours to do either. A pause between this
     // read and the create remains possible (Kubernetes has no conditional create); step 7 then
     // removes the duplicate, and with a backstop its writes are refused by the fence all along.
+    // When `sj` is our claim write's own response and nothing ran since (no backstop round trip,
+    // no Jobs to replace), that response is the re-read: a GET now would be no fresher, and the
+    // window left (response → create) is the same one request as after a GET.
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-    let fresh = sjs.get(&sj.name_any()).await?;
+    let fresh =
+        if read == Read::JustWritten && matches!(db, Db::NotConfigured) && replaced.is_empty() {
+            sj.clone()
+        } else {
+            sjs.get(&sj.name_any()).await?
+        };
     if !claim_pending(&fresh, &claim) {
         return Err(Error::Conflict(format!(
             "claim of {} completed by another replica",
