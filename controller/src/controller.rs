@@ -18,7 +18,7 @@ use tokio_stream::wrappers::WatchStream;
 
 use crate::api::{
     ConcurrencyPolicy, HistoryEntry, LockPurpose, OperationPhase, Outcome, RunOrigin, RunRef,
-    SingletonJob,
+    SingletonJob, SingletonJobStatus,
 };
 use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
 use crate::clock::ClockState;
@@ -36,6 +36,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
 /// deadline, and the leader stepped down in the middle of the burst. Beyond a few dozen, more in
 /// flight does not make the API server accept writes any faster.
 const MAX_CONCURRENT_RECONCILES: u16 = 64;
+
+/// How long this process remembers a claim it confirmed, to recognise cached copies from before
+/// it ([`Context::is_stale`]); a watch that lags longer costs a re-read and a 409, as without it.
+const CONFIRMED_TTL: Duration = Duration::from_secs(60);
 
 /// Entries kept in `status.history`.
 pub const HISTORY_LIMIT: usize = 20;
@@ -202,6 +206,57 @@ pub struct Context {
     pub backstops: BackstopCache,
     /// The backstop's refused-stale-write count last seen, per SingletonJob (for Events).
     pub rejections_seen: Mutex<HashMap<String, u64>>,
+    /// The highest token whose claim this process confirmed (step 7) and when, per SingletonJob
+    /// uid (a re-created SingletonJob has a new uid, and without a backstop its tokens start
+    /// again). Only needed until the watch delivers the confirm: entries expire.
+    pub confirmed: Mutex<HashMap<String, (u64, tokio::time::Instant)>>,
+}
+
+impl Context {
+    /// Records that this process confirmed the claim with `token` (it is no longer pending).
+    pub fn confirmed(&self, sj: &SingletonJob, token: u64) {
+        if let Some(uid) = sj.metadata.uid.clone() {
+            let now = tokio::time::Instant::now();
+            let mut m = self
+                .confirmed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            // Bounded by the claims of the last minute, whatever the churn of SingletonJobs.
+            if m.len() >= 1024 {
+                m.retain(|_, (_, at)| now.duration_since(*at) < CONFIRMED_TTL);
+            }
+            let e = m.entry(uid).or_insert((token, now));
+            *e = (e.0.max(token), now);
+        }
+    }
+
+    /// Whether `sj` (with `status`) is older than a claim this process confirmed. Tokens only
+    /// increase and the confirmed status carries its token, so a copy whose token is lower, or
+    /// whose pending claim has that token or a lower one, was read before the confirm.
+    pub fn is_stale(&self, sj: &SingletonJob, status: &SingletonJobStatus) -> bool {
+        let Some(uid) = sj.metadata.uid.as_ref() else {
+            return false;
+        };
+        let confirmed = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .filter(|(_, at)| at.elapsed() < CONFIRMED_TTL)
+            .map(|(t, _)| *t);
+        confirmed.is_some_and(|t| {
+            status.fencing_token < t || status.pending_claim.as_ref().is_some_and(|c| c.token <= t)
+        })
+    }
+
+    fn forget_confirmed(&self, sj: &SingletonJob) {
+        if let Some(uid) = &sj.metadata.uid {
+            self.confirmed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(uid);
+        }
+    }
 }
 
 /// The state of a Job as the decision core sees it.
@@ -262,6 +317,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if sj.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect the Jobs.
         crate::metrics::global().forget(&sj);
+        ctx.forget_confirmed(&sj);
         return Ok(Action::await_change());
     }
     // A standby keeps its caches warm but decides nothing: everything is reconciled when the
@@ -280,6 +336,13 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     };
     let generation = sj.metadata.generation;
     let mut status = sj.status.clone().unwrap_or_default();
+
+    // A cached copy from before this process confirmed its own claim (a Job event can trigger a
+    // reconcile before the watch delivers our confirm, which triggers one of its own): acting on
+    // it would claim or complete again from an old resourceVersion, costing a request and a 409.
+    if ctx.is_stale(&sj, &status) {
+        return Ok(Action::await_change());
+    }
 
     let db = resolve_backstop(&ctx, &sj).await;
     if let Db::Ready(b) = &db
@@ -1103,6 +1166,7 @@ pub async fn run(
         gate,
         backstops: BackstopCache::default(),
         rejections_seen: Mutex::default(),
+        confirmed: Mutex::default(),
     });
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every

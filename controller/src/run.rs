@@ -349,7 +349,7 @@ pub async fn complete_claim(
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     match write_status(ctx, &fresh, status).await {
-        Ok(_) => {}
+        Ok(_) => ctx.confirmed(sj, claim.token),
         Err(Error::Conflict(what)) => {
             // Lost the confirm. If the status that won neither holds this claim as pending nor
             // knows the Job we just created, that Job re-creates a period another replica had
@@ -640,6 +640,7 @@ mod tests {
             gate: Gate::always(),
             backstops: Default::default(),
             rejections_seen: Default::default(),
+            confirmed: Default::default(),
         }
     }
 
