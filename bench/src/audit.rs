@@ -19,6 +19,8 @@ pub struct Request {
     pub namespace: String,
     pub name: String,
     pub code: u16,
+    /// A dry run (the controller validates a new jobTemplate by one): nothing was created.
+    pub dry_run: bool,
     /// When the response was complete: for a create, the instant the object exists.
     pub done: Timestamp,
 }
@@ -67,6 +69,7 @@ fn parse(line: &str) -> Option<Request> {
             .pointer("/responseStatus/code")
             .and_then(|c| c.as_u64())
             .unwrap_or(0) as u16,
+        dry_run: s("/requestURI").contains("dryRun="),
         done: s("/stageTimestamp").parse().ok()?,
     })
 }
@@ -83,7 +86,8 @@ pub fn job_creates<'a>(
                 && r.verb == "create"
                 && r.resource == "jobs"
                 && r.code == 201
-                && (r.namespace == ns)
+                && !r.dry_run
+                && r.namespace == ns
         })
         .map(|r| (r.name.as_str(), r.done))
 }

@@ -589,6 +589,7 @@ impl Bench {
         let mut out = serde_json::Map::new();
         for sig in ["KILL", "TERM"] {
             let mut gaps = Vec::new();
+            let mut lates = Vec::new();
             for _ in 0..self.sizes.failover_rounds {
                 // Runs going on for a few seconds; then find the leader.
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -608,6 +609,9 @@ impl Bench {
                 // the signal, so it is the new leader's (a create already in flight at the signal
                 // is for an earlier period).
                 let deadline = t0 + SignedDuration::from_secs(60);
+                // Without a failover, the first period after the signal would have started at
+                // its instant: how late it (or, if it was skipped, the next) started instead.
+                let first_due = Timestamp::from_second(t0.as_second() + 1)?;
                 let gap = loop {
                     let reqs = self.audit.since(mark)?;
                     let first = audit::job_creates(&reqs, SINGLETON_USER, &ns)
@@ -615,7 +619,10 @@ impl Bench {
                         .map(|(_, at)| at)
                         .min();
                     if let Some(at) = first {
-                        break Some(at.duration_since(t0).as_secs_f64());
+                        break Some((
+                            at.duration_since(t0).as_secs_f64(),
+                            at.duration_since(first_due).as_secs_f64(),
+                        ));
                     }
                     if Timestamp::now() > deadline {
                         break None;
@@ -623,11 +630,15 @@ impl Bench {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 };
                 let _ = replicas[i].child.wait().await;
-                eprintln!("bench:   SIG{sig} of r{i}: next run after {gap:?} s");
-                gaps.push(gap);
+                eprintln!("bench:   SIG{sig} of r{i}: (signal → next run, late by) {gap:?} s");
+                gaps.push(gap.map(|g| g.0));
+                lates.push(gap.map(|g| g.1));
                 replicas[i] = self.spawn_controller(&format!("failover-r{i}-again"), &args(i))?;
             }
-            out.insert(format!("SIG{sig}"), json!({"seconds_to_next_run": gaps}));
+            out.insert(
+                format!("SIG{sig}"),
+                json!({"seconds_to_next_run": gaps, "first_period_late_by_seconds": lates}),
+            );
         }
         out.insert(
             "lease".into(),

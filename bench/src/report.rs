@@ -184,8 +184,8 @@ pub fn markdown(r: &Value) -> String {
             "",
         );
     }
-    let fo = |sig: &str| -> String {
-        r.pointer(&format!("/failover/{sig}/seconds_to_next_run"))
+    let fo = |sig: &str, what: &str| -> String {
+        r.pointer(&format!("/failover/{sig}/{what}"))
             .and_then(Value::as_array)
             .map(|v| {
                 v.iter()
@@ -197,14 +197,21 @@ pub fn markdown(r: &Value) -> String {
     };
     t.row(
         "failover, 3 replicas, SIGKILL of the leader: signal → next run",
-        fo("SIGKILL"),
-        "–".into(),
+        fo("SIGKILL", "seconds_to_next_run"),
+        "no leader election".into(),
         "–".into(),
         "≤ lease (15 s) + 2 s",
     );
     t.row(
         "failover, SIGTERM of the leader: signal → next run (every-second schedule)",
-        fo("SIGTERM"),
+        fo("SIGTERM", "seconds_to_next_run"),
+        "–".into(),
+        "–".into(),
+        "",
+    );
+    t.row(
+        "failover, SIGTERM: first period after the signal started late by",
+        fo("SIGTERM", "first_period_late_by_seconds"),
         "–".into(),
         "–".into(),
         "< 1 s",
