@@ -114,11 +114,20 @@ impl Gate {
 pub struct Events {
     client: Client,
     reporter: Reporter,
+    /// Bounds the Events published in the background (a burst of runs starts hundreds at once).
+    background: Arc<tokio::sync::Semaphore>,
 }
+
+/// Events published in the background at once, at most.
+const BACKGROUND_EVENTS: usize = 16;
 
 impl Events {
     pub fn new(client: Client, reporter: Reporter) -> Self {
-        Events { client, reporter }
+        Events {
+            client,
+            reporter,
+            background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_EVENTS)),
+        }
     }
 
     pub async fn publish(
@@ -136,25 +145,48 @@ impl Events {
             action: action.into(),
             secondary: None,
         };
+        self.send(sj, ev).await;
+    }
+
+    /// Publishes one Event, logging a failure (an Event is for humans; nothing waits on it).
+    fn send(&self, sj: &SingletonJob, ev: Event) -> impl std::future::Future<Output = ()> + use<> {
         // A Recorder per Event: kube's Recorder folds Events with the same reason into one
         // series keeping the first note, which would show the first run's Job and token, or the
         // first break-lock's who and why, for every later one. Ours differ in their notes and
         // are rate-limited by the state changes that cause them.
         let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        if let Err(e) = recorder.publish(&ev, &sj.object_ref(&())).await {
-            tracing::warn!(sj = %sj.key(), error = %e, "could not publish event");
+        let reference = sj.object_ref(&());
+        let key = sj.key();
+        async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!(sj = %key, error = %e, "could not publish event");
+            }
         }
     }
 
-    pub async fn run_started(&self, sj: &SingletonJob, run: &RunRef) {
+    /// RunStarted, published in the background: awaited, its request sat between a run's Job
+    /// creation and its confirm, holding one of the reconcile slots a burst is waiting for.
+    pub fn run_started(&self, sj: &SingletonJob, run: &RunRef) {
         let note = format!(
             "Created Job {} for period {} with fencing token {}",
             run.job_name,
             naming::period_rfc3339(run.period.0),
             run.token
         );
-        self.publish(sj, EventType::Normal, "RunStarted", "StartRun", note)
-            .await;
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "RunStarted".into(),
+            note: Some(note),
+            action: "StartRun".into(),
+            secondary: None,
+        };
+        let send = self.send(sj, ev);
+        let slots = self.background.clone();
+        tokio::spawn(async move {
+            // The semaphore is never closed; without a permit, publish anyway.
+            let _permit = slots.acquire_owned().await.ok();
+            send.await;
+        });
     }
 
     pub async fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {

@@ -269,7 +269,7 @@ pub async fn complete_claim(
         Ok(created) => {
             created_uid = created.metadata.uid.clone();
             claim.job_uid = created.metadata.uid.clone();
-            ctx.events.run_started(sj, &claim).await;
+            ctx.events.run_started(sj, &claim);
             crate::metrics::global().run_started(sj, period, &created);
         }
         // The API server will never accept this Job: the period is decided, as Failed, rather than
