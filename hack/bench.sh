@@ -7,7 +7,8 @@
 # A cluster already running on these ports is used only if it was started by this script's flags;
 # otherwise the bench refuses (stop it with `make down`, or move the bench with SINGLETON_*_PORT).
 #
-# Env: BENCH=full|quick (default full, ~25 min; quick ~6 min, for iterating), BENCH_OUT (default
+# Env: BENCH=full|quick (default full, ~25 min; quick ~8 min, for iterating), BENCH_ONLY (some of
+#      raw,idle,seconds,burst,failover,scale,scale-sj,scale-cj), BENCH_OUT (default
 #      bench/results), BENCH_KEEP_CLUSTER=1 leaves a cluster this script started running, and the
 #      SINGLETON_*_PORT variables of hack/cluster.sh.
 set -euo pipefail

@@ -142,7 +142,7 @@ pub fn markdown(r: &Value) -> String {
             );
         }
         t.row(
-            &format!("burst {size}: API requests per run"),
+            &format!("burst {size}: API requests per run, to start it (until last Job + 2 s)"),
             fmt_n(b("SingletonJob", "requests_per_run"), 2),
             fmt_n(b("CronJob", "requests_per_run"), 2),
             ratio(
@@ -174,7 +174,7 @@ pub fn markdown(r: &Value) -> String {
             },
         );
         t.row(
-            &format!("burst {size}: CPU seconds, due → last Job + 15 s"),
+            &format!("burst {size}: CPU seconds, due − 2 s → last Job + 2 s"),
             fmt_n(b("SingletonJob", "cpu_seconds"), 2),
             fmt_n(b("CronJob", "cpu_seconds"), 2),
             ratio(
@@ -244,6 +244,16 @@ pub fn markdown(r: &Value) -> String {
         fmt_n(f("SingletonJob", "cpu_percent_at_rest"), 2) + " %",
         fmt_n(f("CronJob", "cpu_percent_at_rest"), 2) + " %",
         "–".into(),
+        "",
+    );
+    t.row(
+        "idle: API requests per run, start to completion (and at-rest traffic)",
+        fmt_n(p("/idle/SingletonJob/requests_per_run"), 1),
+        fmt_n(p("/idle/CronJob/requests_per_run"), 1),
+        ratio(
+            p("/idle/SingletonJob/requests_per_run"),
+            p("/idle/CronJob/requests_per_run"),
+        ),
         "",
     );
     t.row(
