@@ -14,7 +14,9 @@
 //!               earlier SingletonJob of the same name) is Deduplicated; older
 //!               runs' writes are refused by singleton_fence from now on.          G1, G5
 //!    Re-check : re-read the status: go on only while this claim is still pending
-//!               (a paused claimer must not act on a claim another completed).     G1
+//!               (a paused claimer must not act on a claim another completed). Right
+//!               after our own claim write, with no backstop and no Replace, that
+//!               write's response is the re-read.                                  G1
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
 //!               their Jobs are deleted, before the new Job exists.                G5
 //! 6. Create   : the Job's name is deterministic per period, so the API server
