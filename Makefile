@@ -17,7 +17,7 @@ CHART_DIR ?= charts/singleton-controller
 CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo
+.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo bench
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries (cached in ~/.cache/singleton-controller)'
@@ -33,6 +33,7 @@ help:
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
 	echo 'make test     lint + unit + e2e (what CI runs)'
 	echo 'make demo     run the controller against the local cluster with examples/hello.yaml'
+	echo 'make bench    SingletonJob against CronJob on its own local cluster (~25 min; BENCH=quick ~8 min): bench/results/'
 
 tools:
 	hack/build-tools.sh
@@ -136,3 +137,7 @@ test:
 
 demo:
 	hack/demo.sh
+
+# Refuses a running cluster not started with its flags; starts and stops its own otherwise.
+bench:
+	hack/bench.sh

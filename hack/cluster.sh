@@ -17,6 +17,13 @@
 #           until the component is healthy.
 # Env: SINGLETON_ETCD_PORT (32379), SINGLETON_ETCD_PEER_PORT (32380), SINGLETON_APISERVER_PORT
 #      (36443), SINGLETON_KCM_PORT (36257), SINGLETON_SCHEDULER_PORT (36259), SINGLETON_PG_PORT (35432)
+#      SINGLETON_APISERVER_EXTRA_ARGS, SINGLETON_KCM_EXTRA_ARGS: extra flags for kube-apiserver and
+#      kube-controller-manager, split on whitespace (so no spaces inside one flag), read by `up`
+#      only. make bench passes an audit policy and log to the API server and
+#      `--controllers=cronjob,job` to the KCM; with `--controllers=` no ServiceAccount or node
+#      lifecycle controller may run: `up` then creates default/default and lifts the node's
+#      not-ready taint itself. `up` records them in .cache/cluster/extra-args, so
+#      a caller can tell how a running cluster was started.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=cluster
@@ -42,6 +49,9 @@ K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
 ETCD_BIN=$TOOLS_DIR/etcd-$ETCD_VERSION/etcd
 KWOK_DIR=$TOOLS_DIR/kwok-$KWOK_VERSION
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)  # start order
+read -ra APISERVER_EXTRA_ARGS <<< "${SINGLETON_APISERVER_EXTRA_ARGS:-}"
+read -ra KCM_EXTRA_ARGS <<< "${SINGLETON_KCM_EXTRA_ARGS:-}"
+EXTRA_ARGS_FILE=$STATE/extra-args
 
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -204,7 +214,8 @@ start_apiserver() {
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --endpoint-reconciler-type=none \
     --allow-privileged=true \
-    --cert-dir="$STATE/run/kube-apiserver"
+    --cert-dir="$STATE/run/kube-apiserver" \
+    ${APISERVER_EXTRA_ARGS[@]+"${APISERVER_EXTRA_ARGS[@]}"}
   WAIT_PIDFILE=$(pidfile kube-apiserver) wait_for "kube-apiserver /readyz" 120 "$(logfile kube-apiserver)" readyz
 }
 
@@ -228,7 +239,8 @@ start_all() {
     --bind-address=127.0.0.1 --secure-port="$KCM_PORT" --cert-dir="$STATE/run/kube-controller-manager" \
     --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
-    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key"
+    --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+    ${KCM_EXTRA_ARGS[@]+"${KCM_EXTRA_ARGS[@]}"}
   start kube-scheduler "$K8S_BIN/kube-scheduler" \
     --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
     --authentication-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
@@ -266,9 +278,18 @@ EOF
   WAIT_PIDFILE=$(pidfile kube-scheduler) \
     wait_for "kube-scheduler /healthz" 60 "$(logfile kube-scheduler)" healthz "$SCHEDULER_PORT"
   WAIT_PIDFILE=$(pidfile kwok) wait_for "node $NODE Ready" 60 "$(logfile kwok)" node_ready
-  # Pods are rejected until the ServiceAccount admission finds `default`, made by the KCM.
+  # Pods are rejected until the ServiceAccount admission finds `default`, made by the KCM, unless
+  # its controllers are restricted (make bench): then no ServiceAccount controller runs.
+  # Nor does a node lifecycle controller then lift the not-ready taint the API server puts on a
+  # new node: lift it here (kwok keeps the node Ready).
+  if [[ " ${KCM_EXTRA_ARGS[*]-} " == *" --controllers="* ]]; then
+    kubectl create serviceaccount default -n default >/dev/null 2>&1 || true
+    kubectl taint node "$NODE" node.kubernetes.io/not-ready:NoSchedule- >/dev/null 2>&1 || true
+  fi
   WAIT_PIDFILE=$(pidfile kube-controller-manager) wait_for "ServiceAccount default/default" 60 \
     "$(logfile kube-controller-manager)" kubectl get serviceaccount default -n default -o name
+  printf 'apiserver: %s\nkcm: %s\n' "${SINGLETON_APISERVER_EXTRA_ARGS:-}" "${SINGLETON_KCM_EXTRA_ARGS:-}" \
+    > "$EXTRA_ARGS_FILE"
 }
 
 # Clients first, then the apiserver, then etcd, so nothing spends its shutdown retrying a dead peer;
@@ -316,7 +337,7 @@ cmd_up() {
 cmd_down() {
   stop_all
   "$REPO/hack/postgres.sh" down
-  rm -rf "$STATE/etcd" "$STATE/run" "$PIDS" "$STATE"/*.kubeconfig
+  rm -rf "$STATE/etcd" "$STATE/run" "$PIDS" "$STATE"/*.kubeconfig "$EXTRA_ARGS_FILE"
   log "down"
 }
 
@@ -395,5 +416,5 @@ case ${1:-} in
   status) cmd_status ;;
   env) cmd_env ;;
   stop|start|restart|pause|resume) cmd_component "$1" "${2:-}" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

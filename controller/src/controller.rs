@@ -8,7 +8,7 @@ use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, ListParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self as kube_controller, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -18,7 +18,7 @@ use tokio_stream::wrappers::WatchStream;
 
 use crate::api::{
     ConcurrencyPolicy, HistoryEntry, LockPurpose, OperationPhase, Outcome, RunOrigin, RunRef,
-    SingletonJob,
+    SingletonJob, SingletonJobStatus,
 };
 use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
 use crate::clock::ClockState;
@@ -30,6 +30,17 @@ use crate::{Error, Result, conditions, naming, run};
 
 /// How long in-flight reconciles get to finish their writes once the controller stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
+
+/// At most this many reconciles run at once. Unbounded, a burst of a thousand due periods put a
+/// thousand claims in flight at once: the Lease renewal queued behind them, missed the renew
+/// deadline, and the leader stepped down in the middle of the burst. At 64, a burst of 300 kept
+/// the API server below its throughput (a run spends about half its time between requests), and
+/// its p99 skew doubled against no limit (make bench, docs/performance.md).
+const MAX_CONCURRENT_RECONCILES: u16 = 128;
+
+/// How long this process remembers a claim it confirmed, to recognise cached copies from before
+/// it ([`Context::is_stale`]); a watch that lags longer costs a re-read and a 409, as without it.
+const CONFIRMED_TTL: Duration = Duration::from_secs(60);
 
 /// Entries kept in `status.history`.
 pub const HISTORY_LIMIT: usize = 20;
@@ -104,11 +115,20 @@ impl Gate {
 pub struct Events {
     client: Client,
     reporter: Reporter,
+    /// Bounds the Events published in the background (a burst of runs starts hundreds at once).
+    background: Arc<tokio::sync::Semaphore>,
 }
+
+/// Events published in the background at once, at most.
+const BACKGROUND_EVENTS: usize = 16;
 
 impl Events {
     pub fn new(client: Client, reporter: Reporter) -> Self {
-        Events { client, reporter }
+        Events {
+            client,
+            reporter,
+            background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_EVENTS)),
+        }
     }
 
     pub async fn publish(
@@ -126,25 +146,48 @@ impl Events {
             action: action.into(),
             secondary: None,
         };
+        self.send(sj, ev).await;
+    }
+
+    /// Publishes one Event, logging a failure (an Event is for humans; nothing waits on it).
+    fn send(&self, sj: &SingletonJob, ev: Event) -> impl std::future::Future<Output = ()> + use<> {
         // A Recorder per Event: kube's Recorder folds Events with the same reason into one
         // series keeping the first note, which would show the first run's Job and token, or the
         // first break-lock's who and why, for every later one. Ours differ in their notes and
         // are rate-limited by the state changes that cause them.
         let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        if let Err(e) = recorder.publish(&ev, &sj.object_ref(&())).await {
-            tracing::warn!(sj = %sj.key(), error = %e, "could not publish event");
+        let reference = sj.object_ref(&());
+        let key = sj.key();
+        async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!(sj = %key, error = %e, "could not publish event");
+            }
         }
     }
 
-    pub async fn run_started(&self, sj: &SingletonJob, run: &RunRef) {
+    /// RunStarted, published in the background: awaited, its request sat between a run's Job
+    /// creation and its confirm, holding one of the reconcile slots a burst is waiting for.
+    pub fn run_started(&self, sj: &SingletonJob, run: &RunRef) {
         let note = format!(
             "Created Job {} for period {} with fencing token {}",
             run.job_name,
             naming::period_rfc3339(run.period.0),
             run.token
         );
-        self.publish(sj, EventType::Normal, "RunStarted", "StartRun", note)
-            .await;
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "RunStarted".into(),
+            note: Some(note),
+            action: "StartRun".into(),
+            secondary: None,
+        };
+        let send = self.send(sj, ev);
+        let slots = self.background.clone();
+        tokio::spawn(async move {
+            // The semaphore is never closed; without a permit, publish anyway.
+            let _permit = slots.acquire_owned().await.ok();
+            send.await;
+        });
     }
 
     pub async fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
@@ -187,7 +230,8 @@ impl Events {
 pub struct Context {
     pub client: Client,
     pub events: Events,
-    /// Jobs labelled `singleton.dev/job`, kept current by a watch.
+    /// Jobs labelled `singleton.dev/job`, kept current by a watch: metadata and status only
+    /// (see [`slim_job`]).
     pub jobs: Store<Job>,
     pub clock: watch::Receiver<ClockState>,
     pub gate: Gate,
@@ -195,6 +239,57 @@ pub struct Context {
     pub backstops: BackstopCache,
     /// The backstop's refused-stale-write count last seen, per SingletonJob (for Events).
     pub rejections_seen: Mutex<HashMap<String, u64>>,
+    /// The highest token whose claim this process confirmed (step 7) and when, per SingletonJob
+    /// uid (a re-created SingletonJob has a new uid, and without a backstop its tokens start
+    /// again). Only needed until the watch delivers the confirm: entries expire.
+    pub confirmed: Mutex<HashMap<String, (u64, tokio::time::Instant)>>,
+}
+
+impl Context {
+    /// Records that this process confirmed the claim with `token` (it is no longer pending).
+    pub fn confirmed(&self, sj: &SingletonJob, token: u64) {
+        if let Some(uid) = sj.metadata.uid.clone() {
+            let now = tokio::time::Instant::now();
+            let mut m = self
+                .confirmed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            // Bounded by the claims of the last minute, whatever the churn of SingletonJobs.
+            if m.len() >= 1024 {
+                m.retain(|_, (_, at)| now.duration_since(*at) < CONFIRMED_TTL);
+            }
+            let e = m.entry(uid).or_insert((token, now));
+            *e = (e.0.max(token), now);
+        }
+    }
+
+    /// Whether `sj` (with `status`) is older than a claim this process confirmed. Tokens only
+    /// increase and the confirmed status carries its token, so a copy whose token is lower, or
+    /// whose pending claim has that token or a lower one, was read before the confirm.
+    pub fn is_stale(&self, sj: &SingletonJob, status: &SingletonJobStatus) -> bool {
+        let Some(uid) = sj.metadata.uid.as_ref() else {
+            return false;
+        };
+        let confirmed = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .filter(|(_, at)| at.elapsed() < CONFIRMED_TTL)
+            .map(|(t, _)| *t);
+        confirmed.is_some_and(|t| {
+            status.fencing_token < t || status.pending_claim.as_ref().is_some_and(|c| c.token <= t)
+        })
+    }
+
+    fn forget_confirmed(&self, sj: &SingletonJob) {
+        if let Some(uid) = &sj.metadata.uid {
+            self.confirmed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(uid);
+        }
+    }
 }
 
 /// The state of a Job as the decision core sees it.
@@ -255,6 +350,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if sj.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect the Jobs.
         crate::metrics::global().forget(&sj);
+        ctx.forget_confirmed(&sj);
         return Ok(Action::await_change());
     }
     // A standby keeps its caches warm but decides nothing: everything is reconciled when the
@@ -273,6 +369,13 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     };
     let generation = sj.metadata.generation;
     let mut status = sj.status.clone().unwrap_or_default();
+
+    // A cached copy from before this process confirmed its own claim (a Job event can trigger a
+    // reconcile before the watch delivers our confirm, which triggers one of its own): acting on
+    // it would claim or complete again from an old resourceVersion, costing a request and a 409.
+    if ctx.is_stale(&sj, &status) {
+        return Ok(Action::await_change());
+    }
 
     let db = resolve_backstop(&ctx, &sj).await;
     if let Db::Ready(b) = &db
@@ -306,8 +409,11 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     // A claim left half-done by a replica that died: finish it first, with its name and token.
     if let Some(claim) = status.pending_claim.clone() {
         let span = run::span(&sj, &claim);
-        tracing::Instrument::instrument(run::complete_claim(&ctx, &sj, claim, &[], &db), span)
-            .await?;
+        tracing::Instrument::instrument(
+            run::complete_claim(&ctx, &sj, claim, &[], &db, run::Read::Earlier),
+            span,
+        )
+        .await?;
         return Ok(Action::requeue(Duration::ZERO));
     }
 
@@ -1005,6 +1111,26 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
     }
 }
 
+/// What the cache keeps of a Job: its metadata (name, labels, annotations, owner) and status,
+/// which is all the controller reads from a cached Job. Managed fields and the pod template are
+/// most of a Job's size, and a cache of thousands of Jobs held them all.
+fn slim_job(job: &mut Job) {
+    job.metadata.managed_fields = None;
+    job.spec = None;
+}
+
+/// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
+/// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
+/// subresource, where the API server ignores every change outside `status`.
+fn slim_sj(sj: &mut SingletonJob) {
+    sj.metadata.managed_fields = None;
+    if let Some(a) = sj.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Configuration of a controller instance.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -1050,9 +1176,15 @@ pub async fn run(
 
     let (reader, writer) = reflector::store::<Job>();
     let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
-    let job_stream = reflector::reflector(writer, watcher(jobs_api, job_watch))
+    let job_stream = reflector::reflector(writer, watcher(jobs_api, job_watch).modify(slim_job))
         .default_backoff()
         .touched_objects();
+    let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
+    let sj_stream = reflector::reflector(
+        sj_writer,
+        watcher(sjs, watcher::Config::default()).modify(slim_sj),
+    )
+    .applied_objects();
 
     let reporter = Reporter {
         controller: cfg.reporter.clone(),
@@ -1067,6 +1199,7 @@ pub async fn run(
         gate,
         backstops: BackstopCache::default(),
         rejections_seen: Mutex::default(),
+        confirmed: Mutex::default(),
     });
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
@@ -1088,7 +1221,8 @@ pub async fn run(
         let _ = forceful_rx.changed().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
-    Controller::new(sjs, watcher::Config::default())
+    Controller::for_stream(sj_stream, sj_reader)
+        .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(job_stream)
         .reconcile_all_on(reconcile_all)
         .graceful_shutdown_on(async move {

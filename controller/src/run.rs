@@ -14,7 +14,9 @@
 //!               earlier SingletonJob of the same name) is Deduplicated; older
 //!               runs' writes are refused by singleton_fence from now on.          G1, G5
 //!    Re-check : re-read the status: go on only while this claim is still pending
-//!               (a paused claimer must not act on a claim another completed).     G1
+//!               (a paused claimer must not act on a claim another completed). Right
+//!               after our own claim write, with no backstop and no Replace, that
+//!               write's response is the re-read.                                  G1
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
 //!               their Jobs are deleted, before the new Job exists.                G5
 //! 6. Create   : the Job's name is deterministic per period, so the API server
@@ -128,7 +130,7 @@ pub async fn start(
         Why::Scheduled { replace } => replace,
         Why::Manual(_) => &[],
     };
-    complete_claim(ctx, &claimed, claim.clone(), replace, db).await?;
+    complete_claim(ctx, &claimed, claim.clone(), replace, db, Read::JustWritten).await?;
     Ok(claim)
 }
 
@@ -151,6 +153,15 @@ impl Why<'_> {
     }
 }
 
+/// Where the `sj` given to [`complete_claim`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The response of this process's own claim write, just now.
+    JustWritten,
+    /// A copy read earlier (the cache): another replica may have moved on since.
+    Earlier,
+}
+
 /// Steps 4 to 7 for a claim written earlier, possibly by another (dead) replica.
 pub async fn complete_claim(
     ctx: &Context,
@@ -158,6 +169,7 @@ pub async fn complete_claim(
     claim: RunRef,
     replaced: &[RunRef],
     db: &Db,
+    read: Read,
 ) -> Result<()> {
     ctx.gate.check()?;
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
@@ -228,8 +240,16 @@ pub async fn complete_claim(
     // and deleting "old" runs from a stale view is not ours to do either. A pause between this
     // read and the create remains possible (Kubernetes has no conditional create); step 7 then
     // removes the duplicate, and with a backstop its writes are refused by the fence all along.
+    // When `sj` is our claim write's own response and nothing ran since (no backstop round trip,
+    // no Jobs to replace), that response is the re-read: a GET now would be no fresher, and the
+    // window left (response → create) is the same one request as after a GET.
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-    let fresh = sjs.get(&sj.name_any()).await?;
+    let fresh =
+        if read == Read::JustWritten && matches!(db, Db::NotConfigured) && replaced.is_empty() {
+            sj.clone()
+        } else {
+            sjs.get(&sj.name_any()).await?
+        };
     if !claim_pending(&fresh, &claim) {
         return Err(Error::Conflict(format!(
             "claim of {} completed by another replica",
@@ -251,7 +271,7 @@ pub async fn complete_claim(
         Ok(created) => {
             created_uid = created.metadata.uid.clone();
             claim.job_uid = created.metadata.uid.clone();
-            ctx.events.run_started(sj, &claim).await;
+            ctx.events.run_started(sj, &claim);
             crate::metrics::global().run_started(sj, period, &created);
         }
         // The API server will never accept this Job: the period is decided, as Failed, rather than
@@ -331,7 +351,7 @@ pub async fn complete_claim(
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     match write_status(ctx, &fresh, status).await {
-        Ok(_) => {}
+        Ok(_) => ctx.confirmed(sj, claim.token),
         Err(Error::Conflict(what)) => {
             // Lost the confirm. If the status that won neither holds this claim as pending nor
             // knows the Job we just created, that Job re-creates a period another replica had
@@ -622,6 +642,7 @@ mod tests {
             gate: Gate::always(),
             backstops: Default::default(),
             rejections_seen: Default::default(),
+            confirmed: Default::default(),
         }
     }
 

@@ -1,0 +1,751 @@
+//! make bench (hack/bench.sh): SingletonJob against Kubernetes CronJob, one workload after the
+//! other on the same cluster in the same run, so their ratios hold even on a noisy machine.
+//!
+//! Every Job's creation instant comes from the API server's audit log (microseconds; a Job's
+//! `creationTimestamp` has whole seconds only), and so does every request count. Skew is that
+//! instant minus the scheduled instant, read from the Job's name (`<name>-<unix seconds>` for a
+//! SingletonJob, `<name>-<unix minutes>` for a CronJob).
+mod audit;
+mod plot;
+mod procs;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use futures::{StreamExt, TryStreamExt};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+use singleton::api::SingletonJob;
+
+use audit::{Audit, CRONJOB_USER, SINGLETON_USER};
+
+/// Workload sizes: `BENCH=quick` to iterate, the default `full` for the committed results.
+struct Sizes {
+    raw_jobs: usize,
+    idle_minutes: i64,
+    seconds_window: u64,
+    bursts: Vec<usize>,
+    failover_rounds: usize,
+    footprint: usize,
+    rest_window: u64,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Sizes {
+                raw_jobs: 300,
+                idle_minutes: 2,
+                seconds_window: 20,
+                bursts: vec![100, 300],
+                failover_rounds: 1,
+                footprint: 2_000,
+                rest_window: 30,
+            }
+        } else {
+            Sizes {
+                raw_jobs: 1_000,
+                idle_minutes: 6,
+                seconds_window: 60,
+                bursts: vec![100, 1_000],
+                failover_rounds: 2,
+                footprint: 10_000,
+                rest_window: 60,
+            }
+        }
+    }
+}
+
+struct Bench {
+    client: Client,
+    audit: Audit,
+    controller_bin: PathBuf,
+    controller_kubeconfig: PathBuf,
+    kcm_pid: u32,
+    work: PathBuf,
+    run: String,
+    sizes: Sizes,
+    res: serde_json::Map<String, Value>,
+    /// Skew samples for the plot: (workload, controller, ms).
+    series: Vec<(String, &'static str, Vec<f64>)>,
+}
+
+const SJ: &str = "SingletonJob";
+const CJ: &str = "CronJob";
+
+fn env_path(name: &str) -> anyhow::Result<PathBuf> {
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .with_context(|| format!("{name} is not set (run through hack/bench.sh or make bench)"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let quick = std::env::var("BENCH").is_ok_and(|m| m == "quick");
+    let out = env_path("BENCH_OUT")?;
+    let kcm_pidfile = env_path("BENCH_KCM_PIDFILE")?;
+    let kcm_pid: u32 = std::fs::read_to_string(&kcm_pidfile)?
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("no kube-controller-manager pid")?;
+    let mut b = Bench {
+        client: Client::try_default().await?,
+        audit: Audit::new(env_path("BENCH_AUDIT_LOG")?),
+        controller_bin: env_path("BENCH_CONTROLLER_BIN")?,
+        controller_kubeconfig: env_path("BENCH_CONTROLLER_KUBECONFIG")?,
+        kcm_pid,
+        work: env_path("BENCH_WORK")?,
+        run: format!("b{}", Timestamp::now().as_second() % 100_000),
+        sizes: Sizes::new(quick),
+        res: serde_json::Map::new(),
+        series: Vec::new(),
+    };
+    let started = Timestamp::now();
+    b.res
+        .insert("mode".into(), json!(if quick { "quick" } else { "full" }));
+    b.res.insert(
+        "machine".into(),
+        json!(std::env::var("BENCH_MACHINE").unwrap_or_default()),
+    );
+    b.res.insert("started".into(), json!(started.to_string()));
+    b.res
+        .insert("kcm_rss_start_kib".into(), json!(procs::rss_kib(b.kcm_pid)));
+
+    // BENCH_ONLY=raw,idle,seconds,burst,failover,scale[-sj|-cj] runs some workloads (iterating).
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let on = |w: &str| only.is_empty() || only.split(',').any(|o| o.trim() == w);
+    if on("raw") {
+        step("raw Job-create throughput");
+        b.raw_throughput().await?;
+    }
+    if on("idle") {
+        step("idle latency");
+        b.idle().await?;
+    }
+    if on("seconds") {
+        step("seconds schedule (SingletonJob only)");
+        b.seconds().await?;
+    }
+    if on("burst") {
+        for n in b.sizes.bursts.clone() {
+            step(&format!("burst of {n}"));
+            b.burst(n, SJ).await?;
+            b.burst(n, CJ).await?;
+        }
+    }
+    if on("failover") {
+        step("failover");
+        b.failover().await?;
+    }
+    if on("scale") || on("scale-sj") {
+        step("footprint at scale");
+        b.footprint(SJ).await?;
+    }
+    if on("scale") || on("scale-cj") {
+        b.footprint(CJ).await?;
+    }
+
+    let wall = Timestamp::now().duration_since(started);
+    b.res
+        .insert("wall_seconds".into(), json!(wall.as_secs_f64().round()));
+    std::fs::create_dir_all(&out)?;
+    let results = Value::Object(b.res.clone());
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&results)? + "\n",
+    )?;
+    std::fs::write(out.join("results.md"), report::markdown(&results))?;
+    plot::skew(&out.join("skew.png"), &b.series)?;
+    println!("{}", report::markdown(&results));
+    eprintln!(
+        "bench: wrote {}/results.{{md,json}} and skew.png",
+        out.display()
+    );
+    Ok(())
+}
+
+fn step(what: &str) {
+    eprintln!("bench: [{}] {what}", Timestamp::now().strftime("%H:%M:%S"));
+}
+
+/// The scheduled instant a Job's name encodes.
+fn scheduled(name: &str, kind: &str) -> Option<Timestamp> {
+    let n: i64 = name.rsplit('-').next()?.parse().ok()?;
+    let secs = if kind == CJ { n * 60 } else { n };
+    Timestamp::from_second(secs).ok()
+}
+
+fn ms(d: SignedDuration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn job_template() -> Value {
+    json!({"spec": {
+        "backoffLimit": 0,
+        "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox", "command": ["true"]}],
+        }},
+    }})
+}
+
+fn singleton_job(name: &str, schedule: &str, policy: &str) -> anyhow::Result<SingletonJob> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "singleton.dev/v1alpha1",
+        "kind": "SingletonJob",
+        "metadata": {"name": name},
+        "spec": {
+            "schedule": schedule,
+            "concurrencyPolicy": policy,
+            "successfulJobsHistoryLimit": 1,
+            "failedJobsHistoryLimit": 1,
+            "jobTemplate": job_template(),
+        },
+    }))?)
+}
+
+fn cron_job(name: &str, schedule: &str, policy: &str) -> anyhow::Result<CronJob> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name},
+        "spec": {
+            "schedule": schedule,
+            "timeZone": "Etc/UTC",
+            "concurrencyPolicy": policy,
+            "successfulJobsHistoryLimit": 1,
+            "failedJobsHistoryLimit": 1,
+            "jobTemplate": job_template(),
+        },
+    }))?)
+}
+
+/// "M H * * *": once a day, at `at` (UTC, whole minute).
+fn daily_at(at: Timestamp) -> String {
+    let z = at.to_zoned(jiff::tz::TimeZone::UTC);
+    format!("{} {} * * *", z.minute(), z.hour())
+}
+
+/// The first whole minute at least `lead` from now.
+fn minute_after(lead: SignedDuration) -> anyhow::Result<Timestamp> {
+    let t = Timestamp::now() + lead;
+    let s = t.as_second();
+    Ok(Timestamp::from_second(s + (60 - s.rem_euclid(60)) % 60)?)
+}
+
+async fn sleep_until(t: Timestamp) {
+    let d = t.duration_since(Timestamp::now());
+    if d.is_positive() {
+        tokio::time::sleep(d.unsigned_abs()).await;
+    }
+}
+
+async fn create_all<K>(api: &Api<K>, objs: Vec<K>, concurrency: usize) -> anyhow::Result<()>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    futures::stream::iter(objs)
+        .map(|o| {
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &o).await }
+        })
+        .buffer_unordered(concurrency)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    Ok(())
+}
+
+/// A controller process under test.
+struct Controller {
+    child: tokio::process::Child,
+    pid: u32,
+}
+
+impl Controller {
+    async fn signal(&mut self, sig: &str) -> anyhow::Result<()> {
+        let st = tokio::process::Command::new("kill")
+            .args(["-s", sig, &self.pid.to_string()])
+            .status()
+            .await?;
+        if !st.success() {
+            bail!("kill -s {sig} {} failed", self.pid);
+        }
+        Ok(())
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        self.signal("TERM").await?;
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Bench {
+    fn spawn_controller(&self, tag: &str, args: &[String]) -> anyhow::Result<Controller> {
+        let log = std::fs::File::create(self.work.join(format!("controller-{tag}.log")))?;
+        let child = tokio::process::Command::new(&self.controller_bin)
+            .args(args)
+            .env("KUBECONFIG", &self.controller_kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.controller_bin.display()))?;
+        let pid = child.id().context("controller exited at once")?;
+        Ok(Controller { child, pid })
+    }
+
+    /// One replica that always acts, like the cluster's kube-controller-manager
+    /// (--leader-elect=false): neither side pays for leader election outside the failover test.
+    async fn single_controller(&self, tag: &str) -> anyhow::Result<Controller> {
+        let c = self.spawn_controller(
+            tag,
+            &[
+                "--leader-elect=false".into(),
+                "--health-addr=127.0.0.1:62081".into(),
+            ],
+        )?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(c)
+    }
+
+    /// A fresh namespace with the `default` ServiceAccount (the restricted KCM runs no
+    /// ServiceAccount controller, and pods need it).
+    async fn namespace(&self, what: &str) -> anyhow::Result<String> {
+        let name = format!("{}-{what}", self.run);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "default"}}))?;
+        Api::<ServiceAccount>::namespaced(self.client.clone(), &name)
+            .create(&PostParams::default(), &sa)
+            .await?;
+        Ok(name)
+    }
+
+    /// Deletes what a workload made. No namespace controller and no garbage collector run in
+    /// the restricted KCM, so each kind goes by its own delete-collection.
+    async fn cleanup(&self, ns: &str) -> anyhow::Result<()> {
+        let lp = ListParams::default();
+        let dp = DeleteParams::default();
+        let c = self.client.clone();
+        Api::<SingletonJob>::namespaced(c.clone(), ns)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Api::<CronJob>::namespaced(c.clone(), ns)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Api::<Job>::namespaced(c.clone(), ns)
+            .delete_collection(&dp, &lp)
+            .await?;
+        Api::<Pod>::namespaced(c, ns)
+            .delete_collection(&DeleteParams::default().grace_period(0), &lp)
+            .await?;
+        Ok(())
+    }
+
+    /// Polls the audit log from `mark` until `user` created `n` Jobs in `ns`, or `deadline`.
+    /// Returns (name, instant created), first create per name.
+    async fn wait_creates(
+        &self,
+        mark: u64,
+        user: &str,
+        ns: &str,
+        n: usize,
+        deadline: Timestamp,
+    ) -> anyhow::Result<Vec<(String, Timestamp)>> {
+        loop {
+            let reqs = self.audit.since(mark)?;
+            let mut seen = std::collections::BTreeMap::new();
+            for (name, at) in audit::job_creates(&reqs, user, ns) {
+                seen.entry(name.to_string()).or_insert(at);
+            }
+            if seen.len() >= n || Timestamp::now() > deadline {
+                return Ok(seen.into_iter().collect());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn raw_throughput(&mut self) -> anyhow::Result<()> {
+        let ns = self.namespace("raw").await?;
+        let api: Api<Job> = Api::namespaced(self.client.clone(), &ns);
+        let n = self.sizes.raw_jobs;
+        let jobs = (0..n)
+            .map(|i| {
+                let mut t = job_template();
+                t["metadata"] = json!({"name": format!("raw-{i}")});
+                // Suspended: the Job controller creates no pods, so only the create is measured.
+                t["spec"]["suspend"] = json!(true);
+                serde_json::from_value::<Job>(t)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let t0 = std::time::Instant::now();
+        create_all(&api, jobs, 64).await?;
+        let secs = t0.elapsed().as_secs_f64();
+        let rate = n as f64 / secs;
+        eprintln!("bench:   {n} Jobs in {secs:.2} s: {rate:.0} Jobs/s");
+        self.res.insert(
+            "raw".into(),
+            json!({"jobs": n, "concurrency": 64, "seconds": secs, "jobs_per_second": rate}),
+        );
+        self.cleanup(&ns).await
+    }
+
+    /// One SingletonJob and one CronJob, each every other minute: SingletonJob on even minutes,
+    /// CronJob on odd ones, so they alternate and never share a minute.
+    async fn idle(&mut self) -> anyhow::Result<()> {
+        let ns = self.namespace("idle").await?;
+        let ctl = self.single_controller("idle").await?;
+        let mark = self.audit.mark();
+        let from = Timestamp::now();
+        Api::<SingletonJob>::namespaced(self.client.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &singleton_job("idle", "*/2 * * * *", "Forbid")?,
+            )
+            .await?;
+        Api::<CronJob>::namespaced(self.client.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &cron_job("idle", "1-59/2 * * * *", "Forbid")?,
+            )
+            .await?;
+        let each = (self.sizes.idle_minutes / 2) as usize;
+        let deadline = minute_after(SignedDuration::from_secs(5))?
+            + SignedDuration::from_mins(self.sizes.idle_minutes + 1);
+        let sj = self
+            .wait_creates(mark, SINGLETON_USER, &ns, each, deadline)
+            .await?;
+        let cj = self
+            .wait_creates(mark, CRONJOB_USER, &ns, each, deadline)
+            .await?;
+        // Time for the last runs' completions to be recorded.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let to = Timestamp::now();
+        let reqs = self.audit.since(mark)?;
+        let mut out = serde_json::Map::new();
+        for (kind, user, jobs) in [(SJ, SINGLETON_USER, &sj), (CJ, CRONJOB_USER, &cj)] {
+            let skews = skews(jobs, kind);
+            let minutes = to.duration_since(from).as_secs_f64() / 60.0;
+            out.insert(
+                kind.into(),
+                json!({
+                    "skew": stats::summary(&skews),
+                    "requests_per_minute": audit::count(&reqs, user, from, to) as f64 / minutes,
+                    "requests_per_run": audit::count(&reqs, user, from, to) as f64 / jobs.len().max(1) as f64,
+                    "requests": audit::breakdown(&reqs, user, from, to),
+                }),
+            );
+            self.series.push(("idle".into(), kind_name(kind), skews));
+        }
+        self.res.insert("idle".into(), Value::Object(out));
+        ctl.stop().await?;
+        self.cleanup(&ns).await
+    }
+
+    /// A SingletonJob every second (CronJob has no seconds field).
+    async fn seconds(&mut self) -> anyhow::Result<()> {
+        let ns = self.namespace("secs").await?;
+        let ctl = self.single_controller("seconds").await?;
+        let mark = self.audit.mark();
+        Api::<SingletonJob>::namespaced(self.client.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &singleton_job("secs", "* * * * * *", "Allow")?,
+            )
+            .await?;
+        tokio::time::sleep(Duration::from_secs(self.sizes.seconds_window + 2)).await;
+        ctl.stop().await?;
+        let jobs = self
+            .wait_creates(mark, SINGLETON_USER, &ns, usize::MAX, Timestamp::now())
+            .await?;
+        // The first run comes at the first whole second after the object exists.
+        let skews = skews(&jobs, SJ);
+        self.res
+            .insert("seconds".into(), json!({"skew": stats::summary(&skews)}));
+        self.series.push(("every second".into(), SJ, skews));
+        self.cleanup(&ns).await
+    }
+
+    /// `n` objects due in the same minute. Also the footprint at `n` idle objects (measured just
+    /// before they fall due) and during the burst, and the requests per run.
+    async fn burst(&mut self, n: usize, kind: &'static str) -> anyhow::Result<()> {
+        let tag = format!("burst{n}-{}", if kind == SJ { "sj" } else { "cj" });
+        let ns = self.namespace(&tag).await?;
+        let ctl = if kind == SJ {
+            Some(self.single_controller(&tag).await?)
+        } else {
+            None
+        };
+        let (pid, user) = match &ctl {
+            Some(c) => (c.pid, SINGLETON_USER),
+            None => (self.kcm_pid, CRONJOB_USER),
+        };
+        let lead = SignedDuration::from_secs(25 + (n as i64) / 25);
+        let due = minute_after(lead)?;
+        let schedule = daily_at(due);
+        let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
+        if kind == SJ {
+            let objs = names
+                .iter()
+                .map(|nm| singleton_job(nm, &schedule, "Forbid"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            create_all(&Api::namespaced(self.client.clone(), &ns), objs, 32).await?;
+        } else {
+            let objs = names
+                .iter()
+                .map(|nm| cron_job(nm, &schedule, "Forbid"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            create_all(&Api::namespaced(self.client.clone(), &ns), objs, 32).await?;
+        }
+        // Idle footprint with n objects: settled, just before they fall due.
+        let before = due - SignedDuration::from_secs(3);
+        let max = before.duration_since(Timestamp::now()).unsigned_abs();
+        procs::settle(pid, max).await;
+        let idle_rss = procs::rss_kib(pid);
+        sleep_until(due - SignedDuration::from_secs(2)).await;
+        let mark = self.audit.mark();
+        let from = Timestamp::now();
+        let cpu0 = procs::cpu_secs(pid);
+        let peak = procs::PeakRss::start(pid);
+        let deadline = due + SignedDuration::from_secs(120 + (n as i64) / 2);
+        let jobs = self.wait_creates(mark, user, &ns, n, deadline).await?;
+        let last = jobs.iter().map(|j| j.1).max().unwrap_or(due);
+        // What starting the runs costs: until 2 s after the last Job (its confirm, its Event).
+        // Completions trickle in for minutes behind the Job controller's own client-side rate
+        // limit (20 requests/s), for both sides; the idle workload counts them.
+        let to = last + SignedDuration::from_secs(2);
+        sleep_until(to).await;
+        let cpu = procs::cpu_secs(pid) - cpu0;
+        let peak_rss = peak.peak_kib();
+        drop(peak);
+        let reqs = self.audit.since(mark)?;
+        let skews = skews(&jobs, kind);
+        let requests = audit::count(&reqs, user, from, to);
+        let out = json!({
+            "n": n,
+            "jobs_created": jobs.len(),
+            "skew": stats::summary(&skews),
+            "last_ms": ms(last.duration_since(due)),
+            "rss_idle_kib": idle_rss,
+            "rss_peak_kib": peak_rss,
+            "cpu_seconds": cpu,
+            "requests": requests,
+            "requests_per_run": requests as f64 / n as f64,
+            "request_breakdown": audit::breakdown(&reqs, user, from, to),
+        });
+        eprintln!(
+            "bench:   {kind}: {} of {n} Jobs, p99 {:.0} ms, last {:.0} ms",
+            jobs.len(),
+            out["skew"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            ms(last.duration_since(due))
+        );
+        self.res
+            .entry(format!("burst{n}"))
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .context("burst entry")?
+            .insert(kind.into(), out);
+        self.series
+            .push((format!("burst {n}"), kind_name(kind), skews));
+        if let Some(c) = ctl {
+            c.stop().await?;
+        }
+        self.cleanup(&ns).await
+    }
+
+    /// Three replicas with client-go's default lease timings (15 s lease, 10 s renew deadline,
+    /// 2 s retry); the leader is killed (SIGKILL) or stopped (SIGTERM), and the time from the
+    /// signal to the next Job of an every-second SingletonJob is measured.
+    async fn failover(&mut self) -> anyhow::Result<()> {
+        let ns = self.namespace("failover").await?;
+        let args = |i: usize| -> Vec<String> {
+            vec![
+                format!("--lease-namespace={ns}"),
+                "--lease-name=bench".into(),
+                format!("--instance=r{i}"),
+                format!("--health-addr=127.0.0.1:{}", 62090 + i),
+            ]
+        };
+        let mut replicas = Vec::new();
+        for i in 0..3 {
+            replicas.push(self.spawn_controller(&format!("failover-r{i}"), &args(i))?);
+        }
+        let mark = self.audit.mark();
+        Api::<SingletonJob>::namespaced(self.client.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &singleton_job("fo", "* * * * * *", "Allow")?,
+            )
+            .await?;
+        let first = self
+            .wait_creates(
+                mark,
+                SINGLETON_USER,
+                &ns,
+                1,
+                Timestamp::now() + SignedDuration::from_secs(60),
+            )
+            .await?;
+        if first.is_empty() {
+            bail!("failover: no run within 60 s of three replicas starting");
+        }
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &ns);
+        let mut out = serde_json::Map::new();
+        for sig in ["KILL", "TERM"] {
+            let mut gaps = Vec::new();
+            let mut lates = Vec::new();
+            for _ in 0..self.sizes.failover_rounds {
+                // Runs going on for a few seconds; then find the leader.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let holder = leases
+                    .get("bench")
+                    .await?
+                    .spec
+                    .and_then(|s| s.holder_identity)
+                    .unwrap_or_default();
+                let Some(i) = (0..3).find(|i| holder.starts_with(&format!("r{i}-"))) else {
+                    bail!("failover: lease holder {holder:?} is none of the replicas");
+                };
+                let mark = self.audit.mark();
+                let t0 = Timestamp::now();
+                replicas[i].signal(sig).await?;
+                // The first run of a period after the signal: the old leader's gate closed at
+                // the signal, so it is the new leader's (a create already in flight at the signal
+                // is for an earlier period).
+                let deadline = t0 + SignedDuration::from_secs(60);
+                // Without a failover, the first period after the signal would have started at
+                // its instant: how late it (or, if it was skipped, the next) started instead.
+                let first_due = Timestamp::from_second(t0.as_second() + 1)?;
+                let gap = loop {
+                    let reqs = self.audit.since(mark)?;
+                    let first = audit::job_creates(&reqs, SINGLETON_USER, &ns)
+                        .filter(|(name, _)| scheduled(name, SJ).is_some_and(|s| s > t0))
+                        .map(|(_, at)| at)
+                        .min();
+                    if let Some(at) = first {
+                        break Some((
+                            at.duration_since(t0).as_secs_f64(),
+                            at.duration_since(first_due).as_secs_f64(),
+                        ));
+                    }
+                    if Timestamp::now() > deadline {
+                        break None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                let _ = replicas[i].child.wait().await;
+                eprintln!("bench:   SIG{sig} of r{i}: (signal → next run, late by) {gap:?} s");
+                gaps.push(gap.map(|g| g.0));
+                lates.push(gap.map(|g| g.1));
+                replicas[i] = self.spawn_controller(&format!("failover-r{i}-again"), &args(i))?;
+            }
+            out.insert(
+                format!("SIG{sig}"),
+                json!({"seconds_to_next_run": gaps, "first_period_late_by_seconds": lates}),
+            );
+        }
+        out.insert(
+            "lease".into(),
+            json!({"duration_s": 15, "renew_deadline_s": 10, "retry_period_s": 2}),
+        );
+        self.res.insert("failover".into(), Value::Object(out));
+        for r in replicas {
+            r.stop().await?;
+        }
+        self.cleanup(&ns).await
+    }
+
+    /// `footprint` objects none of which falls due (a yearly schedule): resident memory once
+    /// settled, and requests per minute at rest.
+    async fn footprint(&mut self, kind: &'static str) -> anyhow::Result<()> {
+        let n = self.sizes.footprint;
+        let tag = format!("scale-{}", if kind == SJ { "sj" } else { "cj" });
+        let ns = self.namespace(&tag).await?;
+        let names: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
+        let yearly = "0 0 1 1 *";
+        if kind == SJ {
+            let objs = names
+                .iter()
+                .map(|nm| singleton_job(nm, yearly, "Forbid"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            create_all(&Api::namespaced(self.client.clone(), &ns), objs, 32).await?;
+        } else {
+            let objs = names
+                .iter()
+                .map(|nm| cron_job(nm, yearly, "Forbid"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            create_all(&Api::namespaced(self.client.clone(), &ns), objs, 32).await?;
+        }
+        // The controller starts with the objects in place (a restart at scale); the KCM has
+        // watched them arrive.
+        let ctl = if kind == SJ {
+            Some(self.single_controller(&tag).await?)
+        } else {
+            None
+        };
+        let (pid, user) = match &ctl {
+            Some(c) => (c.pid, SINGLETON_USER),
+            None => (self.kcm_pid, CRONJOB_USER),
+        };
+        let t0 = std::time::Instant::now();
+        procs::settle(pid, Duration::from_secs(300)).await;
+        let settle_s = t0.elapsed().as_secs_f64();
+        let mark = self.audit.mark();
+        let from = Timestamp::now();
+        let cpu0 = procs::cpu_secs(pid);
+        tokio::time::sleep(Duration::from_secs(self.sizes.rest_window)).await;
+        let to = Timestamp::now();
+        let cpu = procs::cpu_secs(pid) - cpu0;
+        let rss = procs::rss_kib(pid);
+        let reqs = self.audit.since(mark)?;
+        let minutes = to.duration_since(from).as_secs_f64() / 60.0;
+        self.res
+            .entry("footprint".to_string())
+            .or_insert_with(|| json!({"n": n}))
+            .as_object_mut()
+            .context("footprint entry")?
+            .insert(
+                kind.into(),
+                json!({
+                    "rss_kib": rss,
+                    "settle_seconds": settle_s,
+                    "cpu_percent_at_rest": cpu / to.duration_since(from).as_secs_f64() * 100.0,
+                    "requests_per_minute_at_rest": audit::count(&reqs, user, from, to) as f64 / minutes,
+                    "requests_at_rest": audit::breakdown(&reqs, user, from, to),
+                }),
+            );
+        eprintln!("bench:   {kind}: {n} objects, RSS {} MiB", rss / 1024);
+        if let Some(c) = ctl {
+            c.stop().await?;
+        }
+        self.cleanup(&ns).await
+    }
+}
+
+fn kind_name(kind: &str) -> &'static str {
+    if kind == SJ { SJ } else { CJ }
+}
+
+fn skews(jobs: &[(String, Timestamp)], kind: &str) -> Vec<f64> {
+    jobs.iter()
+        .filter_map(|(name, at)| scheduled(name, kind).map(|s| ms(at.duration_since(s))))
+        .collect()
+}
