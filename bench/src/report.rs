@@ -55,7 +55,7 @@ pub fn markdown(r: &Value) -> String {
         };
         t.ms(
             &format!(
-                "idle, one run a minute: skew {q} (n = {} / {})",
+                "idle, one run each 2 min: skew {q} (n = {} / {})",
                 n("/idle/SingletonJob/skew/n"),
                 n("/idle/CronJob/skew/n")
             ),
