@@ -57,6 +57,18 @@ pub fn skewed_clock(offset: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// `kubectl`: `KUBECTL` (set by `make e2e` to the cached build), else the one on PATH.
+/// Leader-election flags for tests: lease 4 s, renew deadline 3 s, retry 0.5 s, so failovers
+/// resolve in seconds. Callers add `--lease-name` (and any other flags).
+pub const FAST_ELECTION: &[&str] = &[
+    "--leader-elect",
+    "--lease-duration-seconds",
+    "4",
+    "--renew-deadline-seconds",
+    "3",
+    "--retry-period-seconds",
+    "0.5",
+];
+
 pub fn kubectl() -> std::process::Command {
     std::process::Command::new(std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into()))
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use e2e::{Env, ensure, sj_yaml};
+use e2e::{Env, FAST_ELECTION, ensure, sj_yaml};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -21,19 +21,10 @@ use singleton::lease::{Acquired, ElectionConfig, Elector, Held, KubeLock, watch_
 const LEASE: Duration = Duration::from_secs(4);
 const RETRY: Duration = Duration::from_millis(500);
 const LEASE_NAME: &str = "singleton-controller";
-/// Flags of every replica: the durations above, JSON logs (parsed below).
-const ELECT: &[&str] = &[
-    "--leader-elect",
-    "--lease-name",
-    LEASE_NAME,
-    "--lease-duration-seconds",
-    "4",
-    "--renew-deadline-seconds",
-    "3",
-    "--retry-period-seconds",
-    "0.5",
-    "--log-json",
-];
+/// Flags of every replica: the durations above ([`FAST_ELECTION`]), JSON logs (parsed below).
+fn elect() -> Vec<&'static str> {
+    [FAST_ELECTION, &["--lease-name", LEASE_NAME, "--log-json"]].concat()
+}
 
 /// The Lease's holder and epoch (`leaseTransitions`).
 async fn lease_holder(env: &Env) -> Result<Option<(String, u64)>> {
@@ -213,7 +204,7 @@ async fn wait_exit(
 async fn three_replicas(env: &mut Env) -> Result<Vec<usize>> {
     let mut idxs = Vec::new();
     for _ in 0..3 {
-        idxs.push(env.start_controller(ELECT).await?);
+        idxs.push(env.start_controller(&elect()).await?);
     }
     Ok(idxs)
 }

@@ -18,22 +18,16 @@ use kube::api::{Api, ListParams};
 use singleton::api::Outcome;
 
 use super::check::{Claim, Observations, RunJob, SjObservation, Write, WriteResult};
-use crate::{Env, Proxy, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix};
+use crate::{
+    Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix,
+};
 
 /// The Lease the replicas elect through.
 pub const LEASE_NAME: &str = "chaos";
-/// Lease 4 s, renew deadline 3 s, retry 0.5 s (as tests/election.rs): faults resolve in seconds.
-const ELECT: &[&str] = &[
-    "--leader-elect",
-    "--lease-name",
-    LEASE_NAME,
-    "--lease-duration-seconds",
-    "4",
-    "--renew-deadline-seconds",
-    "3",
-    "--retry-period-seconds",
-    "0.5",
-];
+/// The replicas' flags: fast election ([`FAST_ELECTION`]) on [`LEASE_NAME`].
+fn elect() -> Vec<&'static str> {
+    [FAST_ELECTION, &["--lease-name", LEASE_NAME]].concat()
+}
 pub const REPLICAS: usize = 3;
 
 /// A SingletonJob of the scenario.
@@ -153,7 +147,7 @@ impl World {
                 let kc = proxied_kubeconfig(&world.env, p.port)?;
                 envs.push(("KUBECONFIG".to_string(), kc.display().to_string()));
             }
-            let idx = world.env.start_controller_with_env(&envs, ELECT).await?;
+            let idx = world.env.start_controller_with_env(&envs, &elect()).await?;
             world.slots.push(Slot {
                 idx,
                 envs,
@@ -223,7 +217,7 @@ impl World {
                 None => self.slots[s].restart_at = Some(Instant::now() + Duration::from_secs(1)),
                 Some(at) if Instant::now() >= at => {
                     let envs = self.slots[s].envs.clone();
-                    self.slots[s].idx = self.env.start_controller_with_env(&envs, ELECT).await?;
+                    self.slots[s].idx = self.env.start_controller_with_env(&envs, &elect()).await?;
                     self.slots[s].restart_at = None;
                 }
                 Some(_) => {}
