@@ -131,26 +131,26 @@ EOF
   log "ready: $(url)"
 }
 
-down() {
-  [ -d "$ROOT" ] || return 0
+# Stops a running server (fast, then immediate); $1 is what to log.
+halt() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if running; then
-    log "stopping"
+    log "$1"
     as_pg "$BIN/pg_ctl" -D "$DATA" -m fast -w -t 30 stop >/dev/null \
       || as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w -t 10 stop >/dev/null
   fi
+}
+
+down() {
+  [ -d "$ROOT" ] || return 0
+  halt "stopping"
   rm -rf "$SERVER" "$ROOT"
 }
 
 # Stops the server and keeps its data and port (the chaos suite's database outage).
 stop() {
   [ -d "$ROOT" ] || return 0
-  BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
-  if running; then
-    log "stopping (data kept)"
-    as_pg "$BIN/pg_ctl" -D "$DATA" -m fast -w -t 30 stop >/dev/null \
-      || as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w -t 10 stop >/dev/null
-  fi
+  halt "stopping (data kept)"
 }
 
 status() {
