@@ -84,21 +84,27 @@ unit:
 	export DATABASE_URL=$$(hack/postgres.sh url)
 	$(CARGO) test --workspace --exclude e2e
 
+# The start of the e2e and chaos recipes (one shell each, .ONESHELL): the cluster up, the
+# controller built, the CRD installed, the environment the tests read exported. Tear down
+# afterwards only a cluster this invocation started, also on failure or Ctrl-C.
+define CLUSTER_FOR_TESTS
+started=
+if ! hack/cluster.sh status >/dev/null 2>&1; then started=1; fi
+trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
+trap 'exit 130' INT TERM
+if [ -n "$$started" ]; then hack/cluster.sh up; fi
+$(CARGO) build -p singleton-controller --bins
+eval "$$(hack/cluster.sh env)"
+export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
+export KUBECTL="$(KUBECTL)" HELM="$(HELM)"
+"$(KUBECTL)" apply --server-side -f crds/
+"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
+# Each test deletes its namespace; this catches those a crashed test left behind.
+trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+endef
+
 e2e:
-	# Tear down afterwards only a cluster this invocation started, also on failure or Ctrl-C.
-	started=
-	if ! hack/cluster.sh status >/dev/null 2>&1; then started=1; fi
-	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
-	trap 'exit 130' INT TERM
-	if [ -n "$$started" ]; then hack/cluster.sh up; fi
-	$(CARGO) build -p singleton-controller --bins
-	eval "$$(hack/cluster.sh env)"
-	export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
-	export KUBECTL="$(KUBECTL)" HELM="$(HELM)"
-	"$(KUBECTL)" apply --server-side -f crds/
-	"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
-	# Each test deletes its namespace; this catches those a crashed test left behind.
-	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+	$(CLUSTER_FOR_TESTS)
 	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite
 	# The chaos suite's short form last and alone: it restarts the API server, etcd and PostgreSQL
 	# under everyone's feet.
@@ -109,19 +115,7 @@ e2e:
 # when it is not running and then stops it again; the table is printed and kept in $(CHAOS_REPORT).
 CHAOS_REPORT ?= $(TARGET_DIR)/chaos/report.md
 chaos:
-	started=
-	if ! hack/cluster.sh status >/dev/null 2>&1; then started=1; fi
-	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
-	trap 'exit 130' INT TERM
-	if [ -n "$$started" ]; then hack/cluster.sh up; fi
-	$(CARGO) build -p singleton-controller --bins
-	$(CARGO) test -p e2e --test chaos --no-run
-	eval "$$(hack/cluster.sh env)"
-	export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
-	export KUBECTL="$(KUBECTL)"
-	"$(KUBECTL)" apply --server-side -f crds/
-	"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
-	trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+	$(CLUSTER_FOR_TESTS)
 	rm -f "$(CHAOS_REPORT)"
 	rc=0
 	CHAOS=full CHAOS_REPORT="$(CHAOS_REPORT)" $(CARGO) test -p e2e --test chaos -- --nocapture || rc=$$?
