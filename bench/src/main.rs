@@ -324,6 +324,22 @@ impl Bench {
         Ok(c)
     }
 
+    /// What acts for `kind`, with its pid and API user: for SingletonJob a fresh single
+    /// controller (returned, for the caller to stop), for CronJob the cluster's running KCM.
+    async fn actor(
+        &self,
+        kind: &str,
+        tag: &str,
+    ) -> anyhow::Result<(Option<Controller>, u32, &'static str)> {
+        if kind == SJ {
+            let c = self.single_controller(tag).await?;
+            let pid = c.pid;
+            Ok((Some(c), pid, SINGLETON_USER))
+        } else {
+            Ok((None, self.kcm_pid, CRONJOB_USER))
+        }
+    }
+
     /// A fresh namespace with the `default` ServiceAccount (the restricted KCM runs no
     /// ServiceAccount controller, and pods need it).
     async fn namespace(&self, what: &str) -> anyhow::Result<String> {
@@ -489,15 +505,7 @@ impl Bench {
     async fn burst(&mut self, n: usize, kind: &'static str) -> anyhow::Result<()> {
         let tag = format!("burst{n}-{}", if kind == SJ { "sj" } else { "cj" });
         let ns = self.namespace(&tag).await?;
-        let ctl = if kind == SJ {
-            Some(self.single_controller(&tag).await?)
-        } else {
-            None
-        };
-        let (pid, user) = match &ctl {
-            Some(c) => (c.pid, SINGLETON_USER),
-            None => (self.kcm_pid, CRONJOB_USER),
-        };
+        let (ctl, pid, user) = self.actor(kind, &tag).await?;
         let lead = SignedDuration::from_secs(25 + (n as i64) / 25);
         let due = minute_after(lead)?;
         let schedule = daily_at(due);
@@ -696,15 +704,7 @@ impl Bench {
         }
         // The controller starts with the objects in place (a restart at scale); the KCM has
         // watched them arrive.
-        let ctl = if kind == SJ {
-            Some(self.single_controller(&tag).await?)
-        } else {
-            None
-        };
-        let (pid, user) = match &ctl {
-            Some(c) => (c.pid, SINGLETON_USER),
-            None => (self.kcm_pid, CRONJOB_USER),
-        };
+        let (ctl, pid, user) = self.actor(kind, &tag).await?;
         let t0 = std::time::Instant::now();
         procs::settle(pid, Duration::from_secs(300)).await;
         let settle_s = t0.elapsed().as_secs_f64();
