@@ -613,7 +613,10 @@ mod tests {
         }))
         .unwrap();
         let err = sj.spec.job_template.decode().unwrap_err();
-        assert!(err.contains("not a valid batch/v1 JobTemplateSpec"), "{err}");
+        assert!(
+            err.contains("not a valid batch/v1 JobTemplateSpec"),
+            "{err}"
+        );
         // No template at all is not a template either.
         assert!(JobTemplate::default().decode().is_err());
     }

@@ -2,9 +2,15 @@
 //! Job's creation time is stamped by the API server. If the two disagree by more than a bound, a
 //! run could start before its instant by the API server's clock, so no run starts (G4) until they
 //! agree again. The API server's time comes from the `Date` header of its responses (1 s
-//! resolution, hence a bound of a few seconds).
+//! resolution, hence a bound of a few seconds): of any quick response the controller gets anyway
+//! (Lease renewals, runs), and of a `GET /version` when a run may start and no verdict is recent.
+//! So nothing is sent at rest, and a run is never decided on a verdict older than
+//! `--clock-check-seconds`.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use jiff::{SignedDuration, Timestamp};
 use kube::Client;
@@ -51,56 +57,320 @@ pub fn judge(
     }
 }
 
-/// Measures the offset once, by a `GET /version`.
-pub async fn measure(client: &Client, bound: SignedDuration) -> Option<ClockState> {
-    let req = http::Request::get("/version").body(Vec::new()).ok()?;
-    let sent = Timestamp::now();
-    let resp = client.send(req.map(Into::into)).await.ok()?;
-    let received = Timestamp::now();
-    let date = resp.headers().get(http::header::DATE)?.to_str().ok()?;
-    let server = jiff::fmt::rfc2822::parse(date).ok()?.timestamp();
-    let state = judge(server, sent, received, bound);
-    crate::metrics::global().clock_offset(state.offset);
-    Some(state)
+/// Where the verdicts go: the watch channel every reconcile reads, fed by the `Date` header of
+/// any quick enough API response (see [`Samples::layer`]) and by [`Clock::fresh`]'s own check.
+#[derive(Clone, Debug)]
+pub struct Samples {
+    inner: Arc<SamplesInner>,
 }
 
-/// Keeps `tx` up to date, measuring every `every`. A failed measurement keeps the last verdict:
-/// an unreachable API server stops runs anyway (every run starts with a write to it).
-pub async fn watch_clock(
-    client: Client,
+#[derive(Debug)]
+struct SamplesInner {
     bound: SignedDuration,
-    every: Duration,
     tx: watch::Sender<ClockState>,
-) {
-    loop {
-        let measured = measure(&client, bound).await;
-        if let Some(state) = measured {
-            if !state.trusted {
-                tracing::warn!(
-                    offset_ms = state.offset.map(|o| o.as_millis()),
-                    "local clock disagrees with the API server; runs paused"
-                );
-            }
-            tx.send_if_modified(|old| {
-                let changed = old.trusted != state.trusted;
-                *old = state;
-                changed
-            });
+    /// When the last verdict was formed, by the monotonic clock.
+    at: Mutex<Option<Instant>>,
+}
+
+/// A response that took longer than this says too little about the offset (the `Date` was
+/// stamped somewhere inside the round trip): it is not used as a passive sample.
+const PASSIVE_MAX_RTT: SignedDuration = SignedDuration::from_millis(500);
+
+impl Samples {
+    /// No verdict yet: runs wait for the first one.
+    pub fn new(bound: SignedDuration) -> Self {
+        Samples {
+            inner: Arc::new(SamplesInner {
+                bound,
+                tx: watch::channel(ClockState::UNKNOWN).0,
+                at: Mutex::new(None),
+            }),
         }
-        // Until a first verdict exists no run may start, so retry quickly rather than wait a period.
-        let unknown = tx.borrow().offset.is_none();
-        let pause = if measured.is_none() && unknown {
-            Duration::from_secs(1).min(every)
-        } else {
-            every
+    }
+
+    /// The verdicts as they change.
+    pub fn subscribe(&self) -> watch::Receiver<ClockState> {
+        self.inner.tx.subscribe()
+    }
+
+    /// The latest verdict.
+    pub fn current(&self) -> ClockState {
+        *self.inner.tx.borrow()
+    }
+
+    fn age(&self) -> Option<Duration> {
+        let at = *self.inner.at.lock().unwrap_or_else(PoisonError::into_inner);
+        at.map(|t| t.elapsed())
+    }
+
+    /// Records one reading of the server's `Date` header taken over `[sent, received]`.
+    fn observe(&self, date: &http::HeaderValue, sent: Timestamp, received: Timestamp) -> bool {
+        let Some(server) = date
+            .to_str()
+            .ok()
+            .and_then(|d| jiff::fmt::rfc2822::parse(d).ok())
+        else {
+            return false;
         };
-        tokio::time::sleep(pause).await;
+        let state = judge(server.timestamp(), sent, received, self.inner.bound);
+        *self.inner.at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        crate::metrics::global().clock_offset(state.offset);
+        if !state.trusted {
+            tracing::warn!(
+                offset_ms = state.offset.map(|o| o.as_millis()),
+                "local clock disagrees with the API server; runs paused"
+            );
+        }
+        self.inner.tx.send_if_modified(|old| {
+            let changed = old.trusted != state.trusted;
+            *old = state;
+            changed
+        });
+        true
+    }
+
+    /// A client whose every quick response is a clock sample: while this replica talks to the
+    /// API server anyway (Lease renewals, runs), the verdict stays fresh at no extra request.
+    pub async fn client(&self) -> kube::Result<Client> {
+        let config = kube::Config::infer()
+            .await
+            .map_err(kube::Error::InferConfig)?;
+        Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&self.layer())
+            .build())
+    }
+
+    /// The layer that feeds this from the responses of the service below it.
+    pub fn layer(&self) -> SampleLayer {
+        SampleLayer(self.clone())
+    }
+}
+
+/// See [`Samples::layer`].
+#[derive(Clone, Debug)]
+pub struct SampleLayer(Samples);
+
+impl<S> tower::Layer<S> for SampleLayer {
+    type Service = Sampled<S>;
+    fn layer(&self, inner: S) -> Sampled<S> {
+        Sampled {
+            inner,
+            samples: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose responses' `Date` headers are clock samples.
+#[derive(Clone, Debug)]
+pub struct Sampled<S> {
+    inner: S,
+    samples: Samples,
+}
+
+impl<S, Req, B> tower::Service<Req> for Sampled<S>
+where
+    S: tower::Service<Req, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let sent = Timestamp::now();
+        let fut = self.inner.call(req);
+        let samples = self.samples.clone();
+        Box::pin(async move {
+            let resp = fut.await;
+            let received = Timestamp::now();
+            if let Ok(r) = &resp
+                && received.duration_since(sent) <= PASSIVE_MAX_RTT
+                && let Some(date) = r.headers().get(http::header::DATE)
+            {
+                samples.observe(date, sent, received);
+            }
+            resp
+        })
+    }
+}
+
+/// The verdict on demand. Nothing is measured at rest: a verdict is needed only when a reconcile
+/// may start a run, and is then at most `max_age` old (the API server's responses refresh it as
+/// a side effect; when none came, one `GET /version` does).
+pub struct Clock {
+    samples: Samples,
+    client: Client,
+    max_age: Duration,
+    /// One check at a time: a burst of reconciles shares it.
+    checking: tokio::sync::Mutex<()>,
+}
+
+/// While the clocks disagree, or before a first verdict, how stale a verdict may be.
+const UNTRUSTED_MAX_AGE: Duration = Duration::from_secs(1);
+
+impl Clock {
+    pub fn new(samples: Samples, client: Client, max_age: Duration) -> Self {
+        Clock {
+            samples,
+            client,
+            max_age,
+            checking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The verdicts as they change.
+    pub fn subscribe(&self) -> watch::Receiver<ClockState> {
+        self.samples.subscribe()
+    }
+
+    fn stale(&self) -> bool {
+        let max_age = if self.samples.current().trusted {
+            self.max_age
+        } else {
+            UNTRUSTED_MAX_AGE.min(self.max_age)
+        };
+        self.samples.age().is_none_or(|age| age > max_age)
+    }
+
+    /// A verdict at most `max_age` old (1 s while not trusted), checking now if there is none. A
+    /// failed check keeps the last verdict: an unreachable API server stops runs anyway (every
+    /// run starts with a write to it).
+    pub async fn fresh(&self) -> ClockState {
+        if self.stale() {
+            let _one = self.checking.lock().await;
+            // Another reconcile may have checked while this one waited.
+            if self.stale() {
+                self.check().await;
+            }
+        }
+        self.samples.current()
+    }
+
+    /// One `GET /version`, its `Date` header judged whatever the round trip took.
+    async fn check(&self) -> bool {
+        let Ok(req) = http::Request::get("/version").body(Vec::new()) else {
+            return false;
+        };
+        let sent = Timestamp::now();
+        let Ok(resp) = self.client.send(req.map(Into::into)).await else {
+            return false;
+        };
+        let received = Timestamp::now();
+        resp.headers()
+            .get(http::header::DATE)
+            .is_some_and(|date| self.samples.observe(date, sent, received))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use tower::Layer;
+
+    /// A fake API server whose `Date` is `ahead` of ours, answering after `delay` (real time);
+    /// it records the path of each request.
+    fn server_slow(
+        ahead: SignedDuration,
+        delay: Duration,
+    ) -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let samples = Samples::new(SignedDuration::from_secs(2));
+        let client = Client::new(samples.layer().layer(mock), "default");
+        let paths = Arc::new(Mutex::new(Vec::new()));
+        let p = paths.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                p.lock().unwrap().push(req.uri().path().to_string());
+                std::thread::sleep(delay);
+                let date = jiff::fmt::rfc2822::DateTimePrinter::new()
+                    .timestamp_to_rfc9110_string(&(Timestamp::now() + ahead))
+                    .unwrap();
+                send.send_response(
+                    Response::builder()
+                        .header(http::header::DATE, date)
+                        .body(Body::from(br#"{"major":"1","minor":"37"}"#.to_vec()))
+                        .unwrap(),
+                );
+            }
+        });
+        (client, samples, paths)
+    }
+
+    fn server(ahead: SignedDuration) -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
+        server_slow(ahead, Duration::ZERO)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_sent_while_a_verdict_is_recent_and_one_check_serves_a_burst() {
+        let (client, samples, paths) = server(SignedDuration::ZERO);
+        let clock = Clock::new(samples, client, Duration::from_secs(30));
+        // A burst of reconciles with no verdict yet: one check for all of them.
+        let verdicts = futures::future::join_all((0..20).map(|_| clock.fresh())).await;
+        assert!(verdicts.iter().all(|v| v.trusted), "{verdicts:?}");
+        assert_eq!(*paths.lock().unwrap(), ["/version"]);
+        // At rest (or within 30 s) nothing more.
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(clock.fresh().await.trusted);
+        assert_eq!(paths.lock().unwrap().len(), 1);
+        // Older than 30 s: checked again before it is used.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(clock.fresh().await.trusted);
+        assert_eq!(paths.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn any_quick_response_is_a_sample() {
+        let (client, samples, paths) = server(SignedDuration::ZERO);
+        let clock = Clock::new(samples.clone(), client.clone(), Duration::from_secs(30));
+        assert_eq!(samples.current(), ClockState::UNKNOWN);
+        // A request the controller makes anyway (here: a Lease read) forms the verdict...
+        let req = Request::get("/apis/coordination.k8s.io/v1/namespaces/x/leases/y")
+            .body(Vec::new())
+            .unwrap();
+        client.send(req.map(Into::into)).await.unwrap();
+        assert!(samples.current().trusted);
+        // ...so deciding a run sends nothing of its own.
+        assert!(clock.fresh().await.trusted);
+        assert_eq!(paths.lock().unwrap().len(), 1);
+        assert_eq!(
+            paths.lock().unwrap()[0],
+            "/apis/coordination.k8s.io/v1/namespaces/x/leases/y"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_slow_response_is_no_sample_but_a_check_is_judged_whatever_its_round_trip() {
+        let (client, samples, paths) =
+            server_slow(SignedDuration::ZERO, Duration::from_millis(600));
+        let req = Request::get("/api/v1/namespaces").body(Vec::new()).unwrap();
+        client.send(req.map(Into::into)).await.unwrap();
+        assert_eq!(samples.current(), ClockState::UNKNOWN);
+        let clock = Clock::new(samples.clone(), client, Duration::from_secs(30));
+        assert!(clock.fresh().await.trusted);
+        assert_eq!(paths.lock().unwrap().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_disagreeing_server_is_rechecked_every_second_not_every_thirty() {
+        let (client, samples, paths) = server(SignedDuration::from_secs(40));
+        let clock = Clock::new(samples.clone(), client, Duration::from_secs(30));
+        let v = clock.fresh().await;
+        assert!(!v.trusted);
+        assert!(v.offset.unwrap() > SignedDuration::from_secs(38), "{v:?}");
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        assert!(!clock.fresh().await.trusted);
+        assert_eq!(paths.lock().unwrap().len(), 2);
+    }
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()

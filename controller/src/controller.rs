@@ -21,7 +21,7 @@ use crate::api::{
     SingletonJob, SingletonJobStatus,
 };
 use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
-use crate::clock::ClockState;
+use crate::clock::Clock;
 use crate::decide::{self, JobState, Observed, Waiting};
 use crate::ops::{self, Kind};
 use crate::run::Db;
@@ -233,7 +233,7 @@ pub struct Context {
     /// Jobs labelled `singleton.dev/job`, kept current by a watch: metadata and status only
     /// (see [`slim_job`]).
     pub jobs: Store<Job>,
-    pub clock: watch::Receiver<ClockState>,
+    pub clock: Clock,
     pub gate: Gate,
     /// One backstop connection per SingletonJob that has one.
     pub backstops: BackstopCache,
@@ -359,11 +359,13 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::await_change());
     }
     let _timer = crate::metrics::global().reconcile_timer();
+    // A verdict on the clocks no older than --clock-check-seconds (G4); at rest none is sought.
+    let clock = ctx.clock.fresh().await;
     let local_now = Timestamp::now();
     // A period is due when both clocks say it has come: if ours runs ahead of the API server's
     // (within the tolerated bound), decide by the earlier one, so no Job is ever stamped by the
     // API server before its scheduled instant (G4).
-    let now = match ctx.clock.borrow().offset {
+    let now = match clock.offset {
         Some(o) if o.is_negative() => local_now + o,
         _ => local_now,
     };
@@ -517,7 +519,6 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     };
 
     let states = active_job_states(&ctx, &sj, &status.active).await?;
-    let clock = *ctx.clock.borrow();
     let correctness =
         sj.spec.lock.as_ref().map(|l| l.purpose).unwrap_or_default() == LockPurpose::Correctness;
     let blocked = if !clock.trusted {
@@ -1140,9 +1141,9 @@ pub struct Config {
     pub reporter: String,
     /// Instance name (pod name) in Events.
     pub instance: Option<String>,
-    /// Largest tolerated difference between the local clock and the API server's.
-    pub max_clock_skew: SignedDuration,
-    /// How often the clocks are compared.
+    /// Clock verdicts, fed by the client's responses ([`crate::clock::Samples::client`]).
+    pub clock: crate::clock::Samples,
+    /// How old a clock verdict may be when a run may start.
     pub clock_check_interval: Duration,
 }
 
@@ -1163,16 +1164,10 @@ pub async fn run(
     // Fail fast with a clear message if the CRD is not installed.
     sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
 
-    let (clock_tx, clock_rx) = watch::channel(ClockState::UNKNOWN);
-    if let Some(first) = crate::clock::measure(&client, cfg.max_clock_skew).await {
-        clock_tx.send_replace(first);
-    }
-    tokio::spawn(crate::clock::watch_clock(
-        client.clone(),
-        cfg.max_clock_skew,
-        cfg.clock_check_interval,
-        clock_tx,
-    ));
+    let clock = Clock::new(cfg.clock.clone(), client.clone(), cfg.clock_check_interval);
+    // A first verdict before anything is reconciled.
+    clock.fresh().await;
+    let clock_rx = clock.subscribe();
 
     let (reader, writer) = reflector::store::<Job>();
     let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
@@ -1195,7 +1190,7 @@ pub async fn run(
         client: client.clone(),
         events: Events::new(client.clone(), reporter),
         jobs: reader,
-        clock: clock_rx.clone(),
+        clock,
         gate,
         backstops: BackstopCache::default(),
         rejections_seen: Mutex::default(),

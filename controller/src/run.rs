@@ -626,8 +626,11 @@ mod tests {
     use kube::runtime::reflector;
 
     fn context(client: kube::Client) -> Context {
-        let (clock_tx, clock) = tokio::sync::watch::channel(crate::clock::ClockState::UNKNOWN);
-        drop(clock_tx);
+        let clock = crate::clock::Clock::new(
+            crate::clock::Samples::new(jiff::SignedDuration::from_secs(5)),
+            client.clone(),
+            std::time::Duration::from_secs(30),
+        );
         Context {
             client: client.clone(),
             events: Events::new(

@@ -24,7 +24,8 @@ struct Args {
     /// seconds; beyond it no run starts.
     #[arg(long, env = "SINGLETON_MAX_CLOCK_SKEW_SECONDS", default_value_t = 5)]
     max_clock_skew_seconds: u32,
-    /// Seconds between two comparisons of the clocks.
+    /// How old, in seconds, a comparison of the clocks may be when a run starts (the API server's
+    /// responses refresh it; at rest nothing is sent).
     #[arg(long, env = "SINGLETON_CLOCK_CHECK_SECONDS", default_value_t = 30)]
     clock_check_seconds: u32,
     /// Log as JSON lines instead of human-readable text.
@@ -80,12 +81,15 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
-    let client = kube::Client::try_default().await?;
+    let clock = singleton::clock::Samples::new(jiff::SignedDuration::from_secs(
+        args.max_clock_skew_seconds.into(),
+    ));
+    let client = clock.client().await?;
     let cfg = controller::Config {
         namespace: args.namespace,
         reporter: "singleton-controller".into(),
         instance: args.instance,
-        max_clock_skew: jiff::SignedDuration::from_secs(args.max_clock_skew_seconds.into()),
+        clock,
         clock_check_interval: Duration::from_secs(args.clock_check_seconds.max(1).into()),
     };
     let opts = ReplicaOptions {
