@@ -208,12 +208,16 @@ pub struct Clock {
     samples: Samples,
     client: Client,
     max_age: Duration,
-    /// One check at a time: a burst of reconciles shares it.
-    checking: tokio::sync::Mutex<()>,
+    /// One check at a time: a burst of reconciles shares it. Holds when the last one failed.
+    checking: tokio::sync::Mutex<Option<Instant>>,
 }
 
-/// While the clocks disagree, or before a first verdict, how stale a verdict may be.
+/// While the clocks disagree, or before a first verdict, how stale a verdict may be; also how
+/// long after a failed check the next one is tried.
 const UNTRUSTED_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// A check that has not answered by then has failed (its verdict would say little anyway).
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Clock {
     pub fn new(samples: Samples, client: Client, max_age: Duration) -> Self {
@@ -221,7 +225,7 @@ impl Clock {
             samples,
             client,
             max_age,
-            checking: tokio::sync::Mutex::new(()),
+            checking: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -240,14 +244,17 @@ impl Clock {
     }
 
     /// A verdict at most `max_age` old (1 s while not trusted), checking now if there is none. A
-    /// failed check keeps the last verdict: an unreachable API server stops runs anyway (every
-    /// run starts with a write to it).
+    /// failed check keeps the last verdict and is retried a second later, not by every waiting
+    /// reconcile in turn: an unreachable API server stops runs anyway (every run starts with a
+    /// write to it).
     pub async fn fresh(&self) -> ClockState {
         if self.stale() {
-            let _one = self.checking.lock().await;
-            // Another reconcile may have checked while this one waited.
-            if self.stale() {
-                self.check().await;
+            let mut failed_at = self.checking.lock().await;
+            // Another reconcile may have checked, or failed to, while this one waited.
+            let failed_just_now = failed_at.is_some_and(|t| t.elapsed() < UNTRUSTED_MAX_AGE);
+            if self.stale() && !failed_just_now {
+                let ok = tokio::time::timeout(CHECK_TIMEOUT, self.check()).await;
+                *failed_at = (ok != Ok(true)).then(Instant::now);
             }
         }
         self.samples.current()
@@ -304,6 +311,34 @@ mod tests {
             }
         });
         (client, samples, paths)
+    }
+
+    /// A fake API server that answers without a `Date` header (what a check cannot use).
+    fn dateless_server() -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let samples = Samples::new(SignedDuration::from_secs(2));
+        let client = Client::new(samples.layer().layer(mock), "default");
+        let paths = Arc::new(Mutex::new(Vec::new()));
+        let p = paths.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                p.lock().unwrap().push(req.uri().path().to_string());
+                send.send_response(Response::builder().status(503).body(Body::empty()).unwrap());
+            }
+        });
+        (client, samples, paths)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_check_is_retried_a_second_later_not_by_every_waiting_reconcile() {
+        let (client, samples, paths) = dateless_server();
+        let clock = Clock::new(samples, client, Duration::from_secs(30));
+        let verdicts = futures::future::join_all((0..20).map(|_| clock.fresh())).await;
+        assert!(verdicts.iter().all(|v| *v == ClockState::UNKNOWN));
+        assert_eq!(paths.lock().unwrap().len(), 1);
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        clock.fresh().await;
+        assert_eq!(paths.lock().unwrap().len(), 2);
     }
 
     fn server(ahead: SignedDuration) -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
