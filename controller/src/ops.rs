@@ -345,7 +345,7 @@ mod tests {
                 .collect(),
         );
         sj.status = Some(crate::api::SingletonJobStatus {
-            operations: ops,
+            operations: Box::new(ops),
             ..Default::default()
         });
         sj

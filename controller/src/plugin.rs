@@ -949,7 +949,7 @@ mod tests {
         let mut done = ops::accepted(&req, now());
         done.phase = OperationPhase::Done;
         done.message = "started Job hello-1-000001 with fencing token 21".into();
-        s.status.as_mut().unwrap().operations = Operations {
+        *s.status.as_mut().unwrap().operations = Operations {
             trigger: Some(done.clone()),
             ..Default::default()
         };
