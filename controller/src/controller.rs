@@ -23,6 +23,7 @@ use crate::api::{
 use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
 use crate::clock::Clock;
 use crate::decide::{self, JobState, Observed, Waiting};
+use crate::lanes::{Lane, Lanes};
 use crate::ops::{self, Kind};
 use crate::run::Db;
 use crate::schedule::Schedule;
@@ -31,11 +32,11 @@ use crate::{Error, Result, conditions, naming, run};
 /// How long in-flight reconciles get to finish their writes once the controller stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
 
-/// At most this many reconciles run at once. Unbounded, a burst of a thousand due periods put a
-/// thousand claims in flight at once: the Lease renewal queued behind them, missed the renew
-/// deadline, and the leader stepped down in the middle of the burst. At 64, a burst of 300 kept
-/// the API server below its throughput (a run spends about half its time between requests), and
-/// its p99 skew doubled against no limit (make bench, docs/performance.md).
+/// At most this many reconciles run at once. Their requests to the API server are bounded
+/// separately ([`crate::lanes`]: unbounded, a burst of a thousand claims in flight made the Lease
+/// renewal miss its deadline); this bound is on memory: a reconcile waiting for a lane holds a few
+/// tens of KiB, and at 1,024 the start-up with 10,000 SingletonJobs peaked at 190 MiB resident
+/// (against 125 at 128). The price: a burst's later claims wait for earlier runs' confirms.
 const MAX_CONCURRENT_RECONCILES: u16 = 128;
 
 /// How long this process remembers a claim it confirmed, to recognise cached copies from before
@@ -115,19 +116,16 @@ impl Gate {
 pub struct Events {
     client: Client,
     reporter: Reporter,
-    /// Bounds the Events published in the background (a burst of runs starts hundreds at once).
-    background: Arc<tokio::sync::Semaphore>,
+    /// Nobody waits on an Event: they go in the background lane.
+    lanes: Lanes,
 }
 
-/// Events published in the background at once, at most.
-const BACKGROUND_EVENTS: usize = 16;
-
 impl Events {
-    pub fn new(client: Client, reporter: Reporter) -> Self {
+    pub fn new(client: Client, reporter: Reporter, lanes: Lanes) -> Self {
         Events {
             client,
             reporter,
-            background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_EVENTS)),
+            lanes,
         }
     }
 
@@ -158,15 +156,17 @@ impl Events {
         let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
         let reference = sj.object_ref(&());
         let key = sj.key();
+        let lanes = self.lanes.clone();
         async move {
-            if let Err(e) = recorder.publish(&ev, &reference).await {
+            let sent = lanes.run(Lane::Background, || recorder.publish(&ev, &reference));
+            if let Err(e) = sent.await {
                 tracing::warn!(sj = %key, error = %e, "could not publish event");
             }
         }
     }
 
-    /// RunStarted, published in the background: awaited, its request sat between a run's Job
-    /// creation and its confirm, holding one of the reconcile slots a burst is waiting for.
+    /// RunStarted, published by a task of its own: awaited, its request would sit between a run's
+    /// Job creation and its confirm.
     pub fn run_started(&self, sj: &SingletonJob, run: &RunRef) {
         let note = format!(
             "Created Job {} for period {} with fencing token {}",
@@ -181,13 +181,7 @@ impl Events {
             action: "StartRun".into(),
             secondary: None,
         };
-        let send = self.send(sj, ev);
-        let slots = self.background.clone();
-        tokio::spawn(async move {
-            // The semaphore is never closed; without a permit, publish anyway.
-            let _permit = slots.acquire_owned().await.ok();
-            send.await;
-        });
+        tokio::spawn(self.send(sj, ev));
     }
 
     pub async fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
@@ -233,6 +227,8 @@ pub struct Context {
     /// Jobs labelled `singleton.dev/job`, kept current by a watch: metadata and status only
     /// (see [`slim_job`]).
     pub jobs: Store<Job>,
+    /// Every request of a reconcile to the API server takes a slot here (see [`crate::lanes`]).
+    pub lanes: Lanes,
     pub clock: Clock,
     pub gate: Gate,
     /// One backstop connection per SingletonJob that has one.
@@ -379,9 +375,9 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::await_change());
     }
 
-    let db = resolve_backstop(&ctx, &sj).await;
+    let db = Box::pin(resolve_backstop(&ctx, &sj)).await;
     if let Db::Ready(b) = &db
-        && let Some(total) = crate::metrics::global().sample_rejections(&sj, b).await
+        && let Some(total) = Box::pin(crate::metrics::global().sample_rejections(&sj, b)).await
     {
         // The first sample after start-up is the baseline; a rise since is news for a human.
         let before = ctx
@@ -412,7 +408,14 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if let Some(claim) = status.pending_claim.clone() {
         let span = run::span(&sj, &claim);
         tracing::Instrument::instrument(
-            run::complete_claim(&ctx, &sj, claim, &[], &db, run::Read::Earlier),
+            Box::pin(run::complete_claim(
+                &ctx,
+                &sj,
+                claim,
+                &[],
+                &db,
+                run::Read::Earlier,
+            )),
             span,
         )
         .await?;
@@ -455,7 +458,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
             status.next_schedule_times.clear();
             crate::metrics::global().next_run(&sj, None);
             if changed || sj.status.as_ref().map(|s| s.observed_generation) != Some(generation) {
-                run::write_status(&ctx, &sj, status).await?;
+                run::write_status(&ctx, &sj, status, Lane::Background).await?;
                 ctx.events
                     .publish(
                         &sj,
@@ -481,7 +484,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         Some(c) => (c.status == "True")
             .then_some(())
             .ok_or_else(|| c.message.clone()),
-        None => run::dry_run_job(&ctx, &sj, now).await?,
+        None => Box::pin(run::dry_run_job(&ctx, &sj, now)).await?,
     };
     match &template {
         Ok(()) => conditions::set(
@@ -518,7 +521,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         }
     };
 
-    let states = active_job_states(&ctx, &sj, &status.active).await?;
+    let states = Box::pin(active_job_states(&ctx, &sj, &status.active)).await?;
     let correctness =
         sj.spec.lock.as_ref().map(|l| l.purpose).unwrap_or_default() == LockPurpose::Correctness;
     let blocked = if !clock.trusted {
@@ -724,12 +727,20 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         let why = run::Why::Scheduled {
             replace: &plan.replace,
         };
-        run::start(&ctx, &sj, status, period, why, &db).await?;
+        Box::pin(run::start(&ctx, &sj, status, period, why, &db)).await?;
     } else if let Some((period, origin)) = manual {
-        let claim = run::start(&ctx, &sj, status, period, run::Why::Manual(origin), &db).await?;
+        let claim = Box::pin(run::start(
+            &ctx,
+            &sj,
+            status,
+            period,
+            run::Why::Manual(origin),
+            &db,
+        ))
+        .await?;
         started_manual = Some((origin, claim));
     } else if sj.status.as_ref() != Some(&status) {
-        run::write_status(&ctx, &sj, status.clone()).await?;
+        run::write_status(&ctx, &sj, status.clone(), Lane::Background).await?;
     }
     for e in &new_entries {
         ctx.events.recorded(&sj, e).await;
@@ -758,7 +769,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
             .await;
     }
 
-    prune_jobs(&ctx, &sj).await?;
+    Box::pin(prune_jobs(&ctx, &sj)).await?;
 
     // A manual run just started: look again at once (a backfill goes on, or waits for it).
     // An operation waiting on the clock or the backstop is looked at again shortly; one waiting
@@ -979,7 +990,7 @@ async fn break_lock(
             let mut status = sj.status.clone().unwrap_or_default();
             status.operations.break_lock =
                 Some(ops::rejected(&bad.id, None, bad.message.clone(), now));
-            run::write_status(ctx, sj, status).await?;
+            run::write_status(ctx, sj, status, Lane::Background).await?;
             let note = format!("break-lock {} rejected: {}", bad.id, bad.message);
             ctx.events
                 .publish(sj, EventType::Warning, "OperationRejected", "Operate", note)
@@ -987,7 +998,7 @@ async fn break_lock(
             return Ok(Action::requeue(Duration::ZERO));
         }
     };
-    match run::break_lock(ctx, sj, ops::accepted(&req, now), db).await {
+    match Box::pin(run::break_lock(ctx, sj, ops::accepted(&req, now), db)).await {
         Ok(done) => {
             let note = format!(
                 "lock broken by {}: {}; {}",
@@ -1006,7 +1017,7 @@ async fn break_lock(
             let mut op = ops::accepted(&req, now);
             op.message = format!("waiting for the backstop database to raise the fence: {why}");
             if ops::set(&mut status.operations.break_lock, op) {
-                run::write_status(ctx, sj, status).await?;
+                run::write_status(ctx, sj, status, Lane::Background).await?;
             }
             Ok(Action::requeue(OPERATION_RETRY))
         }
@@ -1093,7 +1104,7 @@ async fn prune_jobs(ctx: &Context, sj: &SingletonJob) -> Result<()> {
         list.sort();
         let excess = list.len().saturating_sub(keep);
         for (_, name) in list.drain(..excess) {
-            run::delete_job(ctx, sj, &name).await?;
+            run::delete_job(ctx, sj, &name, Lane::Background).await?;
         }
     }
     Ok(())
@@ -1186,9 +1197,13 @@ pub async fn run(
         instance: cfg.instance.clone(),
     };
     let gate_opened = gate.opened();
+    let lanes = Lanes::new(crate::lanes::IN_FLIGHT);
+    crate::memory::limit_arenas();
+    tokio::spawn(crate::memory::give_back_after_bursts(lanes.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        events: Events::new(client.clone(), reporter),
+        events: Events::new(client.clone(), reporter, lanes.clone()),
+        lanes,
         jobs: reader,
         clock,
         gate,

@@ -35,7 +35,6 @@ use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::runtime::events::EventType;
 
@@ -45,6 +44,7 @@ use crate::api::{
 use crate::backstop::{Backstop, ClaimOutcome};
 use crate::controller::Context;
 use crate::decide::reason;
+use crate::lanes::Lane;
 use crate::naming;
 use crate::{Error, Result};
 
@@ -85,7 +85,7 @@ pub async fn start(
 
     // 2. Token (G3): above every token this status and the backstop have ever seen.
     let fence = match db {
-        Db::Ready(b) => match b.fence(&sj.key()).await {
+        Db::Ready(b) => match Box::pin(b.fence(&sj.key())).await {
             Ok(f) => f,
             Err(e) if purpose(sj) == LockPurpose::Efficiency => {
                 tracing::warn!(sj = %sj.key(), error = %e, "backstop fence unreadable; Efficiency: going on without it");
@@ -119,7 +119,7 @@ pub async fn start(
         // The operation is marked handled by this same write: asked once, claimed once.
         Why::Manual(origin) => crate::ops::on_claim(&mut status.operations, origin, &claim),
     }
-    let claimed = write_status(ctx, sj, status)
+    let claimed = write_status(ctx, sj, status, Lane::Claim)
         .await
         .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;
     tracing::info!(sj = %sj.key(), period = %naming::period_rfc3339(period), token, epoch = ctx.gate.epoch(), "claimed period");
@@ -130,7 +130,15 @@ pub async fn start(
         Why::Scheduled { replace } => replace,
         Why::Manual(_) => &[],
     };
-    complete_claim(ctx, &claimed, claim.clone(), replace, db, Read::JustWritten).await?;
+    Box::pin(complete_claim(
+        ctx,
+        &claimed,
+        claim.clone(),
+        replace,
+        db,
+        Read::JustWritten,
+    ))
+    .await?;
     Ok(claim)
 }
 
@@ -180,29 +188,28 @@ pub async fn complete_claim(
     let mut backstop_skipped = false;
     let unavailable = match db {
         Db::NotConfigured => None,
-        Db::Ready(b) => match b
-            .claim(&sj.key(), period, claim.token, &claim.job_name)
-            .await
-        {
-            Ok(outcome) if outcome.is_ours(claim.token) => None,
-            Ok(ClaimOutcome::Duplicate { token, job_name }) => {
-                let note = format!(
-                    "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
-                    naming::period_rfc3339(period)
-                );
-                return decide_without_job(
-                    ctx,
-                    sj,
-                    &claim,
-                    Outcome::Deduplicated,
-                    reason::DEDUPLICATED,
-                    note,
-                )
-                .await;
+        Db::Ready(b) => {
+            match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name)).await {
+                Ok(outcome) if outcome.is_ours(claim.token) => None,
+                Ok(ClaimOutcome::Duplicate { token, job_name }) => {
+                    let note = format!(
+                        "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
+                        naming::period_rfc3339(period)
+                    );
+                    return Box::pin(decide_without_job(
+                        ctx,
+                        sj,
+                        &claim,
+                        Outcome::Deduplicated,
+                        reason::DEDUPLICATED,
+                        note,
+                    ))
+                    .await;
+                }
+                Ok(ClaimOutcome::Claimed) => None,
+                Err(e) => Some(e.to_string()),
             }
-            Ok(ClaimOutcome::Claimed) => None,
-            Err(e) => Some(e.to_string()),
-        },
+        }
         Db::Unavailable(why) => Some(why.clone()),
     };
     if let Some(why) = unavailable {
@@ -220,14 +227,14 @@ pub async fn complete_claim(
             if deadline.is_some_and(|d| Timestamp::now() > d) {
                 let note =
                     format!("the backstop stayed unavailable past the starting deadline: {why}");
-                return decide_without_job(
+                return Box::pin(decide_without_job(
                     ctx,
                     sj,
                     &claim,
                     Outcome::Missed,
                     reason::BACKSTOP_UNAVAILABLE,
                     note,
-                )
+                ))
                 .await;
             }
             return Err(Error::BackstopUnavailable(why));
@@ -244,11 +251,12 @@ pub async fn complete_claim(
     // no Jobs to replace), that response is the re-read: a GET now would be no fresher, and the
     // window left (response → create) is the same one request as after a GET.
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+    let sj_name = sj.metadata.name.as_deref().unwrap_or_default();
     let fresh =
         if read == Read::JustWritten && matches!(db, Db::NotConfigured) && replaced.is_empty() {
             sj.clone()
         } else {
-            sjs.get(&sj.name_any()).await?
+            ctx.lanes.run(Lane::Create, || sjs.get(sj_name)).await?
         };
     if !claim_pending(&fresh, &claim) {
         return Err(Error::Conflict(format!(
@@ -259,15 +267,17 @@ pub async fn complete_claim(
 
     // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
     for old in replaced {
-        delete_job(ctx, sj, &old.job_name).await?;
+        delete_job(ctx, sj, &old.job_name, Lane::Create).await?;
     }
 
     // 6. Create (G1): the deterministic name makes a second Job for this period impossible while the first
     //    exists. If it exists, it must be this claim's (same token); anything else is refused.
-    let job = naming::build_job(sj, period, claim.token)?;
+    // On the heap: a Job is kilobytes, and this future waits in a lane with it.
+    let job = Box::new(naming::build_job(sj, period, claim.token)?);
     let mut created_uid = None;
     let mut claim = claim;
-    match jobs.create(&PostParams::default(), &job).await {
+    let pp = PostParams::default();
+    match ctx.lanes.run(Lane::Create, || jobs.create(&pp, &job)).await {
         Ok(created) => {
             created_uid = created.metadata.uid.clone();
             claim.job_uid = created.metadata.uid.clone();
@@ -281,18 +291,21 @@ pub async fn complete_claim(
                 "the API server rejected Job {}: {}",
                 claim.job_name, s.message
             );
-            return decide_without_job(
+            return Box::pin(decide_without_job(
                 ctx,
                 sj,
                 &claim,
                 Outcome::Failed,
                 reason::JOB_REJECTED,
                 note,
-            )
+            ))
             .await;
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
-            let existing = jobs.get(&claim.job_name).await?;
+            let existing = ctx
+                .lanes
+                .run(Lane::Create, || jobs.get(&claim.job_name))
+                .await?;
             let found = naming::job_token(&existing);
             if found != Some(claim.token) {
                 return Err(Error::ForeignJob {
@@ -350,14 +363,18 @@ pub async fn complete_claim(
         },
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
-    match write_status(ctx, &fresh, status).await {
-        Ok(_) => ctx.confirmed(sj, claim.token),
+    // Nobody waits on the confirm (the Job exists): in a burst it yields to claims and creates.
+    let confirmed = Box::pin(write_status(ctx, &fresh, status, Lane::Background))
+        .await
+        .map(drop);
+    match confirmed {
+        Ok(()) => ctx.confirmed(sj, claim.token),
         Err(Error::Conflict(what)) => {
             // Lost the confirm. If the status that won neither holds this claim as pending nor
             // knows the Job we just created, that Job re-creates a period another replica had
             // completed: remove it (only that Job, by uid) before it does more.
             if let Some(uid) = created_uid {
-                let now_sj = sjs.get(&sj.name_any()).await?;
+                let now_sj = ctx.lanes.run(Lane::Create, || sjs.get(sj_name)).await?;
                 let known = claim_pending(&now_sj, &claim)
                     || now_sj.status.as_ref().is_some_and(|s| {
                         s.active
@@ -422,7 +439,7 @@ pub async fn break_lock(
     // 4. Stop.
     let stopped = std::mem::take(&mut status.active);
     for run in &stopped {
-        delete_job(ctx, sj, &run.job_name).await?;
+        delete_job(ctx, sj, &run.job_name, Lane::Claim).await?;
     }
 
     // 5. Record.
@@ -464,7 +481,7 @@ pub async fn break_lock(
     op.message = format!("fencing token raised from {before} to {token}; {jobs}; {fenced}");
     op.updated = Some(now.into());
     status.operations.break_lock = Some(op.clone());
-    write_status(ctx, sj, status).await?;
+    write_status(ctx, sj, status, Lane::Claim).await?;
     for _ in &stopped {
         crate::metrics::global().run_finished(sj, Outcome::Failed);
     }
@@ -491,7 +508,7 @@ async fn delete_job_uid(ctx: &Context, sj: &SingletonJob, name: &str, uid: &str)
         }),
         ..DeleteParams::default()
     };
-    match jobs.delete(name, &dp).await {
+    match ctx.lanes.run(Lane::Create, || jobs.delete(name, &dp)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
@@ -536,7 +553,7 @@ async fn decide_without_job(
     };
     status.history.insert(0, entry.clone());
     status.history.truncate(crate::controller::HISTORY_LIMIT);
-    write_status(ctx, sj, status).await?;
+    write_status(ctx, sj, status, Lane::Background).await?;
     crate::metrics::global().recorded(sj, &entry);
     ctx.events
         .publish(sj, EventType::Warning, why, "DecidePeriod", note)
@@ -561,7 +578,11 @@ pub async fn dry_run_job(
         dry_run: true,
         ..PostParams::default()
     };
-    match jobs.create(&pp, &job).await {
+    match ctx
+        .lanes
+        .run(Lane::Background, || jobs.create(&pp, &job))
+        .await
+    {
         // 409: a Job of that name exists, so the template itself was not the problem.
         Ok(_) => Ok(Ok(())),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ok(())),
@@ -576,6 +597,7 @@ pub async fn write_status(
     ctx: &Context,
     sj: &SingletonJob,
     status: SingletonJobStatus,
+    lane: Lane,
 ) -> Result<SingletonJob> {
     ctx.gate
         .check()
@@ -583,30 +605,36 @@ pub async fn write_status(
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let name = sj.metadata.name.as_deref().unwrap_or_default();
     let api: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-    let mut obj = sj.clone();
     // Never write without a precondition: a missing resourceVersion would turn the PUT into a
     // blind overwrite and silently undo another replica's claim.
-    if obj.metadata.resource_version.is_none() {
+    if sj.metadata.resource_version.is_none() {
         return Err(Error::Conflict(format!(
             "{ns}/{name} read without a resourceVersion"
         )));
     }
-    obj.status = Some(status);
-    api.replace_status(name, &PostParams::default(), &obj)
+    let pp = PostParams::default();
+    // The copy to send is made once the request has a slot, not while it waits for one.
+    let send = || async {
+        let mut obj = sj.clone();
+        obj.status = Some(status);
+        api.replace_status(name, &pp, &obj).await
+    };
+    ctx.lanes
+        .run(lane, send)
         .await
         .map_err(|e| Error::from_write(e, &format!("singletonjob {ns}/{name} status")))
         .inspect_err(|e| crate::metrics::global().write_refused(sj, e))
 }
 
 /// Deletes a run's Job and its pods (background propagation: the Job object goes at once).
-pub async fn delete_job(ctx: &Context, sj: &SingletonJob, name: &str) -> Result<()> {
+pub async fn delete_job(ctx: &Context, sj: &SingletonJob, name: &str, lane: Lane) -> Result<()> {
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let dp = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
         ..DeleteParams::default()
     };
-    match jobs.delete(name, &dp).await {
+    match ctx.lanes.run(lane, || jobs.delete(name, &dp)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
@@ -631,6 +659,7 @@ mod tests {
             client.clone(),
             std::time::Duration::from_secs(30),
         );
+        let lanes = crate::lanes::Lanes::new(4);
         Context {
             client: client.clone(),
             events: Events::new(
@@ -639,7 +668,9 @@ mod tests {
                     controller: "test".into(),
                     instance: None,
                 },
+                lanes.clone(),
             ),
+            lanes,
             jobs: reflector::store().0,
             clock,
             gate: Gate::always(),
@@ -694,7 +725,7 @@ mod tests {
             fencing_token: 8,
             ..Default::default()
         };
-        let err = write_status(&ctx, &sj(), status)
+        let err = write_status(&ctx, &sj(), status, Lane::Claim)
             .await
             .expect_err("409 must fail the claim");
         assert!(matches!(err, Error::Conflict(_)), "{err:?}");
@@ -707,7 +738,7 @@ mod tests {
         let ctx = context(kube::Client::new(svc, "ns"));
         let mut blind = sj();
         blind.metadata.resource_version = None;
-        let err = write_status(&ctx, &blind, SingletonJobStatus::default())
+        let err = write_status(&ctx, &blind, SingletonJobStatus::default(), Lane::Claim)
             .await
             .expect_err("blind write");
         assert!(matches!(err, Error::Conflict(_)), "{err:?}");
@@ -721,7 +752,7 @@ mod tests {
             gate: Gate::new(rx),
             ..ctx
         };
-        let err = write_status(&closed, &sj(), SingletonJobStatus::default())
+        let err = write_status(&closed, &sj(), SingletonJobStatus::default(), Lane::Claim)
             .await
             .expect_err("gate closed");
         assert!(matches!(err, Error::NotLeader), "{err:?}");
