@@ -9,8 +9,10 @@
 #
 # Env: BENCH=full|quick (default full, ~25 min; quick ~8 min, for iterating), BENCH_ONLY (some of
 #      raw,idle,seconds,burst,failover,scale,scale-sj,scale-cj), BENCH_OUT (default
-#      bench/results), BENCH_KEEP_CLUSTER=1 leaves a cluster this script started running, and the
-#      SINGLETON_*_PORT variables of hack/cluster.sh.
+#      bench/results), BENCH_KEEP_CLUSTER=1 leaves a cluster this script started running,
+#      BENCH_CONTROLLER_BIN runs another controller command (a profiler's wrapper, which must pass
+#      signals on; the default is the release build), and the SINGLETON_*_PORT variables of
+#      hack/cluster.sh.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=bench
@@ -87,7 +89,7 @@ eval "$("$REPO/hack/cluster.sh" env)"
 target=${CARGO_TARGET_DIR:-$REPO/target}
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, $(free -g | awk '/^Mem:/{print $2}') GiB RAM, $(uname -sr); Kubernetes $K8S_VERSION, etcd $ETCD_VERSION (--unsafe-no-fsync), kwok $KWOK_VERSION"
 BENCH_MACHINE=$machine \
-BENCH_CONTROLLER_BIN=$target/release/singleton-controller \
+BENCH_CONTROLLER_BIN=${BENCH_CONTROLLER_BIN:-$target/release/singleton-controller} \
 BENCH_CONTROLLER_KUBECONFIG=$CTL_KUBECONFIG \
 BENCH_AUDIT_LOG=$AUDIT_LOG \
 BENCH_KCM_PIDFILE=$STATE/pids/kube-controller-manager.pid \

@@ -264,6 +264,37 @@ where
     Ok(())
 }
 
+/// What the controller's claim and create send for one run, without the controller: a status write
+/// carrying the read resourceVersion (a pending claim and its token), then a suspended Job.
+async fn claim_then_create(
+    sjs: &Api<SingletonJob>,
+    jobs: &Api<Job>,
+    mut sj: SingletonJob,
+) -> anyhow::Result<()> {
+    let name = sj
+        .metadata
+        .name
+        .clone()
+        .context("listed object without a name")?;
+    let now = Timestamp::now();
+    let job_name = format!("{name}-{}", now.as_second());
+    sj.status = Some(serde_json::from_value(json!({
+        "fencingToken": 1,
+        "decidedThrough": now.to_string(),
+        "lastScheduleTime": now.to_string(),
+        "pendingClaim": {"period": now.to_string(), "token": 1, "jobName": job_name,
+                         "claimedAt": now.to_string()},
+    }))?);
+    sjs.replace_status(&name, &PostParams::default(), &sj)
+        .await?;
+    let mut t = job_template();
+    t["metadata"] = json!({"name": job_name});
+    t["spec"]["suspend"] = json!(true);
+    jobs.create(&PostParams::default(), &serde_json::from_value(t)?)
+        .await?;
+    Ok(())
+}
+
 /// A controller process under test.
 struct Controller {
     child: tokio::process::Child,
@@ -417,9 +448,31 @@ impl Bench {
         let secs = t0.elapsed().as_secs_f64();
         let rate = n as f64 / secs;
         eprintln!("bench:   {n} Jobs in {secs:.2} s: {rate:.0} Jobs/s");
+
+        // The floor of any claim-then-create protocol: per run one resourceVersion-guarded
+        // status write of a SingletonJob (what the controller's claim writes) and then the create.
+        let sjs: Api<SingletonJob> = Api::namespaced(self.client.clone(), &ns);
+        let yearly = (0..n)
+            .map(|i| singleton_job(&format!("floor-{i}"), "0 0 1 1 *", "Forbid"))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        create_all(&sjs, yearly, 64).await?;
+        let objs = sjs.list(&Default::default()).await?.items;
+        let t0 = std::time::Instant::now();
+        futures::stream::iter(objs)
+            .map(|sj| {
+                let (sjs, api) = (sjs.clone(), api.clone());
+                async move { claim_then_create(&sjs, &api, sj).await }
+            })
+            .buffer_unordered(64)
+            .try_for_each(|_| async { Ok(()) })
+            .await?;
+        let floor_secs = t0.elapsed().as_secs_f64();
+        let floor_rate = n as f64 / floor_secs;
+        eprintln!("bench:   {n} claims + creates in {floor_secs:.2} s: {floor_rate:.0} runs/s");
         self.res.insert(
             "raw".into(),
-            json!({"jobs": n, "concurrency": 64, "seconds": secs, "jobs_per_second": rate}),
+            json!({"jobs": n, "concurrency": 64, "seconds": secs, "jobs_per_second": rate,
+                   "claim_create_seconds": floor_secs, "claim_create_per_second": floor_rate}),
         );
         self.cleanup(&ns).await
     }

@@ -84,6 +84,14 @@ pub fn markdown(r: &Value) -> String {
         "–".into(),
         "",
     );
+    let floor = p("/raw/claim_create_per_second");
+    t.row(
+        "API server's raw claim + create throughput (a status write, then a create; 64 in flight)",
+        fmt_n(floor, 0) + " runs/s",
+        "(same)".into(),
+        "–".into(),
+        "",
+    );
     let bursts: Vec<String> = r
         .as_object()
         .map(|o| {
@@ -139,6 +147,27 @@ pub fn markdown(r: &Value) -> String {
                 fmt_n(b("CronJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
                 "–".into(),
                 "SingletonJob ≤ 1.5×",
+            );
+        }
+        if let Some(floor) = floor {
+            let bound_p99 = 0.99 * *size as f64 / floor * 1000.0;
+            t.row(
+                &format!("burst {size}: claim + create bound, p99 / last"),
+                format!(
+                    "{} / {}",
+                    fmt_ms(Some(bound_p99)),
+                    fmt_ms(Some(*size as f64 / floor * 1000.0))
+                ),
+                "–".into(),
+                "–".into(),
+                "",
+            );
+            t.row(
+                &format!("burst {size}: p99 skew ÷ claim + create bound"),
+                fmt_n(b("SingletonJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
+                "–".into(),
+                "–".into(),
+                "",
             );
         }
         t.row(
