@@ -27,6 +27,10 @@
 //!               `pendingClaim` and completes it with the same name and token.    G1, G2
 //! ```
 //!
+//! Each request to the API server waits for a slot in a lane ([`crate::lanes`]): steps 4 to 6
+//! (re-read, deletes, create) go first, then claims (3), then the confirm (7) and everything
+//! else nobody waits on, so that in a burst the Jobs exist before the bookkeeping is done.
+//!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::ops`]) take the same
 //! seven steps ([`Why::Manual`]); their claim write also marks the request handled, so a request
 //! is claimed once. Breaking a lock ([`break_lock`]) has its own numbered steps below.
