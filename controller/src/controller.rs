@@ -229,7 +229,7 @@ pub struct Context {
     pub jobs: Store<Job>,
     /// Every request of a reconcile to the API server takes a slot here (see [`crate::lanes`]).
     pub lanes: Lanes,
-    pub clock: Clock,
+    pub clock: Arc<Clock>,
     pub gate: Gate,
     /// One backstop connection per SingletonJob that has one.
     pub backstops: BackstopCache,
@@ -777,6 +777,9 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     // A manual run just started: look again at once (a backfill goes on, or waits for it).
     // An operation waiting on the clock or the backstop is looked at again shortly; one waiting
     // for a run to finish is woken by that Job's change as well.
+    if let Some(at) = plan.wake_at {
+        ctx.clock.prepare(at);
+    }
     let wake = plan.wake_at.map(|at| until(now, at));
     let operating = if started_manual.is_some() {
         Some(Duration::ZERO)
@@ -1178,7 +1181,11 @@ pub async fn run(
     // Fail fast with a clear message if the CRD is not installed.
     sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
 
-    let clock = Clock::new(cfg.clock.clone(), client.clone(), cfg.clock_check_interval);
+    let clock = Arc::new(Clock::new(
+        cfg.clock.clone(),
+        client.clone(),
+        cfg.clock_check_interval,
+    ));
     // A first verdict before anything is reconciled.
     clock.fresh().await;
     let clock_rx = clock.subscribe();

@@ -658,11 +658,11 @@ mod tests {
     use kube::runtime::reflector;
 
     fn context(client: kube::Client) -> Context {
-        let clock = crate::clock::Clock::new(
+        let clock = Arc::new(crate::clock::Clock::new(
             crate::clock::Samples::new(jiff::SignedDuration::from_secs(5)),
             client.clone(),
             std::time::Duration::from_secs(30),
-        );
+        ));
         let lanes = crate::lanes::Lanes::new(4);
         Context {
             client: client.clone(),
