@@ -486,6 +486,10 @@ pub async fn break_lock(
     op.updated = Some(now.into());
     status.operations.break_lock = Some(op.clone());
     write_status(ctx, sj, status, Lane::Claim).await?;
+    // Like a confirmed claim: a cached copy from before this write (a Job deletion above can
+    // trigger a reconcile before the watch delivers it) would break the lock again and skip a
+    // token.
+    ctx.confirmed(sj, token);
     for _ in &stopped {
         crate::metrics::global().run_finished(sj, Outcome::Failed);
     }
