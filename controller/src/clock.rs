@@ -115,17 +115,18 @@ impl Samples {
         let state = judge(server.timestamp(), sent, received, self.inner.bound);
         *self.inner.at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         crate::metrics::global().clock_offset(state.offset);
-        if !state.trusted {
+        let turned = self.inner.tx.send_if_modified(|old| {
+            let changed = old.trusted != state.trusted;
+            *old = state;
+            changed
+        });
+        // Once when it turns, not at every response (each is a sample now).
+        if turned && !state.trusted {
             tracing::warn!(
                 offset_ms = state.offset.map(|o| o.as_millis()),
                 "local clock disagrees with the API server; runs paused"
             );
         }
-        self.inner.tx.send_if_modified(|old| {
-            let changed = old.trusted != state.trusted;
-            *old = state;
-            changed
-        });
         true
     }
 
@@ -324,10 +325,10 @@ mod tests {
     use kube::client::Body;
     use tower::Layer;
 
-    /// A fake API server whose `Date` is `ahead` of ours, answering after `delay` (real time);
-    /// it records the path of each request.
-    fn server_slow(
-        ahead: SignedDuration,
+    /// A fake API server whose `Date` is `ahead` of ours (no `Date` and a 503 for None),
+    /// answering after `delay` (real time); it records the path of each request.
+    fn fake_server(
+        ahead: Option<SignedDuration>,
         delay: Duration,
     ) -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -339,39 +340,30 @@ mod tests {
             while let Some((req, send)) = handle.next_request().await {
                 p.lock().unwrap().push(req.uri().path().to_string());
                 std::thread::sleep(delay);
-                let date = jiff::fmt::rfc2822::DateTimePrinter::new()
-                    .timestamp_to_rfc9110_string(&(Timestamp::now() + ahead))
-                    .unwrap();
-                send.send_response(
-                    Response::builder()
-                        .header(http::header::DATE, date)
-                        .body(Body::from(br#"{"major":"1","minor":"37"}"#.to_vec()))
-                        .unwrap(),
-                );
+                let resp = match ahead {
+                    Some(ahead) => Response::builder()
+                        .header(
+                            http::header::DATE,
+                            jiff::fmt::rfc2822::DateTimePrinter::new()
+                                .timestamp_to_rfc9110_string(&(Timestamp::now() + ahead))
+                                .unwrap(),
+                        )
+                        .body(Body::from(br#"{"major":"1","minor":"37"}"#.to_vec())),
+                    None => Response::builder().status(503).body(Body::empty()),
+                };
+                send.send_response(resp.unwrap());
             }
         });
         (client, samples, paths)
     }
 
-    /// A fake API server that answers without a `Date` header (what a check cannot use).
-    fn dateless_server() -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
-        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let samples = Samples::new(SignedDuration::from_secs(2));
-        let client = Client::new(samples.layer().layer(mock), "default");
-        let paths = Arc::new(Mutex::new(Vec::new()));
-        let p = paths.clone();
-        tokio::spawn(async move {
-            while let Some((req, send)) = handle.next_request().await {
-                p.lock().unwrap().push(req.uri().path().to_string());
-                send.send_response(Response::builder().status(503).body(Body::empty()).unwrap());
-            }
-        });
-        (client, samples, paths)
+    fn server(ahead: SignedDuration) -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
+        fake_server(Some(ahead), Duration::ZERO)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_check_is_retried_a_second_later_not_by_every_waiting_reconcile() {
-        let (client, samples, paths) = dateless_server();
+        let (client, samples, paths) = fake_server(None, Duration::ZERO);
         let clock = Clock::new(samples, client, Duration::from_secs(30));
         let verdicts = futures::future::join_all((0..20).map(|_| clock.fresh())).await;
         assert!(verdicts.iter().all(|v| *v == ClockState::UNKNOWN));
@@ -379,10 +371,6 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1100)).await;
         clock.fresh().await;
         assert_eq!(paths.lock().unwrap().len(), 2);
-    }
-
-    fn server(ahead: SignedDuration) -> (Client, Samples, Arc<Mutex<Vec<String>>>) {
-        server_slow(ahead, Duration::ZERO)
     }
 
     #[tokio::test(start_paused = true)]
@@ -426,7 +414,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_response_is_no_sample_but_a_check_is_judged_whatever_its_round_trip() {
         let (client, samples, paths) =
-            server_slow(SignedDuration::ZERO, Duration::from_millis(600));
+            fake_server(Some(SignedDuration::ZERO), Duration::from_millis(600));
         let req = Request::get("/api/v1/namespaces").body(Vec::new()).unwrap();
         client.send(req.map(Into::into)).await.unwrap();
         assert_eq!(samples.current(), ClockState::UNKNOWN);

@@ -249,27 +249,26 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             }
             w.wait_running(lease_wait).await?;
         }
-        Fault::ApiserverRestart => match mode {
-            Mode::Short => cluster("restart", "kube-apiserver").await?,
-            Mode::Full => {
-                cluster("stop", "kube-apiserver").await?;
-                w.run_for(window).await?;
-                cluster("start", "kube-apiserver").await?;
+        Fault::ApiserverRestart | Fault::EtcdRestart => {
+            let component = if fault == Fault::EtcdRestart {
+                "etcd"
+            } else {
+                "kube-apiserver"
+            };
+            match mode {
+                Mode::Short => cluster("restart", component).await?,
+                Mode::Full => {
+                    cluster("stop", component).await?;
+                    w.run_for(window).await?;
+                    cluster("start", component).await?;
+                }
             }
-        },
+        }
         Fault::EtcdPause => {
             cluster("pause", "etcd").await?;
             w.run_for(window).await?;
             cluster("resume", "etcd").await?;
         }
-        Fault::EtcdRestart => match mode {
-            Mode::Short => cluster("restart", "etcd").await?,
-            Mode::Full => {
-                cluster("stop", "etcd").await?;
-                w.run_for(window).await?;
-                cluster("start", "etcd").await?;
-            }
-        },
         Fault::PostgresStop => {
             cluster("stop", "postgres").await?;
             w.run_for(window).await?;
