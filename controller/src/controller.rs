@@ -36,7 +36,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
 /// separately ([`crate::lanes`]: unbounded, a burst of a thousand claims in flight made the Lease
 /// renewal miss its deadline); this bound is on memory: a reconcile waiting for a lane holds a few
 /// tens of KiB, and at 1,024 the start-up with 10,000 SingletonJobs peaked at 190 MiB resident
-/// (against 125 at 128). The price: a burst's later claims wait for earlier runs' confirms.
+/// (against 125 at 128). A run holds its slot from claim to create, not through its confirm
+/// ([`run::Confirms`]), so in a burst 128 keep the lanes full.
 const MAX_CONCURRENT_RECONCILES: u16 = 128;
 
 /// How long this process remembers a claim it confirmed, to recognise cached copies from before
@@ -239,6 +240,8 @@ pub struct Context {
     /// uid (a re-created SingletonJob has a new uid, and without a backstop its tokens start
     /// again). Only needed until the watch delivers the confirm: entries expire.
     pub confirmed: Mutex<HashMap<String, (u64, tokio::time::Instant)>>,
+    /// The confirms (step 7) running in tasks of their own.
+    pub confirms: run::Confirms,
 }
 
 impl Context {
@@ -368,6 +371,12 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let generation = sj.metadata.generation;
     let mut status = sj.status.clone().unwrap_or_default();
 
+    // This SingletonJob's run is being confirmed (step 7, in a task of its own): the status read
+    // here is about to change; the confirm asks for a reconcile when it is done.
+    if ctx.confirms.in_flight(&sj) {
+        return Ok(Action::await_change());
+    }
+
     // A cached copy from before this process confirmed its own claim (a Job event can trigger a
     // reconcile before the watch delivers our confirm, which triggers one of its own): acting on
     // it would claim or complete again from an old resourceVersion, costing a request and a 409.
@@ -422,7 +431,9 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
             span,
         )
         .await?;
-        return Ok(Action::requeue(Duration::ZERO));
+        // Its confirm asks for the next reconcile when done; a period decided without a Job
+        // comes back through the watch of that status write.
+        return Ok(Action::await_change());
     }
 
     // A broken lock goes before any new run: it is asked for because a holder is stuck.
@@ -1208,6 +1219,7 @@ pub async fn run(
     };
     let gate_opened = gate.opened();
     let lanes = Lanes::new(crate::lanes::IN_FLIGHT);
+    let (confirms, confirmed_runs) = run::Confirms::new();
     crate::memory::limit_arenas();
     tokio::spawn(crate::memory::give_back_after_bursts(lanes.clone()));
     let ctx = Arc::new(Context {
@@ -1220,6 +1232,7 @@ pub async fn run(
         backstops: BackstopCache::default(),
         rejections_seen: Mutex::default(),
         confirmed: Mutex::default(),
+        confirms,
     });
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
@@ -1245,6 +1258,7 @@ pub async fn run(
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(job_stream)
         .reconcile_all_on(reconcile_all)
+        .reconcile_on(confirmed_runs)
         .graceful_shutdown_on(async move {
             // The controller wants a Sync future; a watch receiver is one.
             let _ = stop_rx.changed().await;

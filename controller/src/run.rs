@@ -24,23 +24,31 @@
 //! 7. Confirm  : a compare-and-swap on the re-read status moves the claim to
 //!               `active`; losing it with a Job the winner does not know removes
 //!               that Job. If we die between 3 and 7, whoever acts next finds
-//!               `pendingClaim` and completes it with the same name and token.    G1, G2
+//!               `pendingClaim` and completes it with the same name and token.
+//!               It runs in a task of its own: the reconcile is free once the Job
+//!               exists, and the SingletonJob's next reconcile waits for it.        G1, G2
 //! ```
 //!
 //! Each request to the API server waits for a slot in a lane ([`crate::lanes`]): steps 4 to 6
 //! (re-read, deletes, create) go first, then claims (3), then the confirm (7) and everything
-//! else nobody waits on, so that in a burst the Jobs exist before the bookkeeping is done.
+//! else nobody waits on, so that in a burst the Jobs exist before the bookkeeping is done. A
+//! reconcile does not wait for its confirm ([`Confirms`]): in a burst its slot goes to the next
+//! due run's claim.
 //!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::ops`]) take the same
 //! seven steps ([`Why::Manual`]); their claim write also marks the request handled, so a request
 //! is claimed once. Breaking a lock ([`break_lock`]) has its own numbered steps below.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{
     HistoryEntry, LockPurpose, Outcome, RunOrigin, RunRef, SingletonJob, SingletonJobStatus,
@@ -77,7 +85,7 @@ fn purpose(sj: &SingletonJob) -> LockPurpose {
     token = tracing::field::Empty,
 ))]
 pub async fn start(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     sj: &SingletonJob,
     mut status: SingletonJobStatus,
     period: Timestamp,
@@ -176,7 +184,7 @@ pub enum Read {
 
 /// Steps 4 to 7 for a claim written earlier, possibly by another (dead) replica.
 pub async fn complete_claim(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     sj: &SingletonJob,
     claim: RunRef,
     replaced: &[RunRef],
@@ -323,7 +331,23 @@ pub async fn complete_claim(
         Err(e) => return Err(e.into()),
     }
 
-    // 7. Confirm: the run is active; the claim is done. Compare-and-swap on the status read in 6.
+    // 7. Confirm (G1, G2): the run is active; the claim is done. A compare-and-swap on the status
+    //    read in 4. Nobody waits for it (the Job exists), so it runs in a task of its own and this
+    //    reconcile's slot goes to the next due run; until it is done, this SingletonJob's
+    //    reconciles wait for it ([`Confirms`]).
+    let status = confirmed_status(&fresh, &claim, replaced, backstop_skipped);
+    spawn_confirm(ctx, fresh, status, claim, created_uid, replaced.len());
+    Ok(())
+}
+
+/// Step 7's status: the claim moves from `pendingClaim` to `active`, the runs it replaced to the
+/// history as Replaced, the run itself to the history as Running.
+fn confirmed_status(
+    fresh: &SingletonJob,
+    claim: &RunRef,
+    replaced: &[RunRef],
+    backstop_skipped: bool,
+) -> SingletonJobStatus {
     let mut status = fresh.status.clone().unwrap_or_default();
     status.pending_claim = None;
     status
@@ -367,18 +391,36 @@ pub async fn complete_claim(
         },
     );
     status.history.truncate(crate::controller::HISTORY_LIMIT);
-    // Nobody waits on the confirm (the Job exists): in a burst it yields to claims and creates.
-    let confirmed = Box::pin(write_status(ctx, &fresh, status, Lane::Background))
-        .await
-        .map(drop);
-    match confirmed {
-        Ok(()) => ctx.confirmed(sj, claim.token),
+    status
+}
+
+/// Step 7 itself: writes `status` over `fresh` (the status read in step 4), in the lane nobody
+/// waits on (in a burst it yields to claims and creates).
+async fn confirm(
+    ctx: &Context,
+    fresh: SingletonJob,
+    status: SingletonJobStatus,
+    claim: RunRef,
+    created_uid: Option<String>,
+    replaced: usize,
+) -> Result<()> {
+    match write_status(ctx, &fresh, status, Lane::Background).await {
+        Ok(_) => {
+            ctx.confirmed(&fresh, claim.token);
+            for _ in 0..replaced {
+                crate::metrics::global().run_finished(&fresh, Outcome::Replaced);
+            }
+            Ok(())
+        }
         Err(Error::Conflict(what)) => {
             // Lost the confirm. If the status that won neither holds this claim as pending nor
             // knows the Job we just created, that Job re-creates a period another replica had
             // completed: remove it (only that Job, by uid) before it does more.
             if let Some(uid) = created_uid {
-                let now_sj = ctx.lanes.run(Lane::Create, || sjs.get(sj_name)).await?;
+                let ns = fresh.metadata.namespace.as_deref().unwrap_or_default();
+                let name = fresh.metadata.name.as_deref().unwrap_or_default();
+                let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+                let now_sj = ctx.lanes.run(Lane::Create, || sjs.get(name)).await?;
                 let known = claim_pending(&now_sj, &claim)
                     || now_sj.status.as_ref().is_some_and(|s| {
                         s.active
@@ -387,17 +429,103 @@ pub async fn complete_claim(
                     });
                 if !known {
                     tracing::warn!(job = %claim.job_name, token = claim.token, "removing a Job re-created for a period another replica completed");
-                    delete_job_uid(ctx, sj, &claim.job_name, &uid).await?;
+                    delete_job_uid(ctx, &fresh, &claim.job_name, &uid).await?;
                 }
             }
-            return Err(Error::Conflict(what));
+            Err(Error::Conflict(what))
         }
-        Err(e) => return Err(e),
+        Err(e) => Err(e),
     }
-    for _ in replaced {
-        crate::metrics::global().run_finished(sj, Outcome::Replaced);
+}
+
+/// The confirms (step 7) in flight, each in its own task, by SingletonJob uid.
+///
+/// A reconcile of a SingletonJob whose confirm is in flight does nothing: the status it read is
+/// about to change, and acting on it would complete the claim a second time. When the confirm is
+/// done (written, lost or failed), the SingletonJob is reconciled again, by a request on the
+/// channel the controller listens to ([`Confirms::new`]); after a failure other than a lost
+/// compare-and-swap, only after [`CONFIRM_RETRY`], like a failed reconcile.
+pub struct Confirms {
+    in_flight: Mutex<HashSet<String>>,
+    done: mpsc::UnboundedSender<ObjectRef<SingletonJob>>,
+}
+
+/// How long a confirm that failed (other than by a lost compare-and-swap) waits before its
+/// SingletonJob is reconciled again; a reconcile would then find the claim pending and complete it.
+const CONFIRM_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Confirms {
+    /// The registry, and the stream of SingletonJobs to reconcile because their confirm is done.
+    pub fn new() -> (Self, UnboundedReceiverStream<ObjectRef<SingletonJob>>) {
+        let (done, rx) = mpsc::unbounded_channel();
+        let confirms = Confirms {
+            in_flight: Mutex::default(),
+            done,
+        };
+        (confirms, UnboundedReceiverStream::new(rx))
     }
-    Ok(())
+
+    /// Whether a confirm of `sj` is in flight.
+    pub fn in_flight(&self, sj: &SingletonJob) -> bool {
+        sj.metadata.uid.as_ref().is_some_and(|uid| {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(uid)
+        })
+    }
+
+    fn begin(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(uid.to_string());
+        }
+    }
+
+    async fn end(&self, uid: Option<&str>, sj: ObjectRef<SingletonJob>, result: Result<()>) {
+        if let Some(uid) = uid {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(uid);
+        }
+        if let Err(e) = &result {
+            crate::metrics::global().reconcile_error(e);
+            match e {
+                Error::Conflict(_) | Error::NotLeader => {
+                    tracing::debug!(error = %e, "confirm not written");
+                }
+                _ => {
+                    tracing::warn!(kind = e.kind(), error = %e, "confirm failed");
+                    tokio::time::sleep(CONFIRM_RETRY).await;
+                }
+            }
+        }
+        // The controller may have stopped; then there is nobody to ask.
+        let _ = self.done.send(sj);
+    }
+}
+
+/// Starts step 7 in a task of its own (see [`Confirms`]); its log lines keep the run's span.
+fn spawn_confirm(
+    ctx: &Arc<Context>,
+    fresh: SingletonJob,
+    status: SingletonJobStatus,
+    claim: RunRef,
+    created_uid: Option<String>,
+    replaced: usize,
+) {
+    let uid = fresh.metadata.uid.clone();
+    let obj = ObjectRef::from_obj(&fresh);
+    ctx.confirms.begin(uid.as_deref());
+    let ctx = ctx.clone();
+    let task = async move {
+        let result = confirm(&ctx, fresh, status, claim, created_uid, replaced).await;
+        ctx.confirms.end(uid.as_deref(), obj, result).await;
+    };
+    tokio::spawn(tracing::Instrument::in_current_span(task));
 }
 
 /// Breaks the lock (`kubectl singleton break-lock`): every token issued so far is fenced out and
@@ -656,6 +784,7 @@ mod tests {
     use super::*;
     use crate::api::{SingletonJob, SingletonJobSpec};
     use crate::controller::{Events, Gate};
+    use futures::StreamExt;
     use http::{Request, Response};
     use kube::client::Body;
     use kube::runtime::events::Reporter;
@@ -685,6 +814,7 @@ mod tests {
             backstops: Default::default(),
             rejections_seen: Default::default(),
             confirmed: Default::default(),
+            confirms: Confirms::new().0,
         }
     }
 
@@ -765,6 +895,169 @@ mod tests {
             .expect_err("gate closed");
         assert!(matches!(err, Error::NotLeader), "{err:?}");
         drop(tx);
+    }
+
+    /// A SingletonJob as read, with a pending claim (token 7) whose Job was created with `job-uid`.
+    fn claimed() -> (SingletonJob, RunRef) {
+        let mut sj = sj();
+        sj.metadata.uid = Some("sj-uid".into());
+        let claim = RunRef {
+            period: Timestamp::from_second(1_800_000_000).unwrap().into(),
+            token: 7,
+            job_name: "hello-1800000000".into(),
+            claimed_at: None,
+            job_uid: Some("job-uid".into()),
+            origin: None,
+        };
+        sj.status = Some(SingletonJobStatus {
+            fencing_token: 7,
+            pending_claim: Some(claim.clone()),
+            ..Default::default()
+        });
+        (sj, claim)
+    }
+
+    fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: Vec<u8>) {
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .body(Body::from(body))
+                .unwrap(),
+        );
+    }
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// The next request the controller sends; a test fails rather than hangs if none comes.
+    async fn next(
+        handle: &mut Handle,
+        what: &str,
+    ) -> (
+        Request<Body>,
+        tower_test::mock::SendResponse<Response<Body>>,
+    ) {
+        tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within 10 s"))
+            .unwrap_or_else(|| panic!("the client is gone before the {what}"))
+    }
+
+    fn conflict() -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"})).unwrap()
+    }
+
+    #[tokio::test]
+    async fn reconciles_wait_for_a_confirm_in_flight_and_are_asked_for_when_it_is_done() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (confirms, mut done) = Confirms::new();
+        let ctx = Arc::new(Context {
+            confirms,
+            ..context(kube::Client::new(svc, "ns"))
+        });
+        let (sj, claim) = claimed();
+        let status = confirmed_status(&sj, &claim, &[], false);
+        spawn_confirm(&ctx, sj.clone(), status, claim, Some("job-uid".into()), 0);
+        assert!(
+            ctx.confirms.in_flight(&sj),
+            "the confirm is in flight until answered"
+        );
+
+        let (req, send) = next(&mut handle, "the confirm").await;
+        assert_eq!(req.method(), http::Method::PUT);
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(
+            body["metadata"]["resourceVersion"], "4711",
+            "a compare-and-swap"
+        );
+        assert!(body["status"].get("pendingClaim").is_none(), "{body}");
+        assert_eq!(body["status"]["active"][0]["token"], 7);
+        assert!(ctx.confirms.in_flight(&sj));
+        respond(send, 200, serde_json::to_vec(&body).unwrap());
+
+        let asked = tokio::time::timeout(std::time::Duration::from_secs(10), done.next())
+            .await
+            .expect("a reconcile asked for within 10 s")
+            .expect("the channel is open");
+        assert_eq!(asked, ObjectRef::from_obj(&sj));
+        assert!(!ctx.confirms.in_flight(&sj));
+        // Copies read before the confirm are recognised as stale.
+        assert!(ctx.is_stale(&sj, sj.status.as_ref().unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_lost_confirm_removes_its_job_only_if_the_winner_does_not_know_it() {
+        for winner_knows in [false, true] {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let (confirms, mut done) = Confirms::new();
+            let ctx = Arc::new(Context {
+                confirms,
+                ..context(kube::Client::new(svc, "ns"))
+            });
+            let (sj, claim) = claimed();
+            let status = confirmed_status(&sj, &claim, &[], false);
+            spawn_confirm(
+                &ctx,
+                sj.clone(),
+                status,
+                claim.clone(),
+                Some("job-uid".into()),
+                0,
+            );
+
+            let (_, send) = next(&mut handle, "the confirm").await;
+            respond(send, 409, conflict());
+            // The status that won: another replica completed this period and has moved on.
+            let (req, send) = next(&mut handle, "the re-read").await;
+            assert_eq!(req.method(), http::Method::GET);
+            let mut won = sj.clone();
+            won.metadata.resource_version = Some("4712".into());
+            let active = if winner_knows {
+                vec![claim.clone()]
+            } else {
+                vec![]
+            };
+            won.status = Some(SingletonJobStatus {
+                fencing_token: 7,
+                active,
+                ..Default::default()
+            });
+            respond(send, 200, serde_json::to_vec(&won).unwrap());
+            if !winner_knows {
+                let (req, send) = next(&mut handle, "the removal").await;
+                assert_eq!(req.method(), http::Method::DELETE);
+                assert_eq!(
+                    req.uri().path(),
+                    "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+                );
+                let body: serde_json::Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                        .unwrap();
+                assert_eq!(
+                    body["preconditions"]["uid"], "job-uid",
+                    "only that Job, never a later one of its name"
+                );
+                respond(send, 200, b"{}".to_vec());
+            }
+            let asked = tokio::time::timeout(std::time::Duration::from_secs(10), done.next())
+                .await
+                .expect("a reconcile asked for within 10 s")
+                .expect("the channel is open");
+            assert_eq!(asked, ObjectRef::from_obj(&sj));
+            assert!(!ctx.confirms.in_flight(&sj));
+            assert!(
+                !ctx.is_stale(&sj, sj.status.as_ref().unwrap()),
+                "not confirmed"
+            );
+            // Nothing else was sent: the task is over and holds no client.
+            drop(ctx);
+            let after =
+                tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request());
+            assert!(
+                matches!(after.await, Ok(None)),
+                "a request after the confirm was done (winner_knows={winner_knows})"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]
