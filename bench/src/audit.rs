@@ -41,11 +41,19 @@ impl Audit {
 
     /// Every complete line written after `offset`.
     pub fn since(&self, offset: u64) -> anyhow::Result<Vec<Request>> {
+        let mut offset = offset;
+        self.read_on(&mut offset)
+    }
+
+    /// The complete lines written after `offset`, which moves past them: a poll reads each line
+    /// once (re-parsing the whole log at every poll took CPU from the system under test).
+    pub fn read_on(&self, offset: &mut u64) -> anyhow::Result<Vec<Request>> {
         let mut f = std::fs::File::open(&self.path)?;
-        f.seek(SeekFrom::Start(offset))?;
+        f.seek(SeekFrom::Start(*offset))?;
         let mut buf = String::new();
         f.read_to_string(&mut buf)?;
-        let complete = buf.rfind('\n').map_or("", |i| &buf[..i]);
+        let complete = buf.rfind('\n').map_or("", |i| &buf[..=i]);
+        *offset += complete.len() as u64;
         Ok(complete.lines().filter_map(parse).collect())
     }
 }
@@ -122,4 +130,33 @@ pub fn breakdown(
     let mut v: Vec<_> = m.into_iter().collect();
     v.sort_by_key(|b| std::cmp::Reverse(b.1));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn line(name: &str) -> String {
+        format!(
+            r#"{{"user":{{"username":"u"}},"verb":"create","objectRef":{{"resource":"jobs","namespace":"ns","name":"{name}"}},"responseStatus":{{"code":201}},"requestURI":"/apis/batch/v1/namespaces/ns/jobs","stageTimestamp":"2026-12-03T10:00:00.000001Z"}}"#
+        )
+    }
+
+    #[test]
+    fn polls_read_each_complete_line_once() {
+        let path = std::env::temp_dir().join(format!("audit-{}.log", std::process::id()));
+        let mut f = std::fs::File::create(&path).unwrap();
+        let audit = Audit::new(path.clone());
+        write!(f, "{}\n{}", line("a"), &line("b")[..20]).unwrap();
+        let mut offset = 0;
+        let names = |reqs: Vec<Request>| reqs.into_iter().map(|r| r.name).collect::<Vec<_>>();
+        // The line still being written is left for the next poll.
+        assert_eq!(names(audit.read_on(&mut offset).unwrap()), ["a"]);
+        write!(f, "{}\n{}\n", &line("b")[20..], line("c")).unwrap();
+        assert_eq!(names(audit.read_on(&mut offset).unwrap()), ["b", "c"]);
+        assert!(audit.read_on(&mut offset).unwrap().is_empty());
+        assert_eq!(names(audit.since(0).unwrap()), ["a", "b", "c"]);
+        std::fs::remove_file(path).unwrap();
+    }
 }

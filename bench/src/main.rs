@@ -417,14 +417,15 @@ impl Bench {
         n: usize,
         deadline: Timestamp,
     ) -> anyhow::Result<Vec<(String, Timestamp)>> {
+        let mut offset = mark;
+        let mut seen = std::collections::BTreeMap::new();
         loop {
-            let reqs = self.audit.since(mark)?;
-            let mut seen = std::collections::BTreeMap::new();
+            let reqs = self.audit.read_on(&mut offset)?;
             for (name, at) in audit::job_creates(&reqs, user, ns) {
                 seen.entry(name.to_string()).or_insert(at);
             }
             if seen.len() >= n || Timestamp::now() > deadline {
-                return Ok(seen.into_iter().collect());
+                return Ok(std::mem::take(&mut seen).into_iter().collect());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
