@@ -1151,7 +1151,7 @@ fn slim_job(job: &mut Job) {
 /// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
 /// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
 /// subresource, where the API server ignores every change outside `status`.
-fn slim_sj(sj: &mut SingletonJob) {
+pub(crate) fn slim_sj(sj: &mut SingletonJob) {
     sj.metadata.managed_fields = None;
     if let Some(a) = sj.metadata.annotations.as_mut() {
         a.remove(LAST_APPLIED);
