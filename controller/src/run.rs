@@ -903,6 +903,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_written_status_carries_the_resource_version_of_the_response() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let ctx = context(kube::Client::new(svc, "ns"));
+        let server = tokio::spawn(async move {
+            let (req, send) = next(&mut handle, "the status write").await;
+            let mut stored: serde_json::Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            stored["metadata"]["resourceVersion"] = "4712".into();
+            stored["metadata"]["managedFields"] =
+                serde_json::json!([{"manager": "x", "fieldsV1": {"f:status": {}}}]);
+            respond(send, 200, serde_json::to_vec(&stored).unwrap());
+        });
+        let status = SingletonJobStatus {
+            fencing_token: 9,
+            ..Default::default()
+        };
+        let written = write_status(&ctx, &sj(), status.clone(), Lane::Claim)
+            .await
+            .expect("written");
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("4712"));
+        assert_eq!(written.status, Some(status));
+        assert!(written.metadata.managed_fields.is_none(), "never decoded");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
     async fn no_write_without_a_resource_version_or_without_the_gate() {
         let (svc, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let ctx = context(kube::Client::new(svc, "ns"));
