@@ -1000,21 +1000,51 @@ mod tests {
             .unwrap_or_else(|| panic!("the client is gone before the {what}"))
     }
 
-    fn conflict() -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"})).unwrap()
-    }
-
-    #[tokio::test]
-    async fn reconciles_wait_for_a_confirm_in_flight_and_are_asked_for_when_it_is_done() {
-        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let (confirms, mut done) = Confirms::new();
+    /// A confirm of [`claimed`]'s claim, spawned against a mock API server: the context, the
+    /// server's handle, the stream of reconciles asked for, and the object.
+    fn confirming() -> (
+        Arc<Context>,
+        Handle,
+        UnboundedReceiverStream<ObjectRef<SingletonJob>>,
+        SingletonJob,
+        RunRef,
+    ) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (confirms, done) = Confirms::new();
         let ctx = Arc::new(Context {
             confirms,
             ..context(kube::Client::new(svc, "ns"))
         });
         let (sj, claim) = claimed();
         let status = confirmed_status(&sj, &claim, &[], false);
-        spawn_confirm(&ctx, sj.clone(), status, claim, Some("job-uid".into()), 0);
+        spawn_confirm(
+            &ctx,
+            sj.clone(),
+            status,
+            claim.clone(),
+            Some("job-uid".into()),
+            0,
+        );
+        (ctx, handle, done, sj, claim)
+    }
+
+    /// The reconcile the confirm asks for once it is done; a test fails rather than hangs.
+    async fn asked(
+        done: &mut UnboundedReceiverStream<ObjectRef<SingletonJob>>,
+    ) -> ObjectRef<SingletonJob> {
+        tokio::time::timeout(std::time::Duration::from_secs(10), done.next())
+            .await
+            .expect("a reconcile asked for within 10 s")
+            .expect("the channel is open")
+    }
+
+    fn conflict() -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"})).unwrap()
+    }
+
+    #[tokio::test]
+    async fn reconciles_wait_for_a_confirm_in_flight_and_are_asked_for_when_it_is_done() {
+        let (ctx, mut handle, mut done, sj, _) = confirming();
         assert!(
             ctx.confirms.in_flight(&sj),
             "the confirm is in flight until answered"
@@ -1033,11 +1063,7 @@ mod tests {
         assert!(ctx.confirms.in_flight(&sj));
         respond(send, 200, serde_json::to_vec(&body).unwrap());
 
-        let asked = tokio::time::timeout(std::time::Duration::from_secs(10), done.next())
-            .await
-            .expect("a reconcile asked for within 10 s")
-            .expect("the channel is open");
-        assert_eq!(asked, ObjectRef::from_obj(&sj));
+        assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
         assert!(!ctx.confirms.in_flight(&sj));
         // Copies read before the confirm are recognised as stale.
         assert!(ctx.is_stale(&sj, sj.status.as_ref().unwrap()));
@@ -1046,22 +1072,7 @@ mod tests {
     #[tokio::test]
     async fn a_lost_confirm_removes_its_job_only_if_the_winner_does_not_know_it() {
         for winner_knows in [false, true] {
-            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-            let (confirms, mut done) = Confirms::new();
-            let ctx = Arc::new(Context {
-                confirms,
-                ..context(kube::Client::new(svc, "ns"))
-            });
-            let (sj, claim) = claimed();
-            let status = confirmed_status(&sj, &claim, &[], false);
-            spawn_confirm(
-                &ctx,
-                sj.clone(),
-                status,
-                claim.clone(),
-                Some("job-uid".into()),
-                0,
-            );
+            let (ctx, mut handle, mut done, sj, claim) = confirming();
 
             let (_, send) = next(&mut handle, "the confirm").await;
             respond(send, 409, conflict());
@@ -1097,11 +1108,7 @@ mod tests {
                 );
                 respond(send, 200, b"{}".to_vec());
             }
-            let asked = tokio::time::timeout(std::time::Duration::from_secs(10), done.next())
-                .await
-                .expect("a reconcile asked for within 10 s")
-                .expect("the channel is open");
-            assert_eq!(asked, ObjectRef::from_obj(&sj));
+            assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
             assert!(!ctx.confirms.in_flight(&sj));
             assert!(
                 !ctx.is_stale(&sj, sj.status.as_ref().unwrap()),
