@@ -53,6 +53,12 @@ pub enum Error {
     #[error("backstop unavailable: {0}")]
     BackstopUnavailable(String),
 
+    /// The backstop's fence row is locked by an open transaction (a run inside
+    /// `singleton_fence`, possibly hung) past the lock timeout. Retryable; under Replace the
+    /// run being replaced is stopped first.
+    #[error("backstop fence held: {0}")]
+    FenceHeld(String),
+
     /// A fencing token at or below the backstop's stored fence: a newer token exists.
     #[error("stale fencing token {token} for job {job}: current is {current}")]
     StaleToken {
@@ -86,6 +92,7 @@ impl Error {
             Error::LeadershipLost(_) => "LeadershipLost",
             Error::Lease { .. } => "Lease",
             Error::BackstopUnavailable(_) => "BackstopUnavailable",
+            Error::FenceHeld(_) => "FenceHeld",
             Error::StaleToken { .. } => "StaleToken",
             Error::BackstopConfig(_) => "BackstopConfig",
             Error::Backstop(_) => "Backstop",
@@ -94,7 +101,7 @@ impl Error {
 
     /// Whether retrying the same call later may succeed (a backstop that did not answer).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::BackstopUnavailable(_))
+        matches!(self, Error::BackstopUnavailable(_) | Error::FenceHeld(_))
     }
 
     /// Turns the API server's 409 into [`Error::Conflict`].

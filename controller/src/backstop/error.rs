@@ -39,7 +39,10 @@ impl Error {
             }
             let msg = format!("{} (SQLSTATE {})", db.message(), code.code());
             return match class {
-                _ if *code == SqlState::LOCK_NOT_AVAILABLE => Error::BackstopUnavailable(format!(
+                // Not an outage: a run's own transaction holds the fence row. Who holds it
+                // decides what to do (Replace deletes the run it replaces), so it has its own
+                // variant rather than "unavailable", which ends in a Missed period.
+                _ if *code == SqlState::LOCK_NOT_AVAILABLE => Error::FenceHeld(format!(
                     "{msg}: a workload transaction holding the fence row is still open"
                 )),
                 _ if retryable => Error::BackstopUnavailable(msg),

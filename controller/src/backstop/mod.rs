@@ -134,6 +134,15 @@ impl Backstop {
         &self.prefix
     }
 
+    /// Names the database and tables the claims go to (host, port, database, prefix), as a hash:
+    /// status may say "the same target as before" without showing the connection's values.
+    pub fn target_id(&self) -> String {
+        let c = &self.config;
+        let db = c.dbname.as_ref().map(|d| d.0.as_str()).unwrap_or_default();
+        let text = format!("{}:{}/{db}/{}", c.host.0, c.port, self.prefix);
+        format!("sha256:{}", crate::naming::short_hash(&text, 16))
+    }
+
     /// Connects if needed and creates or upgrades the schema; returns the schema version.
     pub async fn ensure_schema(&self) -> Result<i32> {
         self.bounded("ensure schema", async {
@@ -258,6 +267,71 @@ impl Backstop {
                 }
             }
             .await;
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// Retires `token` of `job`: its period is decided, so from now on `singleton_fence` refuses
+    /// it (and every lower token) even while it equals the stored fence. Idempotent. Takes the
+    /// fence row's lock only when there is something to change, so an open transaction of a
+    /// newer run (Allow) does not hold up the retirement of an older token, which the fence
+    /// refuses already.
+    pub async fn retire(&self, job: &str, token: u64) -> Result<()> {
+        let token_i = to_i64(token)?;
+        self.bounded("retire token", async {
+            let mut slot = self.session().await?;
+            let t = slot.tables()?.clone();
+            let client = slot.client()?;
+            let r = async {
+                let pg = |e| Error::from_pg(e, false);
+                let row = client
+                    .query_opt(
+                        &format!("SELECT token, retired FROM {} WHERE job = $1", t.fences),
+                        &[&job],
+                    )
+                    .await
+                    .map_err(pg)?;
+                if row
+                    .is_some_and(|r| r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i)
+                {
+                    return Ok(());
+                }
+                client
+                    .execute(
+                        &format!(
+                            "INSERT INTO {} AS f (job, token, retired) VALUES ($1, $2, $2) \
+                             ON CONFLICT ON CONSTRAINT {}fences_pkey DO UPDATE \
+                             SET token = greatest(f.token, EXCLUDED.token), \
+                                 retired = greatest(f.retired, EXCLUDED.retired)",
+                            t.fences, t.prefix
+                        ),
+                        &[&job, &token_i],
+                    )
+                    .await
+                    .map_err(pg)?;
+                Ok(())
+            }
+            .await;
+            slot.settle(r)
+        })
+        .await
+    }
+
+    /// The highest retired token of `job` (0 if none).
+    pub async fn retired(&self, job: &str) -> Result<u64> {
+        self.bounded("read retired", async {
+            let mut slot = self.session().await?;
+            let sql = format!(
+                "SELECT retired FROM {} WHERE job = $1",
+                slot.tables()?.fences
+            );
+            let r = slot
+                .client()?
+                .query_opt(&sql, &[&job])
+                .await
+                .map_err(|e| Error::from_pg(e, false))
+                .and_then(|row| row.map_or(Ok(0), |row| to_u64(row.get(0))));
             slot.settle(r)
         })
         .await

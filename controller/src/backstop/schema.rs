@@ -7,7 +7,8 @@
 //! |------------------------------|------------------------------------------------------------|
 //! | `<p>schema_version`          | one row per applied migration                              |
 //! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
-//! | `<p>fences`                  | one row per job: the highest fencing token                 |
+//! | `<p>fences`                  | one row per job: the highest fencing token, and the highest |
+//! |                              | retired one (its period decided: refused from then on)      |
 //! | `<p>fence_rejections`        | sequence: stale tokens refused by `<p>fence()`             |
 //! | `<p>fence(job, token)`       | the function a workload calls inside its own transaction  |
 //!
@@ -23,7 +24,7 @@ use super::config::TablePrefix;
 pub const STALE_TOKEN_SQLSTATE: &str = "SF001";
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Fully qualified, ready-to-splice names of one backstop's objects.
 #[derive(Clone, Debug)]
@@ -53,6 +54,12 @@ impl Tables {
 
 fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// Migration `version`'s statements (for tests that set up an older schema).
+#[cfg(test)]
+pub(crate) fn migration_sql(version: i32, t: &Tables) -> Option<String> {
+    migration(version, t)
 }
 
 /// Migration `version`'s statements.
@@ -127,6 +134,50 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION {function}(text, bigint) IS 'singleton-controller: call inside your transaction with SINGLETON_JOB and SINGLETON_FENCING_TOKEN; raises SQLSTATE {STALE_TOKEN_SQLSTATE} when a newer run holds the fence';
+"#
+        )),
+        // A token is retired once its period is decided (the run finished, or was decided
+        // without a Job): from then on no write with it passes the fence, even though it still
+        // equals the stored token. Without this, a run re-created with its own token (a paused
+        // claimer resuming after its period was completed and its Job pruned) would pass.
+        2 => Some(format!(
+            r#"
+ALTER TABLE {fences} ADD COLUMN retired bigint NOT NULL DEFAULT 0 CHECK (retired >= 0);
+COMMENT ON COLUMN {fences}.retired IS 'singleton-controller: the highest token whose period is decided; {p}fence() refuses it and every lower one';
+
+CREATE OR REPLACE FUNCTION {function}(job text, token bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    stored bigint;
+    retired_at bigint;
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL OR $2 < 0 THEN
+        RAISE EXCEPTION '{p}fence: job must not be null and token must be a non-negative number'
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {fences} AS f (job, token) VALUES ($1, $2)
+    ON CONFLICT ON CONSTRAINT {p}fences_pkey
+    DO UPDATE SET token = EXCLUDED.token
+        WHERE f.token <= EXCLUDED.token AND f.retired < EXCLUDED.token
+    RETURNING f.token INTO stored;
+    IF FOUND THEN
+        RETURN stored;
+    END IF;
+    SELECT f.token, f.retired INTO stored, retired_at FROM {fences} AS f WHERE f.job = $1;
+    PERFORM nextval('{rejections}');
+    IF $2 <= retired_at AND $2 >= stored THEN
+        RAISE EXCEPTION 'fencing token % for job % is retired: its period was decided', $2, $1
+            USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+                  HINT = 'this run is over (or a copy of it was started again); it must stop without committing';
+    END IF;
+    RAISE EXCEPTION 'stale fencing token % for job %: current is %', $2, $1, stored
+        USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+              HINT = 'a newer run of this job holds the fence; this run must stop without committing';
+END
+$fn$;
+REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
 "#
         )),
         _ => None,

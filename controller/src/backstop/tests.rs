@@ -617,6 +617,10 @@ async fn claim_behind_a_long_workload_transaction_is_bounded() {
     let took = started.elapsed();
     assert!(e.is_retryable(), "{e}");
     assert!(
+        matches!(e, Error::FenceHeld(_)),
+        "its own kind, not an outage: {e:?}"
+    );
+    assert!(
         e.to_string().contains("lock timeout (SQLSTATE 55P03)"),
         "{e}"
     );
@@ -783,7 +787,8 @@ async fn connect_errors_do_not_quote_secret_values() {
     assert_no_secret(&format!("{e} {e:?}"), &[secret_db]);
 }
 
-/// Four replicas creating the schema at once: no error, one version row, all see version 1.
+/// Four replicas creating the schema at once: no error, one row per migration, all see the
+/// newest version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn schema_creation_race() {
     let prefix = unique_prefix("schema");
@@ -811,7 +816,7 @@ async fn schema_creation_race() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 1);
+    assert_eq!(rows, i64::from(SCHEMA_VERSION));
     // Re-created after someone dropped a table: an unexpected error re-runs the migration check.
     cleanup(&prefix).await;
 }
@@ -952,4 +957,146 @@ async fn tls_verification_failures_are_refused() {
     let b = tls_backstop("verify-ca", Some(&ca), &wrong_name);
     assert!(session_tls(&b).await.unwrap());
     cleanup(b.prefix()).await;
+}
+
+/// Once a period is decided its token is retired: a run re-created with it (a paused claimer
+/// resuming after the period completed) is refused although its token equals the stored fence,
+/// and the next token passes.
+#[tokio::test]
+async fn a_retired_token_is_refused_although_it_equals_the_fence() {
+    let prefix = unique_prefix("retire");
+    let p = prefix.as_str();
+    let b = backstop(&prefix);
+    let job = "billing/payouts";
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 7, "payouts-7")
+        .await
+        .unwrap();
+    let fence = format!("SELECT {p}fence($1, $2)");
+    let mut w = workload().await;
+    let tx = w.transaction().await.unwrap();
+    assert_eq!(
+        tx.query_one(&fence, &[&job, &7i64])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        7
+    );
+    tx.commit().await.unwrap();
+
+    b.retire(job, 7).await.unwrap();
+    b.retire(job, 7).await.unwrap(); // idempotent
+    assert_eq!(
+        (b.fence(job).await.unwrap(), b.retired(job).await.unwrap()),
+        (7, 7)
+    );
+    let tx = w.transaction().await.unwrap();
+    let e = tx.query_one(&fence, &[&job, &7i64]).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
+    assert_eq!(
+        db_message(&e),
+        format!("fencing token 7 for job {job} is retired: its period was decided")
+    );
+    drop(tx);
+    assert_eq!(b.rejections().await.unwrap(), 1);
+    // Older tokens stay refused as stale; the next claim's token passes.
+    let tx = w.transaction().await.unwrap();
+    let e = tx.query_one(&fence, &[&job, &6i64]).await.unwrap_err();
+    assert!(db_message(&e).starts_with("stale fencing token 6"), "{e}");
+    drop(tx);
+    assert_eq!(
+        b.claim(job, ts("2025-02-01T00:00:00Z"), 8, "payouts-8")
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let tx = w.transaction().await.unwrap();
+    assert_eq!(
+        tx.query_one(&fence, &[&job, &8i64])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        8
+    );
+    tx.commit().await.unwrap();
+    // Retiring a token no claim reached (a run without its claim row) still fences it out.
+    b.retire("billing/other", 3).await.unwrap();
+    let tx = w.transaction().await.unwrap();
+    let e = tx
+        .query_one(&fence, &[&"billing/other", &3i64])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
+    drop(tx);
+    cleanup(&prefix).await;
+}
+
+/// Retiring an older token needs no lock when the fence is above it: a newer run's open
+/// transaction (concurrencyPolicy Allow) does not hold up the decision of the older period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retiring_an_older_token_does_not_wait_for_a_newer_run() {
+    let prefix = unique_prefix("retirelk");
+    let p = prefix.as_str();
+    let b = backstop(&prefix);
+    let job = "ns/allow";
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 5, "a-5")
+        .await
+        .unwrap();
+    b.claim(job, ts("2025-01-02T00:00:00Z"), 6, "a-6")
+        .await
+        .unwrap();
+    let mut newer = workload().await;
+    let tx = newer.transaction().await.unwrap();
+    tx.query_one(&format!("SELECT {p}fence($1, $2)"), &[&job, &6i64])
+        .await
+        .unwrap();
+    let started = Instant::now();
+    b.retire(job, 5).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    tx.commit().await.unwrap();
+    cleanup(&prefix).await;
+}
+
+/// A database the previous version set up (schema 1, fences without `retired`) is upgraded in
+/// place: its fence rows keep their tokens, and the new function refuses retired ones.
+#[tokio::test]
+async fn schema_1_is_upgraded_in_place() {
+    let prefix = unique_prefix("upgrade");
+    let p = prefix.as_str();
+    let admin = workload().await;
+    let schema: String = admin
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tables = schema::Tables::new(&schema, &prefix);
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()); {} INSERT INTO {} (version) VALUES (1); INSERT INTO {} (job, token) VALUES ('ns/old', 4);",
+            tables.version,
+            schema::migration_sql(1, &tables).unwrap(),
+            tables.version,
+            tables.fences
+        ))
+        .await
+        .unwrap();
+    let b = backstop(&prefix);
+    assert_eq!(b.ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    assert_eq!(
+        (
+            b.fence("ns/old").await.unwrap(),
+            b.retired("ns/old").await.unwrap()
+        ),
+        (4, 0)
+    );
+    b.retire("ns/old", 4).await.unwrap();
+    let e = admin
+        .query_one(&format!("SELECT {p}fence($1, $2)"), &[&"ns/old", &4i64])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
+    cleanup(&prefix).await;
 }
