@@ -93,7 +93,7 @@ if ! hack/cluster.sh status >/dev/null 2>&1; then started=1; fi
 trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
 trap 'exit 130' INT TERM
 if [ -n "$$started" ]; then hack/cluster.sh up; fi
-$(CARGO) build -p singleton-controller --bins
+$(CARGO) build -p singleton-controller --bins --features failpoints
 eval "$$(hack/cluster.sh env)"
 export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
 export KUBECTL="$(KUBECTL)" HELM="$(HELM)"

@@ -386,6 +386,23 @@ pub struct SingletonJobStatus {
     // Boxed: three operation records are 0.75 KiB inline and almost always empty, and every
     // cached SingletonJob carries its status (a heap profile at 10,000 objects).
     pub operations: Box<Operations>,
+
+    /// Since when the backstop has recorded a claim for every run of this SingletonJob, and in
+    /// which database and tables (a hash; never the connection's values). For earlier periods
+    /// the claims table may not know every run (the backstop was added or moved later, or a run
+    /// started without its claim under `lock.purpose: Efficiency`), so backfill refuses them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims_recorded: Option<Box<ClaimsRecorded>>,
+}
+
+/// See [`SingletonJobStatus::claims_recorded`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimsRecorded {
+    /// Every run of a period after this instant has its claim row in the backstop.
+    pub since: Time,
+    /// Identifies the backstop database and table prefix the claims go to.
+    pub target: String,
 }
 
 /// The latest operation of each kind. A request whose `id` equals the one recorded here has been
@@ -512,6 +529,43 @@ pub struct RunRef {
     /// Trigger or Backfill for a run asked for by a user; unset for a scheduled run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<RunOrigin>,
+    /// Pending claims only (concurrencyPolicy Replace): the active runs this run replaces. Kept
+    /// with the claim so that whoever completes it, after a failure or a failover, deletes them
+    /// before this run's Job may start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<ReplacedRun>,
+}
+
+/// A run that a pending claim replaces (concurrencyPolicy Replace).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplacedRun {
+    /// The replaced run's period.
+    pub period: MicroTime,
+    /// The replaced run's fencing token.
+    #[schemars(schema_with = "token_schema")]
+    pub token: u64,
+    /// The replaced run's Job.
+    pub job_name: String,
+    /// The replaced run's Job uid, when known: only that Job is deleted, never a later one of
+    /// the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_uid: Option<String>,
+    /// When the replaced run was claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_at: Option<Time>,
+}
+
+impl From<&RunRef> for ReplacedRun {
+    fn from(r: &RunRef) -> Self {
+        ReplacedRun {
+            period: r.period.clone(),
+            token: r.token,
+            job_name: r.job_name.clone(),
+            job_uid: r.job_uid.clone(),
+            claimed_at: r.claimed_at.clone(),
+        }
+    }
 }
 
 /// What happened to a period.

@@ -10,6 +10,8 @@ pub const SUSPENDED: &str = "Suspended";
 pub const CLOCK_TRUSTED: &str = "ClockTrusted";
 pub const JOB_TEMPLATE_VALID: &str = "JobTemplateValid";
 pub const BACKSTOP_READY: &str = "BackstopReady";
+/// False after the status was found behind the SingletonJob's own Jobs and raised to them.
+pub const STATUS_CONSISTENT: &str = "StatusConsistent";
 
 /// Sets (or adds) a condition; returns whether anything a reader would notice changed.
 pub fn set(

@@ -17,8 +17,8 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
 use crate::api::{
-    ConcurrencyPolicy, HistoryEntry, LockPurpose, OperationPhase, Outcome, RunOrigin, RunRef,
-    SingletonJob, SingletonJobStatus,
+    ClaimsRecorded, ConcurrencyPolicy, HistoryEntry, LockPurpose, OperationPhase, Outcome,
+    RunOrigin, RunRef, SingletonJob, SingletonJobStatus,
 };
 use crate::backstop::{BackstopCache, SecretKeys, TablePrefix, load_secret};
 use crate::clock::Clock;
@@ -27,7 +27,7 @@ use crate::lanes::{Lane, Lanes};
 use crate::ops::{self, Kind};
 use crate::run::Db;
 use crate::schedule::Schedule;
-use crate::{Error, Result, conditions, naming, run};
+use crate::{Error, Result, conditions, kube_io, naming, observe, run};
 
 /// How long in-flight reconciles get to finish their writes once the controller stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
@@ -98,6 +98,38 @@ impl Gate {
 
     pub fn epoch(&self) -> u64 {
         self.rx.borrow().epoch
+    }
+
+    /// Resolves once the gate is closed: at once if it is, else when the state says so or the
+    /// renew deadline it carries passes (whichever comes first). Never, for [`Gate::always`].
+    pub async fn closed(&self) {
+        let mut rx = self.rx.clone();
+        loop {
+            let state = *rx.borrow_and_update();
+            let deadline_passed = state
+                .valid_until
+                .is_some_and(|v| tokio::time::Instant::now() >= v);
+            if !state.may_act || deadline_passed {
+                return;
+            }
+            let deadline = async {
+                match state.valid_until {
+                    Some(v) => tokio::time::sleep_until(v).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(deadline);
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // Nobody will change the state again: only the deadline can close it.
+                        deadline.await;
+                        return;
+                    }
+                }
+                () = &mut deadline => return,
+            }
+        }
     }
 
     /// Yields each time the gate opens (this replica starts leading).
@@ -242,6 +274,34 @@ pub struct Context {
     pub confirmed: Mutex<HashMap<String, (u64, tokio::time::Instant)>>,
     /// The confirms (step 7) running in tasks of their own.
     pub confirms: run::Confirms,
+    /// Job uids this process resumed lately (step 8): until the Job watch shows them resumed,
+    /// the cache still says suspended, and resuming them again would cost a request each.
+    pub resumed: Recent,
+}
+
+/// Keys seen lately (at most [`Recent::TTL`] ago), bounded by what a minute can bring.
+#[derive(Default)]
+pub struct Recent(Mutex<HashMap<String, tokio::time::Instant>>);
+
+impl Recent {
+    const TTL: Duration = Duration::from_secs(30);
+
+    pub fn note(&self, key: &str) {
+        let now = tokio::time::Instant::now();
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if m.len() >= 1024 {
+            m.retain(|_, at| now.duration_since(*at) < Self::TTL);
+        }
+        m.insert(key.to_string(), now);
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .is_some_and(|at| at.elapsed() < Self::TTL)
+    }
 }
 
 impl Context {
@@ -265,20 +325,29 @@ impl Context {
     /// Whether `sj` (with `status`) is older than a claim this process confirmed. Tokens only
     /// increase and the confirmed status carries its token, so a copy whose token is lower, or
     /// whose pending claim has that token or a lower one, was read before the confirm.
+    ///
+    /// The first copy that is not older (the watch delivered the confirm, or something newer)
+    /// ends the memory: the cache never goes back, so no older copy can come any more, and a
+    /// status that later shows a lower token was wiped or restored, which must be seen (it is
+    /// raised to the Jobs, [`crate::observe::behind`]), not skipped as a stale copy.
     pub fn is_stale(&self, sj: &SingletonJob, status: &SingletonJobStatus) -> bool {
         let Some(uid) = sj.metadata.uid.as_ref() else {
             return false;
         };
-        let confirmed = self
+        let mut confirmed = self
             .confirmed
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(uid)
-            .filter(|(_, at)| at.elapsed() < CONFIRMED_TTL)
-            .map(|(t, _)| *t);
-        confirmed.is_some_and(|t| {
-            status.fencing_token < t || status.pending_claim.as_ref().is_some_and(|c| c.token <= t)
-        })
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(&(t, at)) = confirmed.get(uid) else {
+            return false;
+        };
+        let stale = at.elapsed() < CONFIRMED_TTL
+            && (status.fencing_token < t
+                || status.pending_claim.as_ref().is_some_and(|c| c.token <= t));
+        if !stale {
+            confirmed.remove(uid);
+        }
+        stale
     }
 
     fn forget_confirmed(&self, sj: &SingletonJob) {
@@ -416,6 +485,12 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         }
     }
 
+    // A broken lock goes before anything else, a half-done claim included: it is asked for
+    // because a holder is stuck, and it clears that claim.
+    if let Some(req) = ops::pending(&sj, Kind::BreakLock) {
+        return break_lock(&ctx, &sj, req, &db).await;
+    }
+
     // A claim left half-done by a replica that died: finish it first, with its name and token.
     if let Some(claim) = status.pending_claim.clone() {
         let span = run::span(&sj, &claim);
@@ -424,7 +499,6 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
                 &ctx,
                 &sj,
                 claim,
-                &[],
                 &db,
                 run::Read::Earlier,
             )),
@@ -436,10 +510,12 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::await_change());
     }
 
-    // A broken lock goes before any new run: it is asked for because a holder is stuck.
-    if let Some(req) = ops::pending(&sj, Kind::BreakLock) {
-        return break_lock(&ctx, &sj, req, &db).await;
+    // The SingletonJob's own Jobs, held against its status (G1).
+    let owned = observe::owned(&sj, ctx.jobs.state().iter().map(|j| j.as_ref()));
+    if let Some(behind) = observe::behind(&status, &owned) {
+        return Box::pin(raise_to_jobs(&ctx, &sj, behind, now)).await;
     }
+    Box::pin(check_jobs(&ctx, &sj, &status, &owned)).await?;
 
     status.observed_generation = generation;
     let schedule = match Schedule::parse(
@@ -567,6 +643,14 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         &status.active,
         &obs,
     );
+
+    // A finished run's period is decided: its token is retired in the backstop first (G3), so
+    // that no copy of it can pass the fence from now on.
+    if let Db::Ready(b) = &db
+        && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
+    {
+        Box::pin(run::retire(&sj, b, token)).await?;
+    }
 
     // Record what the plan decided.
     let mut new_entries: Vec<HistoryEntry> = Vec::new();
@@ -702,6 +786,12 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         _ => (true, "Scheduled"),
     };
     conditions::set(conds, conditions::READY, ready, why, "", generation, now);
+    settle_consistency(&mut status, generation, now);
+    if let Db::Ready(b) = &db {
+        mark_claims_recorded(&mut status, b.target_id(), created, now);
+    } else if matches!(db, Db::NotConfigured) {
+        status.claims_recorded = None;
+    }
 
     // Operations users asked for (trigger, backfill) come after the schedule's own run.
     let mut notes = Vec::new();
@@ -712,6 +802,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
                 blocked,
                 template: &template,
                 active: &plan.still_active,
+                owned: &owned,
             };
             next_operation(
                 &sj,
@@ -803,6 +894,194 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     })
 }
 
+/// The status is behind the SingletonJob's own Jobs (wiped by hand, or an etcd restore): acting
+/// on it would run again the periods those Jobs ran, with their tokens. Instead the token and the
+/// cursor are raised to the bounds the Jobs' labels give, the Jobs still running are adopted as
+/// active, and a `StatusConsistent=False` condition and a Warning Event say what happened. This
+/// reconcile does nothing else; the next one goes on from the raised status.
+async fn raise_to_jobs(
+    ctx: &Context,
+    sj: &SingletonJob,
+    behind: observe::Behind,
+    now: Timestamp,
+) -> Result<Action> {
+    let mut status = sj.status.clone().unwrap_or_default();
+    let mut raised = Vec::new();
+    if let Some(token) = behind.token {
+        raised.push(format!(
+            "fencingToken from {} to {token}",
+            status.fencing_token
+        ));
+        status.fencing_token = token;
+    }
+    if let Some(through) = behind.decided_through {
+        let was = status
+            .decided_through
+            .as_ref()
+            .map_or("unset".to_string(), |t| naming::period_rfc3339(t.0));
+        raised.push(format!(
+            "decidedThrough from {was} to {}",
+            naming::period_rfc3339(through)
+        ));
+        status.decided_through = Some(through.into());
+        if status
+            .last_schedule_time
+            .as_ref()
+            .is_none_or(|t| t.0 < through)
+        {
+            status.last_schedule_time = Some(through.into());
+        }
+        // A wiped status lost the fingerprint its cursor refers to: it is the current schedule's,
+        // else the cursor would be taken for an edit's and jump to now.
+        if status.schedule_fingerprint.is_none() {
+            status.schedule_fingerprint = Some(decide::fingerprint(&sj.spec));
+        }
+    }
+    for run in &behind.running {
+        raised.push(format!(
+            "adopted running Job {} (token {})",
+            run.job_name, run.token
+        ));
+    }
+    status.active.extend(behind.running);
+    status.active_count = status.active.len() as i32;
+    let message = format!(
+        "status was behind this SingletonJob's Jobs (wiped or restored from an older copy); raised {}; no period they ran is run again",
+        raised.join(", ")
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::STATUS_CONSISTENT,
+        false,
+        "StatusBehind",
+        message.clone(),
+        sj.metadata.generation,
+        now,
+    );
+    run::write_status(ctx, sj, status, Lane::Background).await?;
+    ctx.events
+        .publish(
+            sj,
+            EventType::Warning,
+            "StatusBehind",
+            "ObserveJobs",
+            message,
+        )
+        .await;
+    Ok(Action::requeue(Duration::ZERO))
+}
+
+/// The last line of defence and the completion of a lost resume (see [`observe`]): Jobs of
+/// decided periods that no claim knows are removed by uid, with an Event; confirmed runs whose
+/// Job is still suspended are resumed.
+async fn check_jobs(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &SingletonJobStatus,
+    owned: &[observe::OwnedJob],
+) -> Result<()> {
+    let ns = sj.namespace().unwrap_or_default();
+    for job in observe::unknown(status, owned) {
+        let bg = kube_io::Propagation::Background;
+        if kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await? {
+            let ran = if job.suspended {
+                "it never ran"
+            } else {
+                "it was running: a second run of a decided period"
+            };
+            let note = format!(
+                "removed Job {} (token {}): no claim knows it, its period is decided; {ran}",
+                job.name,
+                job.token.unwrap_or_default()
+            );
+            tracing::warn!(sj = %sj.key(), job = %job.name, uid = %job.uid, "{note}");
+            ctx.events
+                .publish(
+                    sj,
+                    EventType::Warning,
+                    "UnknownJobRemoved",
+                    "ObserveJobs",
+                    note,
+                )
+                .await;
+        }
+    }
+    let resume = observe::to_resume(status, owned, false);
+    // Decoding the template is only worth it when there is something to resume.
+    if resume.is_empty() || run::keeps_suspended(sj) {
+        return Ok(());
+    }
+    for (name, uid) in resume {
+        if ctx.resumed.contains(&uid) {
+            continue;
+        }
+        if let Some(run) = status.active.iter().find(|r| r.job_name == name) {
+            tracing::info!(sj = %sj.key(), job = %name, "resuming a confirmed run's Job (its resume was lost)");
+            run::resume(ctx, sj, run, &uid, false).await?;
+        }
+    }
+    Ok(())
+}
+
+/// After [`raise_to_jobs`], `StatusConsistent` stays False until a run claimed after the raise
+/// is in the history: from then on the status again records what it started itself.
+fn settle_consistency(status: &mut SingletonJobStatus, generation: Option<i64>, now: Timestamp) {
+    let Some(raised_at) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::STATUS_CONSISTENT && c.status == "False")
+        .map(|c| c.last_transition_time.0)
+    else {
+        return;
+    };
+    let since_raise = status
+        .history
+        .iter()
+        .any(|h| h.job_name.is_some() && h.start_time.as_ref().is_some_and(|t| t.0 >= raised_at));
+    if since_raise {
+        conditions::set(
+            &mut status.conditions,
+            conditions::STATUS_CONSISTENT,
+            true,
+            "Consistent",
+            "runs started since the status was raised are recorded in it",
+            generation,
+            now,
+        );
+    }
+}
+
+/// Keeps `status.claimsRecorded` true: from when the backstop `target` has recorded every run.
+/// A SingletonJob that never issued a token has had it from its creation; otherwise from now
+/// (the backstop was added or moved, or a run went without its claim).
+fn mark_claims_recorded(
+    status: &mut SingletonJobStatus,
+    target: String,
+    created: Timestamp,
+    now: Timestamp,
+) {
+    if status
+        .claims_recorded
+        .as_ref()
+        .is_some_and(|c| c.target == target)
+    {
+        return;
+    }
+    let fresh = status.fencing_token == 0 && status.history.is_empty();
+    // Status keeps whole seconds: rounded up, so a period that ran without a claim in the same
+    // second is never after `since`.
+    let since = if fresh {
+        created
+    } else {
+        Timestamp::from_second(now.as_second() + i64::from(now.subsec_nanosecond() > 0))
+            .unwrap_or(now)
+    };
+    status.claims_recorded = Some(Box::new(ClaimsRecorded {
+        since: since.into(),
+        target,
+    }));
+}
+
 /// How soon an operation that waits (clock, backstop, a running Job) is looked at again.
 const OPERATION_RETRY: Duration = Duration::from_secs(2);
 
@@ -812,6 +1091,8 @@ struct ManualGates<'a> {
     template: &'a std::result::Result<(), String>,
     /// Runs still active after this reconcile's plan.
     active: &'a [RunRef],
+    /// The SingletonJob's own Jobs.
+    owned: &'a [observe::OwnedJob],
 }
 
 impl ManualGates<'_> {
@@ -903,7 +1184,11 @@ async fn next_operation(
                     .to_string(),
             ),
             (_, Err(msg), _) => Err(format!("the API server rejects the Job template: {msg}")),
-            (_, _, Some((from, to))) => ops::backfill_range(schedule, from, to, decided),
+            (_, _, Some((from, to))) => ops::backfill_range(schedule, from, to, decided)
+                .and_then(|r| {
+                    let created = sj.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                    ops::check_claims_recorded(r, created, status.claims_recorded.as_deref())
+                }),
             (_, _, None) => Err("backfill needs from and to".into()),
         };
         match range {
@@ -973,7 +1258,11 @@ async fn next_operation(
             ops::set(&mut status.operations.backfill, op);
             return Ok(None);
         };
-        if backstop.claimed(&sj.key(), period).await?.is_some() {
+        // Any record that the period ran counts: the backstop's claim, the status history, a
+        // Job of the period.
+        if observe::ran(status, gates.owned, period)
+            || backstop.claimed(&sj.key(), period).await?.is_some()
+        {
             op.already_run += 1;
             op.next = Some(ops::after(period).into());
             continue;
@@ -1111,17 +1400,21 @@ async fn prune_jobs(ctx: &Context, sj: &SingletonJob) -> Result<()> {
         if !owned || busy {
             continue;
         }
+        let Some(job_uid) = job.metadata.uid.clone() else {
+            continue;
+        };
         match job_state(&job) {
-            JobState::Succeeded(at) => ok.push((at, name)),
-            JobState::Failed(at) => failed.push((at, name)),
+            JobState::Succeeded(at) => ok.push((at, name, job_uid)),
+            JobState::Failed(at) => failed.push((at, name, job_uid)),
             _ => {}
         }
     }
+    let bg = kube_io::Propagation::Background;
     for (list, keep) in [(&mut ok, keep_ok), (&mut failed, keep_failed)] {
         list.sort();
         let excess = list.len().saturating_sub(keep);
-        for (_, name) in list.drain(..excess) {
-            run::delete_job(ctx, sj, &name, Lane::Background).await?;
+        for (_, name, job_uid) in list.drain(..excess) {
+            kube_io::delete_job_uid(ctx, &ns, &name, &job_uid, bg, Lane::Background).await?;
         }
     }
     Ok(())
@@ -1133,6 +1426,11 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
         // Someone else wrote first: re-read (the watch brings the new object) and decide again.
         Error::Conflict(_) => Action::requeue(Duration::from_millis(50)),
         Error::NotLeader => Action::await_change(),
+        // A run's transaction holds the fence row; under Replace that run is being stopped.
+        Error::FenceHeld(why) => {
+            tracing::info!(sj = %sj.key(), %why, "waiting for the backstop's fence row");
+            Action::requeue(Duration::from_secs(1))
+        }
         _ => {
             tracing::warn!(sj = %sj.key(), kind = err.kind(), error = %err, "reconcile failed");
             Action::requeue(Duration::from_secs(5))
@@ -1140,12 +1438,17 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
     }
 }
 
-/// What the cache keeps of a Job: its metadata (name, labels, annotations, owner) and status,
-/// which is all the controller reads from a cached Job. Managed fields and the pod template are
-/// most of a Job's size, and a cache of thousands of Jobs held them all.
+/// What the cache keeps of a Job: its metadata (name, labels, annotations, owner), status and
+/// `spec.suspend`, which is all the controller reads from a cached Job. Managed fields and the
+/// pod template are most of a Job's size, and a cache of thousands of Jobs held them all.
 fn slim_job(job: &mut Job) {
     job.metadata.managed_fields = None;
-    job.spec = None;
+    // Of the spec, only whether it may run pods (see run.rs, step 8).
+    let suspend = job.spec.as_ref().and_then(|s| s.suspend);
+    job.spec = suspend.map(|suspend| k8s_openapi::api::batch::v1::JobSpec {
+        suspend: Some(suspend),
+        ..Default::default()
+    });
 }
 
 /// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
@@ -1233,6 +1536,7 @@ pub async fn run(
         rejections_seen: Mutex::default(),
         confirmed: Mutex::default(),
         confirms,
+        resumed: Recent::default(),
     });
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::api::{CatchUp, ConcurrencyPolicy, HistoryEntry, Outcome, RunRef, SingletonJobSpec};
-use crate::schedule::Schedule;
+use crate::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule};
 
 /// With `catchUp: None` and no `startingDeadlineSeconds`, a period that has not started within this
 /// long of its instant is late and is not started.
@@ -97,17 +97,40 @@ pub mod reason {
     pub const BACKSTOP_SKIPPED: &str = "BackstopSkipped";
     pub const DEDUPLICATED: &str = "AlreadyClaimed";
     pub const LOCK_BROKEN: &str = "LockBroken";
+    /// The backstop's fence row stayed locked by an open transaction past the deadline.
+    pub const FENCE_HELD: &str = "FenceHeld";
+    /// A Job of the period existed already (an earlier run of it): no second Job.
+    pub const JOB_EXISTS: &str = "JobExists";
+    /// The period's Job name is taken by a Job that is not this SingletonJob's run.
+    pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
+    /// The period's Job could not be created (refused for a reason that may pass) by its deadline.
+    pub const JOB_NOT_CREATED: &str = "JobNotCreated";
+    /// The schedule changed while the period waited (or before it was decided): it never runs.
+    pub const SCHEDULE_CHANGED: &str = "ScheduleChanged";
 }
 
 /// Identifies what the cursor refers to: a change of any part re-anchors the schedule.
 pub fn fingerprint(spec: &SingletonJobSpec) -> String {
     format!(
-        "{}|{}|{:?}/{:?}",
+        "{}|{}|{}/{}",
         spec.schedule.trim(),
         spec.time_zone.as_deref().unwrap_or("UTC"),
-        spec.dst_policy.gap,
-        spec.dst_policy.fold
+        spec.dst_policy.gap.name(),
+        spec.dst_policy.fold.name()
     )
+}
+
+/// The schedule a [`fingerprint`] was made of, if it can be read back (the schedule before an
+/// edit, so its waiting periods can be recorded).
+pub fn fingerprinted(fp: &str) -> Option<Schedule> {
+    let mut parts = fp.rsplitn(3, '|');
+    let (policy, tz, expr) = (parts.next()?, parts.next()?, parts.next()?);
+    let (gap, fold) = policy.split_once('/')?;
+    let dst = DstPolicy {
+        gap: GapPolicy::from_name(gap)?,
+        fold: FoldPolicy::from_name(fold)?,
+    };
+    Schedule::parse(expr, Some(tz), dst).ok()
 }
 
 /// Decides what to do now. `status_*` are the relevant parts of the current status.
@@ -126,11 +149,25 @@ pub fn plan(
         ..Plan::default()
     };
 
+    let mut records = Records::default();
+
     // Where pending periods begin. A new SingletonJob starts at its creation; a changed schedule
-    // starts at the time the change is seen, so an edit never fires periods retroactively.
+    // starts at the time the change is seen, so an edit never fires periods retroactively. The
+    // old schedule's periods that were still waiting (Forbid, suspended, the backstop or the
+    // clock, or missed while no controller ran) never run: they are recorded as such (G2).
     let cursor = match (decided_through, status_fingerprint) {
         (Some(c), Some(f)) if f == fp => c,
-        (Some(c), _) => c.max(now),
+        (Some(c), f) => {
+            if let Some(old) = f.and_then(fingerprinted)
+                && let Some(last) = old.latest_at_or_before(now).filter(|l| *l > c)
+            {
+                let first = old.next_after(c).unwrap_or(last);
+                let count = old.count_between(c, last, u64::MAX);
+                let why = reason::SCHEDULE_CHANGED;
+                records.push_range(first, last, count, Outcome::Skipped, why, now);
+            }
+            c.max(now)
+        }
         (None, _) => obs.created,
     };
 
@@ -150,7 +187,8 @@ pub fn plan(
     }
 
     // When "now" itself is in doubt nothing is decided, not even which periods are late: a clock
-    // running ahead would otherwise record future periods as missed.
+    // running ahead would otherwise record future periods as missed (or a schedule edit's
+    // waiting periods as skipped: that too waits for a trusted clock).
     if obs.blocked == Some(Waiting::ClockUntrusted) {
         plan.waiting = Some(Waiting::ClockUntrusted);
         plan.decided_through = Some(decided_through.unwrap_or(obs.created));
@@ -166,7 +204,6 @@ pub fn plan(
     // Periods at or before this instant can no longer start.
     let too_old = deadline.map(|d| now - d);
 
-    let mut records = Records::default();
     let mut cursor_out = cursor;
 
     // 1. Periods past the deadline: one folded record, however many (no "too many missed" cliff).

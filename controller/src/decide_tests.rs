@@ -50,6 +50,7 @@ fn run_ref(p: Timestamp) -> RunRef {
         claimed_at: None,
         job_uid: None,
         origin: None,
+        replaces: Vec::new(),
     }
 }
 
@@ -317,6 +318,65 @@ fn a_schedule_edit_never_fires_retroactively() {
     assert!(p.records.is_empty());
     assert_eq!(p.decided_through, Some(now));
     assert_eq!(p.wake_at, Some(ts("2027-01-01T11:00:00Z")));
+}
+
+#[test]
+fn a_schedule_edit_records_the_waiting_periods_it_drops() {
+    let created = ts("2027-01-01T00:00:00Z");
+    let old = spec("*/10 * * * *");
+    let new = spec("0 * * * *");
+    let now = ts("2027-01-01T00:35:00Z");
+    // Forbid: 00:20 and 00:30 wait behind the run of 00:10; suspended: they wait for resume;
+    // no controller: they were missed while it was down. Then the schedule is edited.
+    let running = run_ref(ts("2027-01-01T00:10:00Z"));
+    let mut suspended = new.clone();
+    suspended.suspend = Some(true);
+    for (edited, active) in [
+        (&new, vec![running.clone()]),
+        (&suspended, vec![]),
+        (&new, vec![]),
+    ] {
+        let st = State {
+            decided_through: Some(ts("2027-01-01T00:10:00Z")),
+            fingerprint: Some(fingerprint(&old)),
+            active,
+        };
+        let p = decide(edited, &st, now, created, &states(NONE));
+        assert_eq!(
+            recorded(&p),
+            vec![(Outcome::Skipped, reason::SCHEDULE_CHANGED, 2)],
+            "{edited:?}"
+        );
+        assert_eq!(p.records[0].period.0, ts("2027-01-01T00:20:00Z"));
+        assert_eq!(
+            p.records[0].last_period.as_ref().map(|t| t.0),
+            Some(ts("2027-01-01T00:30:00Z"))
+        );
+        assert_eq!(p.start, None, "never retroactively");
+        assert_eq!(p.decided_through, Some(now));
+    }
+    // A fingerprint that cannot be read back (written by an older version) records nothing.
+    let st = State {
+        decided_through: Some(ts("2027-01-01T00:10:00Z")),
+        fingerprint: Some("garbage".into()),
+        active: vec![],
+    };
+    assert!(
+        decide(&new, &st, now, created, &states(NONE))
+            .records
+            .is_empty()
+    );
+}
+
+#[test]
+fn fingerprints_read_back_to_their_schedule() {
+    let mut s = spec("0 2 * * *");
+    s.time_zone = Some("Europe/Berlin".into());
+    s.dst_policy.gap = crate::schedule::GapPolicy::Shift;
+    let back = fingerprinted(&fingerprint(&s)).expect("parses");
+    let t = ts("2027-03-28T00:00:00Z");
+    assert_eq!(back.next_after(t), sched(&s).next_after(t));
+    assert_eq!(fingerprint(&s), "0 2 * * *|Europe/Berlin|Shift/First");
 }
 
 #[test]

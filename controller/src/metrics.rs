@@ -17,7 +17,6 @@ use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::batch::v1::Job;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
@@ -248,7 +247,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "schedule_skew",
-            "Job creation time (API server) minus the scheduled instant",
+            "When a run's Job was allowed to run (resumed after its confirm) minus the scheduled instant",
             s.clone(),
             m.schedule_skew_seconds.clone(),
         );
@@ -348,12 +347,10 @@ impl Metrics {
     }
 
     /// The Job of the run for `period` was created.
-    pub fn run_started(&self, sj: &SingletonJob, period: Timestamp, created: &Job) {
+    pub fn run_started(&self, sj: &SingletonJob, period: Timestamp, started: Timestamp) {
         self.runs_started.get_or_create(&job(sj)).inc();
-        if let Some(at) = created.metadata.creation_timestamp.as_ref() {
-            let skew = at.0.duration_since(period).as_secs_f64();
-            self.schedule_skew_seconds.observe(skew.max(0.0));
-        }
+        let skew = started.duration_since(period).as_secs_f64();
+        self.schedule_skew_seconds.observe(skew.max(0.0));
     }
 
     /// A run ended with `outcome` (Succeeded, Failed, Replaced).
@@ -570,10 +567,8 @@ mod tests {
         m.acquire_attempt_failed("Contention");
         m.token_issued(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
-        let mut job = Job::default();
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
-        job.metadata.creation_timestamp = Some((period + SignedDuration::from_millis(1500)).into());
-        m.run_started(&a, period, &job);
+        m.run_started(&a, period, period + SignedDuration::from_millis(1500));
         let entry = |outcome, reason: &str, count| HistoryEntry {
             period: period.into(),
             last_period: None,

@@ -276,6 +276,33 @@ pub fn backfill_range(
     Ok((first, last, count))
 }
 
+/// Refuses a backfill `range` (first, last, count) holding a period of this SingletonJob's life
+/// (from `created`) before the backstop recorded every run (`recorded.since`): for those the
+/// claims table may not know every period that ran (the backstop was added or moved later, or a
+/// run went without its claim), so a backfill could run one twice. Periods before the
+/// SingletonJob existed are the backstop's to judge (an earlier SingletonJob of the same name
+/// left its claims there).
+pub fn check_claims_recorded(
+    range: (Timestamp, Timestamp, u64),
+    created: Option<Timestamp>,
+    recorded: Option<&crate::api::ClaimsRecorded>,
+) -> Result<(Timestamp, Timestamp, u64), String> {
+    let Some(since) = recorded.map(|r| r.since.0) else {
+        return Err(
+            "the backstop has not recorded this SingletonJob's runs yet (status.claimsRecorded is unset): wait for BackstopReady"
+                .into(),
+        );
+    };
+    let (first, last, _) = range;
+    let lived = created.is_none_or(|c| last >= c);
+    if lived && first < since && created.is_none_or(|c| c < since) {
+        return Err(format!(
+            "the backstop has recorded every run of this SingletonJob only since {since} (status.claimsRecorded): periods before it may have run without a claim row, so a backfill could run them twice; backfill from {since} on"
+        ));
+    }
+    Ok(range)
+}
+
 /// The next period of a backfill still to consider: the first period at or after `next` and at
 /// or before `to`.
 pub fn backfill_next(schedule: &Schedule, op: &OperationStatus) -> Option<Timestamp> {
@@ -317,6 +344,29 @@ pub fn on_claim(ops: &mut Operations, origin: RunOrigin, claim: &RunRef) {
             "started {} run(s), {} period(s) had run before; latest: Job {} (token {})",
             op.started, op.already_run, claim.job_name, claim.token
         );
+    }
+}
+
+/// A manual claim re-issued with a higher `token` (the backstop's fence was above the first one):
+/// the operation's record names the token the run really carries.
+pub fn on_reclaim(ops: &mut Operations, claim: &RunRef, token: u64) {
+    let slot = match claim.origin {
+        Some(RunOrigin::Trigger) => &mut ops.trigger,
+        Some(RunOrigin::Backfill) => &mut ops.backfill,
+        None => return,
+    };
+    if let Some(op) = slot
+        .as_mut()
+        .filter(|o| o.job_name.as_deref() == Some(claim.job_name.as_str()))
+    {
+        op.token = Some(token);
+        op.message = op
+            .message
+            .replace(
+                &format!("token {})", claim.token),
+                &format!("token {token})"),
+            )
+            .replace(&format!("token {}", claim.token), &format!("token {token}"));
     }
 }
 
@@ -529,6 +579,7 @@ mod tests {
                 claimed_at: None,
                 job_uid: None,
                 origin: Some(RunOrigin::Backfill),
+                replaces: Vec::new(),
             };
             on_claim(&mut ops, RunOrigin::Backfill, &claim);
         }
@@ -615,6 +666,7 @@ mod tests {
                         claimed_at: None,
                         job_uid: None,
                         origin: Some(RunOrigin::Backfill),
+                        replaces: Vec::new(),
                     };
                     let mut ops = Operations { backfill: Some(op), ..Default::default() };
                     on_claim(&mut ops, RunOrigin::Backfill, &claim);
@@ -642,5 +694,56 @@ mod tests {
         assert!(!set(&mut slot, op.clone()), "only the time differs");
         op.message = "still waiting, for something else".into();
         assert!(set(&mut slot, op));
+    }
+
+    #[test]
+    fn backfill_refuses_periods_the_claims_table_may_not_know() {
+        let t = |s: &str| -> Timestamp { s.parse().unwrap() };
+        let recorded = |since: &str| crate::api::ClaimsRecorded {
+            since: t(since).into(),
+            target: "sha256:x".into(),
+        };
+        let created = Some(t("2026-01-01T00:00:00Z"));
+        let range = |a: &str, b: &str| (t(a), t(b), 3);
+        // Created with the backstop: every period it lived through is in the claims table, and
+        // periods before it existed are the backstop's to judge.
+        let fresh = recorded("2026-01-01T00:00:00Z");
+        let before = range("2025-12-01T00:00:00Z", "2026-02-01T00:00:00Z");
+        assert!(check_claims_recorded(before, created, Some(&fresh)).is_ok());
+        // The backstop came (or moved, or a run went without its claim) on 1 March: periods of
+        // January and February may have run without a claim row.
+        let late = recorded("2026-03-01T00:00:00Z");
+        let err = check_claims_recorded(
+            range("2026-02-01T00:00:00Z", "2026-04-01T00:00:00Z"),
+            created,
+            Some(&late),
+        )
+        .unwrap_err();
+        assert!(err.contains("only since 2026-03-01T00:00:00Z"), "{err}");
+        assert!(
+            check_claims_recorded(before, created, Some(&late)).is_err(),
+            "reaches into its life before the backstop"
+        );
+        assert!(
+            check_claims_recorded(
+                range("2025-10-01T00:00:00Z", "2025-12-01T00:00:00Z"),
+                created,
+                Some(&late)
+            )
+            .is_ok(),
+            "wholly before it existed"
+        );
+        assert!(
+            check_claims_recorded(
+                range("2026-03-01T00:00:00Z", "2026-04-01T00:00:00Z"),
+                created,
+                Some(&late)
+            )
+            .is_ok()
+        );
+        assert!(
+            check_claims_recorded(before, created, None).is_err(),
+            "not yet recorded"
+        );
     }
 }

@@ -814,6 +814,7 @@ mod tests {
                 claimed_at: None,
                 job_uid: None,
                 origin: None,
+                replaces: Vec::new(),
             }],
             conditions: vec![Condition {
                 type_: "Ready".into(),

@@ -1,64 +1,78 @@
-//! The run protocol: how one period becomes one Job. Read it top to bottom; each step names the
-//! guarantee it serves (DESIGN.md G1 to G5).
+//! The run protocol: how one period becomes one Job that runs once. Read it top to bottom; each
+//! step names the guarantee it serves (DESIGN.md G1 to G5).
 //!
 //! ```text
 //! 1. Gate     : act only while this replica may (the leader, not shutting down)    G4
 //! 2. Token    : one more than the highest of status.fencingToken and the
 //!               backstop's fence, so a re-created SingletonJob never reuses one   G3
 //! 3. Claim    : one status write, carrying the observed resourceVersion, records
-//!               the period as decided and issues the token. A 409 means someone
-//!               else acted: abort, re-read, decide again. This write is the
-//!               linearisation point of the run.                                  G1, G3
+//!               the period as decided, issues the token and names the runs it
+//!               replaces. A 409 means someone else acted: abort, re-read, decide
+//!               again. This write decides which period is run.                   G1, G3
 //! 4. Backstop : insert the claim row, UNIQUE(job, period), and advance the fence
 //!               in one transaction: a period that ran before (even under an
 //!               earlier SingletonJob of the same name) is Deduplicated; older
-//!               runs' writes are refused by singleton_fence from now on.          G1, G5
+//!               runs' writes are refused by singleton_fence from now on. A fence
+//!               above the token re-claims with a higher one; a fence row held by
+//!               the run being replaced stops that run first.                      G1, G3, G5
 //!    Re-check : re-read the status: go on only while this claim is still pending
-//!               (a paused claimer must not act on a claim another completed). Right
-//!               after our own claim write, with no backstop and no Replace, that
-//!               write's response is the re-read.                                  G1
+//!               (a paused claimer must not act on a claim another completed).     G1
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
 //!               their Jobs are deleted, before the new Job exists.                G5
-//! 6. Create   : the Job's name is deterministic per period, so the API server
-//!               refuses a second Job for the same period while it exists.         G1
+//! 6. Create   : the Job, SUSPENDED: it cannot run pods yet. Its name is
+//!               deterministic per period, so the API server refuses a second Job
+//!               for the period while one exists.                                  G1
 //! 7. Confirm  : a compare-and-swap on the re-read status moves the claim to
-//!               `active`; losing it with a Job the winner does not know removes
-//!               that Job. If we die between 3 and 7, whoever acts next finds
-//!               `pendingClaim` and completes it with the same name and token.
-//!               It runs in a task of its own: the reconcile is free once the Job
-//!               exists, and the SingletonJob's next reconcile waits for it.        G1, G2
+//!               `active` with the Job's uid. This write decides which Job of the
+//!               period may run: the one it names, ever. Losing it, the Job never
+//!               ran and is deleted by uid (unless the winner adopted it).         G1
+//! 8. Resume   : only now the confirmed Job (by uid) may run its pods.              G1, G4
 //! ```
 //!
-//! Each request to the API server waits for a slot in a lane ([`crate::lanes`]): steps 4 to 6
-//! (re-read, deletes, create) go first, then claims (3), then the confirm (7) and everything
-//! else nobody waits on, so that in a burst the Jobs exist before the bookkeeping is done. A
-//! reconcile does not wait for its confirm ([`Confirms`]): in a burst its slot goes to the next
-//! due run's claim.
+//! Why suspended: Kubernetes has no conditional create, so a claimer paused between its last
+//! check and its create (a frozen VM, a request stalled in a lane) could create a period's Job
+//! again after another replica completed the period and the Job was pruned. Such a Job now stays
+//! suspended: its confirm cannot win (the status moved on), so nobody resumes it, and it is
+//! deleted by its creator, or by the leader's sweep ([`crate::observe::unknown`]). And once a
+//! period is decided its token is retired in the backstop, so even its workload's writes would be
+//! refused. If a replica dies between 3 and 8, whoever acts next finds `pendingClaim` and
+//! completes it with the same name and token, or finds a confirmed run whose Job is still
+//! suspended and resumes it ([`crate::observe::to_resume`]).
+//!
+//! Each write waits for a slot in a lane ([`crate::lanes`]) and checks the gate right before it
+//! is sent ([`crate::kube_io`]). Steps 4 to 8 go in the first lane, claims (3) in the second,
+//! everything else nobody waits on in the last. A reconcile does not wait for its confirm and
+//! resume ([`Confirms`]): its slot goes to the next due run's claim.
 //!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::ops`]) take the same
-//! seven steps ([`Why::Manual`]); their claim write also marks the request handled, so a request
-//! is claimed once. Breaking a lock ([`break_lock`]) has its own numbered steps below.
+//! steps ([`Why::Manual`]); their claim write also marks the request handled, so a request is
+//! claimed once. Breaking a lock ([`break_lock`]) has its own numbered steps below.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{
-    HistoryEntry, LockPurpose, Outcome, RunOrigin, RunRef, SingletonJob, SingletonJobStatus,
+    HistoryEntry, LockPurpose, Outcome, ReplacedRun, RunOrigin, RunRef, SingletonJob,
+    SingletonJobStatus,
 };
 use crate::backstop::{Backstop, ClaimOutcome};
 use crate::controller::Context;
 use crate::decide::reason;
+use crate::failpoint;
+use crate::kube_io::{self, Propagation, Resumed};
 use crate::lanes::Lane;
 use crate::naming;
 use crate::{Error, Result};
+
+pub use crate::kube_io::write_status;
 
 /// The backstop database as this reconcile found it.
 #[derive(Clone, Debug)]
@@ -110,15 +124,16 @@ pub async fn start(
     let token = status.fencing_token.max(fence) + 1;
     tracing::Span::current().record("token", token);
 
-    // 3. Claim (G1, G3): the write fails if anyone else wrote since we read.
-    let now = Timestamp::now();
+    // 3. Claim (G1, G3): the write fails if anyone else wrote since we read. The runs to replace
+    //    are part of the claim, so whoever completes it replaces them.
     let claim = RunRef {
         period: period.into(),
         token,
         job_name: naming::job_name(sj.metadata.name.as_deref().unwrap_or_default(), period),
-        claimed_at: Some(now.into()),
+        claimed_at: Some(Timestamp::now().into()),
         job_uid: None,
         origin: why.origin(),
+        replaces: why.replaces().iter().map(ReplacedRun::from).collect(),
     };
     status.fencing_token = token;
     status.pending_claim = Some(claim.clone());
@@ -136,17 +151,13 @@ pub async fn start(
         .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;
     tracing::info!(sj = %sj.key(), period = %naming::period_rfc3339(period), token, epoch = ctx.gate.epoch(), "claimed period");
     crate::metrics::global().token_issued(sj);
+    failpoint::hit(failpoint::CLAIM_WRITTEN);
 
-    // 4 to 7.
-    let replace = match why {
-        Why::Scheduled { replace } => replace,
-        Why::Manual(_) => &[],
-    };
+    // 4 to 8.
     Box::pin(complete_claim(
         ctx,
         &claimed,
         claim.clone(),
-        replace,
         db,
         Read::JustWritten,
     ))
@@ -171,6 +182,13 @@ impl Why<'_> {
             Why::Manual(o) => Some(o),
         }
     }
+
+    fn replaces(&self) -> &[RunRef] {
+        match self {
+            Why::Scheduled { replace } => replace,
+            Why::Manual(_) => &[],
+        }
+    }
 }
 
 /// Where the `sj` given to [`complete_claim`] comes from.
@@ -182,167 +200,391 @@ pub enum Read {
     Earlier,
 }
 
-/// Steps 4 to 7 for a claim written earlier, possibly by another (dead) replica.
+/// Steps 4 to 8 for a claim written earlier, possibly by another (dead) replica.
 pub async fn complete_claim(
     ctx: &Arc<Context>,
     sj: &SingletonJob,
     claim: RunRef,
-    replaced: &[RunRef],
     db: &Db,
     read: Read,
 ) -> Result<()> {
     ctx.gate.check()?;
-    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let period = claim.period.0;
 
-    // 4. Backstop (G1, G5). Retrying a claim we wrote before finds our own row: ours, go on.
-    let mut backstop_skipped = false;
-    let unavailable = match db {
-        Db::NotConfigured => None,
-        Db::Ready(b) => {
-            match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name)).await {
-                Ok(outcome) if outcome.is_ours(claim.token) => None,
-                Ok(ClaimOutcome::Duplicate { token, job_name }) => {
-                    let note = format!(
-                        "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
-                        naming::period_rfc3339(period)
-                    );
-                    return Box::pin(decide_without_job(
-                        ctx,
-                        sj,
-                        &claim,
-                        Outcome::Deduplicated,
-                        reason::DEDUPLICATED,
-                        note,
-                    ))
-                    .await;
-                }
-                Ok(ClaimOutcome::Claimed) => None,
-                Err(e) => Some(e.to_string()),
-            }
-        }
-        Db::Unavailable(why) => Some(why.clone()),
+    // 4. Backstop (G1, G3, G5).
+    let (sj, claim, backstop_skipped) = match Box::pin(backstop_claim(ctx, sj, claim, db)).await? {
+        Backstopped::Go { sj, claim, skipped } => (*sj, claim, skipped),
+        Backstopped::Decided => return Ok(()),
     };
-    if let Some(why) = unavailable {
-        if purpose(sj) == LockPurpose::Efficiency {
-            // Efficiency: a double run only wastes work; run, and say the claim was skipped.
-            tracing::warn!(sj = %sj.key(), reason = %why, "backstop unavailable; Efficiency: starting without its claim");
-            backstop_skipped = true;
-        } else {
-            // Correctness: no Job without its claim. Retry until the period's deadline, then
-            // record it (G2).
-            let deadline = sj
-                .spec
-                .starting_deadline_seconds
-                .map(|d| period + SignedDuration::from_secs(d));
-            if deadline.is_some_and(|d| Timestamp::now() > d) {
-                let note =
-                    format!("the backstop stayed unavailable past the starting deadline: {why}");
-                return Box::pin(decide_without_job(
-                    ctx,
-                    sj,
-                    &claim,
-                    Outcome::Missed,
-                    reason::BACKSTOP_UNAVAILABLE,
-                    note,
-                ))
-                .await;
-            }
-            return Err(Error::BackstopUnavailable(why));
-        }
-    }
+    failpoint::hit(failpoint::BACKSTOP_CLAIMED);
 
     // Still ours? A claimer paused since its claim may find that another replica completed it
-    // meanwhile, and that its Job has since been deleted (Replace, pruning, a user): name
-    // uniqueness holds only while a Job exists, so creating it again would run the period twice,
-    // and deleting "old" runs from a stale view is not ours to do either. A pause between this
-    // read and the create remains possible (Kubernetes has no conditional create); step 7 then
-    // removes the duplicate, and with a backstop its writes are refused by the fence all along.
-    // When `sj` is our claim write's own response and nothing ran since (no backstop round trip,
-    // no Jobs to replace), that response is the re-read: a GET now would be no fresher, and the
-    // window left (response → create) is the same one request as after a GET.
-    let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-    let sj_name = sj.metadata.name.as_deref().unwrap_or_default();
-    let fresh =
-        if read == Read::JustWritten && matches!(db, Db::NotConfigured) && replaced.is_empty() {
-            sj.clone()
-        } else {
-            ctx.lanes.run(Lane::Create, || sjs.get(sj_name)).await?
-        };
+    // meanwhile: acting on it (deleting "old" runs, creating its Job) is not ours to do. When
+    // `sj` is our own claim write's response and nothing ran since (no backstop round trip, no
+    // Jobs to replace), that response is the re-read: a GET now would be no fresher. A pause
+    // after this check is harmless: the Job is created suspended and only a winning confirm (7)
+    // lets it run.
+    let ns = sj.metadata.namespace.clone().unwrap_or_default();
+    let fresh = if read == Read::JustWritten
+        && matches!(db, Db::NotConfigured)
+        && claim.replaces.is_empty()
+    {
+        sj
+    } else {
+        let name = sj.metadata.name.as_deref().unwrap_or_default();
+        kube_io::get_sj(ctx, &ns, name).await?
+    };
     if !claim_pending(&fresh, &claim) {
         return Err(Error::Conflict(format!(
             "claim of {} completed by another replica",
             claim.job_name
         )));
     }
+    failpoint::hit(failpoint::REREAD);
 
     // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
-    for old in replaced {
-        delete_job(ctx, sj, &old.job_name, Lane::Create).await?;
+    for old in &claim.replaces {
+        delete_replaced(ctx, &ns, old).await?;
     }
 
-    // 6. Create (G1): the deterministic name makes a second Job for this period impossible while the first
-    //    exists. If it exists, it must be this claim's (same token); anything else is refused.
-    // On the heap: a Job is kilobytes, and this future waits in a lane with it.
-    let job = Box::new(naming::build_job(sj, period, claim.token)?);
-    let mut created_uid = None;
+    // 6. Create (G1), suspended.
+    let Some(uid) = Box::pin(create(ctx, &fresh, &claim, db)).await? else {
+        return Ok(());
+    };
+
+    // 7 and 8, in a task of its own: nobody waits for them here, and this reconcile's slot goes
+    // to the next due run. Until they are done, this SingletonJob's reconciles wait for them
+    // ([`Confirms`]).
     let mut claim = claim;
-    let pp = PostParams::default();
-    match ctx.lanes.run(Lane::Create, || jobs.create(&pp, &job)).await {
-        Ok(created) => {
-            created_uid = created.metadata.uid.clone();
-            claim.job_uid = created.metadata.uid.clone();
-            ctx.events.run_started(sj, &claim);
-            crate::metrics::global().run_started(sj, period, &created);
-        }
-        // The API server will never accept this Job: the period is decided, as Failed, rather than
-        // retried forever with the claim blocking every later period (G2).
-        Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => {
-            let note = format!(
-                "the API server rejected Job {}: {}",
-                claim.job_name, s.message
-            );
-            return Box::pin(decide_without_job(
-                ctx,
-                sj,
-                &claim,
-                Outcome::Failed,
-                reason::JOB_REJECTED,
-                note,
-            ))
-            .await;
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            let existing = ctx
-                .lanes
-                .run(Lane::Create, || jobs.get(&claim.job_name))
-                .await?;
-            let found = naming::job_token(&existing);
-            if found != Some(claim.token) {
-                return Err(Error::ForeignJob {
-                    name: claim.job_name.clone(),
-                    found,
-                    expected: claim.token,
-                });
-            }
-            claim.job_uid = existing.metadata.uid.clone();
-        }
-        Err(e) => return Err(e.into()),
-    }
-
-    // 7. Confirm (G1, G2): the run is active; the claim is done. A compare-and-swap on the status
-    //    read in 4. Nobody waits for it (the Job exists), so it runs in a task of its own and this
-    //    reconcile's slot goes to the next due run; until it is done, this SingletonJob's
-    //    reconciles wait for it ([`Confirms`]).
-    let status = confirmed_status(&fresh, &claim, replaced, backstop_skipped);
-    // The task keeps what its write needs: in a burst a thousand of them wait in the last lane,
+    claim.job_uid = Some(uid.clone());
+    let status = confirmed_status(&fresh, &claim, backstop_skipped);
+    // The task keeps what its write needs: in a burst a thousand of them may wait in a lane,
     // and a response's managed fields are a decoded JSON tree of kilobytes.
+    let keep_suspended = keeps_suspended(&fresh);
     let mut fresh = fresh;
     fresh.status = None;
     crate::controller::slim_sj(&mut fresh);
-    spawn_confirm(ctx, fresh, status, claim, created_uid, replaced.len());
+    spawn_confirm(ctx, fresh, status, claim, uid, keep_suspended);
     Ok(())
+}
+
+/// What step 4 leaves to do.
+enum Backstopped {
+    /// Go on with this claim (its token may have been raised) on this copy of the SingletonJob;
+    /// `skipped`: without a backstop claim (Efficiency, database unreachable).
+    Go {
+        sj: Box<SingletonJob>,
+        claim: RunRef,
+        skipped: bool,
+    },
+    /// The period is decided without a Job (Deduplicated, Missed): nothing more to do.
+    Decided,
+}
+
+/// How many times step 4 re-claims with a higher token before giving up for this reconcile.
+const RECLAIMS: usize = 3;
+
+/// Step 4: the claim row and the fence. Retrying a claim we wrote before finds our own row: ours,
+/// go on.
+async fn backstop_claim(
+    ctx: &Context,
+    sj: &SingletonJob,
+    mut claim: RunRef,
+    db: &Db,
+) -> Result<Backstopped> {
+    let b = match db {
+        Db::NotConfigured => {
+            return Ok(Backstopped::Go {
+                sj: Box::new(sj.clone()),
+                claim,
+                skipped: false,
+            });
+        }
+        Db::Unavailable(why) => return unavailable(ctx, sj, claim, why.clone()).await,
+        Db::Ready(b) => b,
+    };
+    let mut sj = sj.clone();
+    let period = claim.period.0;
+    for _ in 0..=RECLAIMS {
+        match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name)).await {
+            Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
+                // The claim's own token never reached the fence (the transaction rolled back):
+                // nothing to retire.
+                let note = format!(
+                    "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
+                    naming::period_rfc3339(period)
+                );
+                let d = Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note);
+                Box::pin(decide_without_job(ctx, &sj, &claim, d, None)).await?;
+                return Ok(Backstopped::Decided);
+            }
+            // A fresh claim, or our own earlier one (a retry after a crash).
+            Ok(_) => {
+                return Ok(Backstopped::Go {
+                    sj: Box::new(sj),
+                    claim,
+                    skipped: false,
+                });
+            }
+            // G3: the fence is at or above this token (a newer token was issued elsewhere: a
+            // run of an earlier SingletonJob of this name, a break-lock, a workload). Never run
+            // at or below the fence: claim the same period again with a token above it.
+            Err(Error::StaleToken { current, .. }) => {
+                let (reclaimed, higher) = Box::pin(reclaim(ctx, &sj, &claim, current)).await?;
+                sj = reclaimed;
+                claim = higher;
+            }
+            Err(Error::FenceHeld(why)) => {
+                return Box::pin(fence_held(ctx, &sj, claim, why)).await;
+            }
+            Err(e) if e.is_retryable() => return unavailable(ctx, &sj, claim, e.to_string()).await,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Conflict(format!(
+        "the backstop's fence kept rising above the claim of {}",
+        claim.job_name
+    )))
+}
+
+/// Step 4, re-claim: the pending claim is rewritten, by compare-and-swap, with a token above the
+/// backstop's fence `current` (and above every token of the status). Returns the object as
+/// written and the claim with its new token.
+async fn reclaim(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+    current: u64,
+) -> Result<(SingletonJob, RunRef)> {
+    let mut status = sj.status.clone().unwrap_or_default();
+    let token = status.fencing_token.max(current) + 1;
+    let mut higher = claim.clone();
+    higher.token = token;
+    status.fencing_token = token;
+    status.pending_claim = Some(higher.clone());
+    crate::ops::on_reclaim(&mut status.operations, claim, token);
+    tracing::warn!(sj = %sj.key(), stale = claim.token, fence = current, token, "the backstop's fence is above the claim's token; claiming again with a higher one");
+    let written = write_status(ctx, sj, status, Lane::Create).await?;
+    crate::metrics::global().token_issued(sj);
+    tracing::Span::current().record("token", token);
+    Ok((written, higher))
+}
+
+/// Step 4 when the backstop cannot record the claim. Efficiency: a double run only wastes work;
+/// run, and say the claim was skipped. Correctness: no Job without its claim; retry until the
+/// period's deadline, then record it as Missed (G2).
+async fn unavailable(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: RunRef,
+    why: String,
+) -> Result<Backstopped> {
+    if purpose(sj) == LockPurpose::Efficiency {
+        tracing::warn!(sj = %sj.key(), reason = %why, "backstop unavailable; Efficiency: starting without its claim");
+        return Ok(Backstopped::Go {
+            sj: Box::new(sj.clone()),
+            claim,
+            skipped: true,
+        });
+    }
+    if past_deadline(sj, &claim) {
+        let note = format!("the backstop stayed unavailable past the starting deadline: {why}");
+        let d = Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note);
+        Box::pin(decide_without_job(ctx, sj, &claim, d, None)).await?;
+        return Ok(Backstopped::Decided);
+    }
+    Err(Error::BackstopUnavailable(why))
+}
+
+/// Step 4 when an open transaction holds the fence row past the lock timeout. A run this claim
+/// replaces is the usual holder (a hung run is why people pick Replace): its Job is deleted now,
+/// which ends its pods and with them their transaction, and the claim waits, whatever the
+/// deadline, while that Job still exists (foreground deletion: until its pods are gone). Any
+/// other holder is waited for until the period's deadline, then the period is Missed.
+async fn fence_held(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: RunRef,
+    why: String,
+) -> Result<Backstopped> {
+    let ns = sj.metadata.namespace.clone().unwrap_or_default();
+    let mut stopping = false;
+    for old in &claim.replaces {
+        delete_replaced(ctx, &ns, old).await?;
+        stopping |= kube_io::get_job(ctx, &ns, &old.job_name, Lane::Create)
+            .await?
+            .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
+    }
+    if !stopping && past_deadline(sj, &claim) {
+        let note = format!("the backstop's fence stayed locked past the starting deadline: {why}");
+        let d = Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
+        // The claim's transaction rolled back: its token never reached the fence.
+        Box::pin(decide_without_job(ctx, sj, &claim, d, None)).await?;
+        return Ok(Backstopped::Decided);
+    }
+    Err(Error::FenceHeld(why))
+}
+
+fn past_deadline(sj: &SingletonJob, claim: &RunRef) -> bool {
+    sj.spec
+        .starting_deadline_seconds
+        .map(|d| claim.period.0 + SignedDuration::from_secs(d))
+        .is_some_and(|d| Timestamp::now() > d)
+}
+
+/// Step 5 for one replaced run: its Job goes, and, foreground, its pods before it.
+async fn delete_replaced(ctx: &Context, ns: &str, old: &ReplacedRun) -> Result<()> {
+    let fg = Propagation::Foreground;
+    match &old.job_uid {
+        Some(uid) => kube_io::delete_job_uid(ctx, ns, &old.job_name, uid, fg, Lane::Create).await,
+        None => kube_io::delete_job_named(ctx, ns, &old.job_name, fg, Lane::Create).await,
+    }
+    .map(|_| ())
+}
+
+/// How many times step 6 retries a create whose name was taken by a Job it removed.
+const CREATES: usize = 2;
+
+/// Step 6: creates the claim's Job, suspended. Returns its uid, or None when the period was
+/// decided without a Job (the API server rejects the Job, or its name is taken by another run).
+async fn create(
+    ctx: &Context,
+    fresh: &SingletonJob,
+    claim: &RunRef,
+    db: &Db,
+) -> Result<Option<String>> {
+    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+    // On the heap: a Job is kilobytes, and this future waits in a lane with it.
+    let mut job = Box::new(naming::build_job(fresh, claim.period.0, claim.token)?);
+    if let Some(spec) = job.spec.as_mut() {
+        spec.suspend = Some(true);
+    }
+    for _ in 0..CREATES {
+        match kube_io::create_job(ctx, &job).await? {
+            Ok(created) => {
+                return created
+                    .metadata
+                    .uid
+                    .map(Some)
+                    .ok_or_else(|| Error::Conflict(format!("Job {} has no uid", claim.job_name)));
+            }
+            // The API server will never accept this Job: the period is decided, as Failed,
+            // rather than retried forever with the claim blocking every later period (G2).
+            Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => {
+                let note = format!(
+                    "the API server rejected Job {}: {}",
+                    claim.job_name, s.message
+                );
+                let d = Decision::new(Outcome::Failed, reason::JOB_REJECTED, note);
+                Box::pin(decide_without_job(ctx, fresh, claim, d, ready(db))).await?;
+                return Ok(None);
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let Some(existing) =
+                    kube_io::get_job(ctx, &ns, &claim.job_name, Lane::Create).await?
+                else {
+                    continue; // deleted meanwhile: create again
+                };
+                match Box::pin(name_taken(ctx, fresh, claim, &existing, db)).await? {
+                    Taken::Ours(uid) => return Ok(Some(uid)),
+                    Taken::Removed => continue,
+                    Taken::Decided => return Ok(None),
+                }
+            }
+            // Refused for now (a quota, an admission webhook down, the API server itself): retried
+            // until the period's deadline, then decided, never blocking later periods for ever.
+            Err(e) if past_deadline(fresh, claim) => {
+                let note = format!(
+                    "Job {} could not be created before the starting deadline: {e}",
+                    claim.job_name
+                );
+                let d = Decision::new(Outcome::Missed, reason::JOB_NOT_CREATED, note);
+                Box::pin(decide_without_job(ctx, fresh, claim, d, ready(db))).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Conflict(format!(
+        "the name of Job {} stayed taken",
+        claim.job_name
+    )))
+}
+
+/// What a create that found its name taken does.
+enum Taken {
+    /// The Job is this claim's (an earlier attempt created it, suspended): adopt its uid.
+    Ours(String),
+    /// A suspended Job no claim knows (it never ran) was removed: create again.
+    Removed,
+    /// Another run's Job: the period is decided without a Job of this claim.
+    Decided,
+}
+
+/// Step 6 when a Job of the claim's name exists. It carries this claim's token: an earlier
+/// attempt (a retry, or the claimer that died) created it; nobody can have resumed it, since
+/// resuming follows a winning confirm and the claim is still pending. A suspended Job of this
+/// SingletonJob that no claim knows never ran: removed by uid. Anything else is another run's
+/// Job (an earlier run of the period, or not ours at all): the period is decided with an outcome
+/// and an Event instead of being retried for ever ahead of every later period.
+async fn name_taken(
+    ctx: &Context,
+    fresh: &SingletonJob,
+    claim: &RunRef,
+    existing: &Job,
+    db: &Db,
+) -> Result<Taken> {
+    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+    let found = naming::job_token(existing);
+    let status = fresh.status.clone().unwrap_or_default();
+    let owned = fresh
+        .metadata
+        .uid
+        .as_deref()
+        .and_then(|uid| crate::observe::OwnedJob::of(existing, uid));
+    if found == Some(claim.token)
+        && let Some(uid) = existing.metadata.uid.clone()
+    {
+        return Ok(Taken::Ours(uid));
+    }
+    if let Some(job) = owned.filter(|j| j.suspended && !crate::observe::known(&status, j)) {
+        tracing::warn!(job = %job.name, token = ?job.token, "removing a suspended Job no claim knows (it never ran) to create this claim's");
+        let bg = Propagation::Background;
+        kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await?;
+        return Ok(Taken::Removed);
+    }
+    let same_run = existing.metadata.annotations.as_ref().is_some_and(|a| {
+        a.get(naming::LABEL_JOB) == fresh.metadata.name.as_ref()
+            && a.get(naming::LABEL_PERIOD) == Some(&naming::period_rfc3339(claim.period.0))
+    });
+    let token = found.map_or("no".to_string(), |t| t.to_string());
+    let d = if same_run {
+        let note = format!(
+            "Job {} of period {} exists already with token {token}: the period ran before; no second Job created",
+            claim.job_name,
+            naming::period_rfc3339(claim.period.0)
+        );
+        Decision::new(Outcome::Deduplicated, reason::JOB_EXISTS, note)
+    } else {
+        let note = format!(
+            "a Job named {} that is not this SingletonJob's run (token {token}) exists; the period cannot run under that name",
+            claim.job_name
+        );
+        Decision::new(Outcome::Failed, reason::JOB_NAME_TAKEN, note)
+    };
+    Box::pin(decide_without_job(ctx, fresh, claim, d, ready(db))).await?;
+    Ok(Taken::Decided)
+}
+
+/// Whether the SingletonJob's template asks for suspended Jobs (a queueing system such as Kueue
+/// resumes them): then the controller confirms but never resumes.
+pub fn keeps_suspended(sj: &SingletonJob) -> bool {
+    sj.spec
+        .job_template
+        .decode()
+        .ok()
+        .and_then(|t| t.spec)
+        .and_then(|s| s.suspend)
+        .unwrap_or(false)
 }
 
 /// Step 7's status: the claim moves from `pendingClaim` to `active`, the runs it replaced to the
@@ -350,18 +592,19 @@ pub async fn complete_claim(
 fn confirmed_status(
     fresh: &SingletonJob,
     claim: &RunRef,
-    replaced: &[RunRef],
     backstop_skipped: bool,
 ) -> SingletonJobStatus {
     let mut status = fresh.status.clone().unwrap_or_default();
     status.pending_claim = None;
     status
         .active
-        .retain(|r| !replaced.iter().any(|o| o.job_name == r.job_name));
-    status.active.push(claim.clone());
+        .retain(|r| !claim.replaces.iter().any(|o| o.job_name == r.job_name));
+    let mut run = claim.clone();
+    run.replaces.clear();
+    status.active.push(run);
     status.active_count = status.active.len() as i32;
     let now = Timestamp::now();
-    for old in replaced {
+    for old in &claim.replaces {
         status.history.insert(
             0,
             HistoryEntry {
@@ -395,47 +638,51 @@ fn confirmed_status(
             finish_time: None,
         },
     );
+    if backstop_skipped {
+        // This run has no claim row: the claims table no longer knows every run (backfill).
+        status.claims_recorded = None;
+    }
     status.history.truncate(crate::controller::HISTORY_LIMIT);
     status
 }
 
-/// Step 7 itself: writes `status` over `fresh` (the status read in step 4), in the lane nobody
-/// waits on (in a burst it yields to claims and creates).
+/// Steps 7 and 8: writes `status` over `fresh` (the status read in step 4); if it wins, resumes
+/// the Job `uid`. Losing it, the Job never ran: it is deleted, unless the status that won made it
+/// the period's run (another replica adopted it, and resumes it) or still holds the claim pending
+/// (its completer will adopt it).
 async fn confirm(
     ctx: &Context,
     fresh: SingletonJob,
     status: SingletonJobStatus,
     claim: RunRef,
-    created_uid: Option<String>,
-    replaced: usize,
+    uid: String,
+    keep_suspended: bool,
 ) -> Result<()> {
-    match write_status(ctx, &fresh, status, Lane::Background).await {
+    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+    match kube_io::write_status_at(ctx, &fresh, status, Lane::Create, Some(failpoint::CONFIRM))
+        .await
+    {
         Ok(_) => {
             ctx.confirmed(&fresh, claim.token);
-            for _ in 0..replaced {
+            for _ in &claim.replaces {
                 crate::metrics::global().run_finished(&fresh, Outcome::Replaced);
             }
-            Ok(())
+            resume(ctx, &fresh, &claim, &uid, keep_suspended).await
         }
         Err(Error::Conflict(what)) => {
-            // Lost the confirm. If the status that won neither holds this claim as pending nor
-            // knows the Job we just created, that Job re-creates a period another replica had
-            // completed: remove it (only that Job, by uid) before it does more.
-            if let Some(uid) = created_uid {
-                let ns = fresh.metadata.namespace.as_deref().unwrap_or_default();
-                let name = fresh.metadata.name.as_deref().unwrap_or_default();
-                let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-                let now_sj = ctx.lanes.run(Lane::Create, || sjs.get(name)).await?;
-                let known = claim_pending(&now_sj, &claim)
-                    || now_sj.status.as_ref().is_some_and(|s| {
-                        s.active
-                            .iter()
-                            .any(|r| r.job_uid.as_deref() == Some(uid.as_str()))
-                    });
-                if !known {
-                    tracing::warn!(job = %claim.job_name, token = claim.token, "removing a Job re-created for a period another replica completed");
-                    delete_job_uid(ctx, &fresh, &claim.job_name, &uid).await?;
-                }
+            let name = fresh.metadata.name.as_deref().unwrap_or_default();
+            let won = kube_io::get_sj(ctx, &ns, name).await?;
+            let adopted = won.status.as_ref().is_some_and(|s| {
+                s.active
+                    .iter()
+                    .any(|r| r.job_uid.as_deref() == Some(uid.as_str()))
+            });
+            // Adopted: the winner resumes it (or, if it died first, whoever acts next:
+            // `observe::to_resume`). Still pending: its completer adopts it.
+            if !adopted && !claim_pending(&won, &claim) {
+                tracing::warn!(job = %claim.job_name, token = claim.token, "lost the confirm: removing this claim's Job, which never ran");
+                let bg = Propagation::Background;
+                kube_io::delete_job_uid(ctx, &ns, &claim.job_name, &uid, bg, Lane::Create).await?;
             }
             Err(Error::Conflict(what))
         }
@@ -443,7 +690,34 @@ async fn confirm(
     }
 }
 
-/// The confirms (step 7) in flight, each in its own task, by SingletonJob uid.
+/// Step 8: the confirmed Job may run (G1: only the Job a confirm named, by uid).
+pub async fn resume(
+    ctx: &Context,
+    sj: &SingletonJob,
+    run: &RunRef,
+    uid: &str,
+    keep_suspended: bool,
+) -> Result<()> {
+    if keep_suspended {
+        return Ok(());
+    }
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let resumed = kube_io::resume_job(ctx, ns, &run.job_name, uid).await?;
+    ctx.resumed.note(uid);
+    match resumed {
+        Resumed::Yes => {
+            ctx.events.run_started(sj, run);
+            crate::metrics::global().run_started(sj, run.period.0, Timestamp::now());
+        }
+        Resumed::Already => {}
+        Resumed::Gone => {
+            tracing::info!(job = %run.job_name, "the run's Job was deleted before it could be resumed");
+        }
+    }
+    Ok(())
+}
+
+/// The confirms (steps 7 and 8) in flight, each in its own task, by SingletonJob uid.
 ///
 /// A reconcile of a SingletonJob whose confirm is in flight does nothing: the status it read is
 /// about to change, and acting on it would complete the claim a second time. When the confirm is
@@ -513,40 +787,48 @@ impl Confirms {
     }
 }
 
-/// Starts step 7 in a task of its own (see [`Confirms`]); its log lines keep the run's span.
+/// Starts steps 7 and 8 in a task of its own (see [`Confirms`]); its log lines keep the run's
+/// span. The task ends when the gate closes, whatever it was doing: a replica that lost the
+/// Lease stops at once.
 fn spawn_confirm(
     ctx: &Arc<Context>,
     fresh: SingletonJob,
     status: SingletonJobStatus,
     claim: RunRef,
-    created_uid: Option<String>,
-    replaced: usize,
+    uid: String,
+    keep_suspended: bool,
 ) {
-    let uid = fresh.metadata.uid.clone();
+    let sj_uid = fresh.metadata.uid.clone();
     let obj = ObjectRef::from_obj(&fresh);
-    ctx.confirms.begin(uid.as_deref());
+    ctx.confirms.begin(sj_uid.as_deref());
     let ctx = ctx.clone();
     let task = async move {
-        let result = confirm(&ctx, fresh, status, claim, created_uid, replaced).await;
-        ctx.confirms.end(uid.as_deref(), obj, result).await;
+        let work = confirm(&ctx, fresh, status, claim, uid, keep_suspended);
+        let result = tokio::select! {
+            r = work => r,
+            () = ctx.gate.closed() => Err(Error::NotLeader),
+        };
+        ctx.confirms.end(sj_uid.as_deref(), obj, result).await;
     };
     tokio::spawn(tracing::Instrument::in_current_span(task));
 }
 
-/// Breaks the lock (`kubectl singleton break-lock`): every token issued so far is fenced out and
-/// the active runs are stopped, so a stuck or stale holder can neither block later periods nor
-/// write. Who asked and why go into `status.operations.breakLock` and a `LockBroken` Event.
-/// `op` is the accepted request's record. Returns the record as written (phase Done).
+/// Breaks the lock (`kubectl singleton break-lock`): every token issued so far is fenced out, a
+/// pending claim is cleared and the active runs are stopped, so a stuck or stale holder can
+/// neither block later periods nor write. Who asked and why go into
+/// `status.operations.breakLock` and a `LockBroken` Event. `op` is the accepted request's record.
+/// Returns the record as written (phase Done).
 ///
 /// ```text
 /// 1. Gate   : only the replica that may act                                         G4
 /// 2. Token  : one above every issued token (status and backstop fence)               G3
-/// 3. Fence  : the backstop's fence rises to it; from now on singleton_fence refuses
-///             every older token, whatever its holder does                             G5
-/// 4. Stop   : delete the active runs' Jobs (their tokens are fenced already)          G5
+/// 3. Fence  : the backstop's fence rises to it and it is retired: from now on
+///             singleton_fence refuses every older token, whatever its holder does.
+///             A stuck run holding the fence row is stopped first (4), then 3 again.  G5
+/// 4. Stop   : delete the pending claim's Job and the active runs' Jobs               G5
 /// 5. Record : one resourceVersion-guarded status write: the new token, the stopped
-///             runs as Failed/LockBroken, the operation Done. A 409 redoes it all:
-///             raising a fence twice only skips a token number.                        G3
+///             runs as Failed/LockBroken, no pending claim, the operation Done. A 409
+///             redoes it all: raising a fence twice only skips a token number.         G3
 /// ```
 pub async fn break_lock(
     ctx: &Context,
@@ -557,6 +839,7 @@ pub async fn break_lock(
     // 1. Gate.
     ctx.gate.check()?;
     let mut status = sj.status.clone().unwrap_or_default();
+    let ns = sj.metadata.namespace.clone().unwrap_or_default();
 
     // 2. Token.
     let fence = match db {
@@ -568,16 +851,21 @@ pub async fn break_lock(
     let before = status.fencing_token.max(fence);
     let token = before + 1;
 
-    // 3. Fence.
+    // 4 before 3 when the stuck run holds the fence row in an open transaction.
+    let mut stopped: Vec<RunRef> = std::mem::take(&mut status.active);
+    stopped.extend(status.pending_claim.take());
     if let Db::Ready(b) = db {
-        b.advance_fence(&sj.key(), token).await?;
+        // 3. Fence.
+        if let Err(e) = b.retire(&sj.key(), token).await {
+            if matches!(e, Error::FenceHeld(_)) {
+                stop_runs(ctx, &ns, &stopped).await?;
+            }
+            return Err(e);
+        }
     }
 
     // 4. Stop.
-    let stopped = std::mem::take(&mut status.active);
-    for run in &stopped {
-        delete_job(ctx, sj, &run.job_name, Lane::Claim).await?;
-    }
+    stop_runs(ctx, &ns, &stopped).await?;
 
     // 5. Record.
     let now = Timestamp::now();
@@ -629,6 +917,26 @@ pub async fn break_lock(
     Ok(op)
 }
 
+/// Break-lock's step 4: each run's Job goes, by uid when known. A pending claim's Job has no uid
+/// in status yet: it is deleted only if it carries the claim's token (another Job of that name
+/// is not the claim's).
+async fn stop_runs(ctx: &Context, ns: &str, runs: &[RunRef]) -> Result<()> {
+    let bg = Propagation::Background;
+    for run in runs {
+        let uid = match run.job_uid.clone() {
+            Some(uid) => Some(uid),
+            None => kube_io::get_job(ctx, ns, &run.job_name, Lane::Claim)
+                .await?
+                .filter(|j| naming::job_token(j) == Some(run.token))
+                .and_then(|j| j.metadata.uid),
+        };
+        if let Some(uid) = uid {
+            kube_io::delete_job_uid(ctx, ns, &run.job_name, &uid, bg, Lane::Claim).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Whether `sj`'s status still holds `claim` as its pending claim.
 fn claim_pending(sj: &SingletonJob, claim: &RunRef) -> bool {
     sj.status
@@ -637,26 +945,7 @@ fn claim_pending(sj: &SingletonJob, claim: &RunRef) -> bool {
         .is_some_and(|p| p.token == claim.token && p.job_name == claim.job_name)
 }
 
-/// Deletes one Job only if it is still the object with `uid` (never a later one of that name).
-async fn delete_job_uid(ctx: &Context, sj: &SingletonJob, name: &str, uid: &str) -> Result<()> {
-    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let dp = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        preconditions: Some(kube::api::Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match ctx.lanes.run(Lane::Create, || jobs.delete(name, &dp)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The span of a run's log lines (namespace, name, period, token), for steps 4 to 7 of a claim
+/// The span of a run's log lines (namespace, name, period, token), for steps 4 to 8 of a claim
 /// completed outside [`start`].
 pub fn span(sj: &SingletonJob, claim: &RunRef) -> tracing::Span {
     tracing::info_span!(
@@ -668,25 +957,46 @@ pub fn span(sj: &SingletonJob, claim: &RunRef) -> tracing::Span {
     )
 }
 
-/// Decides a claimed period without a Job (rejected, deduplicated, or missed for the backstop):
-/// the claim is cleared and the outcome recorded, so it never blocks later periods (G2).
+/// A period decided without a Job: its outcome, reason and the Event's note.
+struct Decision {
+    outcome: Outcome,
+    reason: &'static str,
+    note: String,
+}
+
+impl Decision {
+    fn new(outcome: Outcome, reason: &'static str, note: String) -> Self {
+        Decision {
+            outcome,
+            reason,
+            note,
+        }
+    }
+}
+
+/// Decides a claimed period without a Job (rejected, deduplicated, name taken, missed for the
+/// backstop): the claim is cleared and the outcome recorded, so it never blocks later periods
+/// (G2). `retire_in`: the backstop whose fence the claim's token reached; it is retired there
+/// first (G3: the period is decided), and a Correctness job records nothing until it is.
 async fn decide_without_job(
     ctx: &Context,
     sj: &SingletonJob,
     claim: &RunRef,
-    outcome: Outcome,
-    why: &str,
-    note: String,
+    d: Decision,
+    retire_in: Option<&Backstop>,
 ) -> Result<()> {
+    if let Some(b) = retire_in {
+        retire(sj, b, claim.token).await?;
+    }
     let mut status = sj.status.clone().unwrap_or_default();
     status.pending_claim = None;
-    status.last_result = Some(outcome);
+    status.last_result = Some(d.outcome);
     let entry = HistoryEntry {
         period: claim.period.clone(),
         last_period: None,
         count: 1,
-        outcome,
-        reason: Some(why.into()),
+        outcome: d.outcome,
+        reason: Some(d.reason.into()),
         job_name: None,
         token: Some(claim.token),
         start_time: claim.claimed_at.clone(),
@@ -697,9 +1007,30 @@ async fn decide_without_job(
     write_status(ctx, sj, status, Lane::Background).await?;
     crate::metrics::global().recorded(sj, &entry);
     ctx.events
-        .publish(sj, EventType::Warning, why, "DecidePeriod", note)
+        .publish(sj, EventType::Warning, d.reason, "DecidePeriod", d.note)
         .await;
     Ok(())
+}
+
+/// The backstop of `db`, if it is ready.
+fn ready(db: &Db) -> Option<&Backstop> {
+    match db {
+        Db::Ready(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// Retires `token` (its period is decided). Correctness: an error stops the caller from
+/// recording the decision (it is retried); Efficiency: logged, and the decision goes on.
+pub async fn retire(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
+    match b.retire(&sj.key(), token).await {
+        Ok(()) => Ok(()),
+        Err(e) if purpose(sj) == LockPurpose::Efficiency => {
+            tracing::warn!(sj = %sj.key(), token, error = %e, "could not retire the token of a decided period; Efficiency: recording it anyway");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Asks the API server whether it would accept this SingletonJob's Job (a dry-run create, which
@@ -728,83 +1059,12 @@ pub async fn dry_run_job(
         ctx.client.request::<serde::de::IgnoredAny>(req).await
     };
     match ctx.lanes.run(Lane::Background, dry_run).await {
-        // 409: a Job of that name exists, so the template itself was not the problem.
+        // 409: a Job of that name exists, so the template itself was not the problem; nor is
+        // it with 403 (a quota with no room, or no permission): creating the run's Job will say
+        // so, and the claim is decided by its deadline.
         Ok(_) => Ok(Ok(())),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 403 => Ok(Ok(())),
         Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => Ok(Err(s.message)),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// What the controller reads of a write's response. The rest is skipped unparsed: decoding whole
-/// responses (each with its managed fields, a JSON tree of kilobytes) was most of what a start-up
-/// with 10,000 SingletonJobs allocated and freed, and the fragmentation it left stayed resident.
-#[derive(serde::Deserialize)]
-struct Written {
-    #[serde(default)]
-    metadata: WrittenMeta,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct WrittenMeta {
-    resource_version: Option<String>,
-}
-
-/// Writes `status` to `sj`'s status subresource with `sj`'s resourceVersion as precondition
-/// (compare-and-swap). Returns the object as written, carrying the new resourceVersion.
-pub async fn write_status(
-    ctx: &Context,
-    sj: &SingletonJob,
-    status: SingletonJobStatus,
-    lane: Lane,
-) -> Result<SingletonJob> {
-    ctx.gate
-        .check()
-        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))?;
-    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
-    let name = sj.metadata.name.as_deref().unwrap_or_default();
-    let api: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-    // Never write without a precondition: a missing resourceVersion would turn the PUT into a
-    // blind overwrite and silently undo another replica's claim.
-    if sj.metadata.resource_version.is_none() {
-        return Err(Error::Conflict(format!(
-            "{ns}/{name} read without a resourceVersion"
-        )));
-    }
-    let pp = PostParams::default();
-    // The copy to send is made once the request has a slot, not while it waits for one. What
-    // comes back is what was sent with a new resourceVersion (and managed fields, which the
-    // controller never reads), so only the resourceVersion is read from the response.
-    let send = || async {
-        let mut obj = sj.clone();
-        obj.status = Some(status);
-        let body = serde_json::to_vec(&obj).map_err(kube::Error::SerdeError)?;
-        let req = kube::core::Request::new(api.resource_url())
-            .replace_subresource("status", name, &pp, body)
-            .map_err(kube::Error::BuildRequest)?;
-        let written: Written = ctx.client.request(req).await?;
-        obj.metadata.resource_version = written.metadata.resource_version;
-        Ok::<_, kube::Error>(obj)
-    };
-    ctx.lanes
-        .run(lane, send)
-        .await
-        .map_err(|e| Error::from_write(e, &format!("singletonjob {ns}/{name} status")))
-        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))
-}
-
-/// Deletes a run's Job and its pods (background propagation: the Job object goes at once).
-pub async fn delete_job(ctx: &Context, sj: &SingletonJob, name: &str, lane: Lane) -> Result<()> {
-    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let dp = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
-    match ctx.lanes.run(lane, || jobs.delete(name, &dp)).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
@@ -847,6 +1107,7 @@ mod tests {
             rejections_seen: Default::default(),
             confirmed: Default::default(),
             confirms: Confirms::new().0,
+            resumed: Default::default(),
         }
     }
 
@@ -966,6 +1227,7 @@ mod tests {
             claimed_at: None,
             job_uid: Some("job-uid".into()),
             origin: None,
+            replaces: Vec::new(),
         };
         sj.status = Some(SingletonJobStatus {
             fencing_token: 7,
@@ -1016,14 +1278,14 @@ mod tests {
             ..context(kube::Client::new(svc, "ns"))
         });
         let (sj, claim) = claimed();
-        let status = confirmed_status(&sj, &claim, &[], false);
+        let status = confirmed_status(&sj, &claim, false);
         spawn_confirm(
             &ctx,
             sj.clone(),
             status,
             claim.clone(),
-            Some("job-uid".into()),
-            0,
+            "job-uid".into(),
+            false,
         );
         (ctx, handle, done, sj, claim)
     }
@@ -1042,8 +1304,32 @@ mod tests {
         serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"})).unwrap()
     }
 
+    /// Asserts that `req` resumes the Job `hello-1800000000` only if its uid is `uid`.
+    async fn assert_resume(req: Request<Body>, uid: &str) {
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+        );
+        assert_eq!(
+            req.headers()[http::header::CONTENT_TYPE],
+            "application/json-patch+json"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!([
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": "/spec/suspend", "value": true},
+                {"op": "replace", "path": "/spec/suspend", "value": false},
+            ]),
+            "only that object, never another Job of its name"
+        );
+    }
+
     #[tokio::test]
-    async fn reconciles_wait_for_a_confirm_in_flight_and_are_asked_for_when_it_is_done() {
+    async fn a_won_confirm_resumes_its_job_by_uid_and_reconciles_wait_for_both() {
         let (ctx, mut handle, mut done, sj, _) = confirming();
         assert!(
             ctx.confirms.in_flight(&sj),
@@ -1060,8 +1346,15 @@ mod tests {
         );
         assert!(body["status"].get("pendingClaim").is_none(), "{body}");
         assert_eq!(body["status"]["active"][0]["token"], 7);
+        assert_eq!(body["status"]["active"][0]["jobUid"], "job-uid");
         assert!(ctx.confirms.in_flight(&sj));
         respond(send, 200, serde_json::to_vec(&body).unwrap());
+
+        // Step 8 follows the won confirm, and only it.
+        let (req, send) = next(&mut handle, "the resume").await;
+        assert_resume(req, "job-uid").await;
+        assert!(ctx.confirms.in_flight(&sj), "in flight until resumed");
+        respond(send, 200, b"{}".to_vec());
 
         assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
         assert!(!ctx.confirms.in_flight(&sj));
@@ -1069,44 +1362,58 @@ mod tests {
         assert!(ctx.is_stale(&sj, sj.status.as_ref().unwrap()));
     }
 
+    /// What the status that beat a confirm says of the confirm's claim and Job.
+    #[derive(Clone, Copy, Debug)]
+    enum Winner {
+        /// Another replica completed the claim with this very Job (it adopted it).
+        AdoptedTheJob,
+        /// The claim is still pending (an unrelated write won): its completer adopts the Job.
+        StillPending,
+        /// The period was completed without this Job (it is a late re-creation).
+        MovedOn,
+    }
+
     #[tokio::test]
-    async fn a_lost_confirm_removes_its_job_only_if_the_winner_does_not_know_it() {
-        for winner_knows in [false, true] {
+    async fn a_lost_confirm_never_lets_an_unknown_job_run() {
+        for winner in [Winner::AdoptedTheJob, Winner::StillPending, Winner::MovedOn] {
             let (ctx, mut handle, mut done, sj, claim) = confirming();
 
             let (_, send) = next(&mut handle, "the confirm").await;
             respond(send, 409, conflict());
-            // The status that won: another replica completed this period and has moved on.
             let (req, send) = next(&mut handle, "the re-read").await;
             assert_eq!(req.method(), http::Method::GET);
             let mut won = sj.clone();
             won.metadata.resource_version = Some("4712".into());
-            let active = if winner_knows {
-                vec![claim.clone()]
-            } else {
-                vec![]
-            };
-            won.status = Some(SingletonJobStatus {
+            let mut status = SingletonJobStatus {
                 fencing_token: 7,
-                active,
                 ..Default::default()
-            });
+            };
+            match winner {
+                Winner::AdoptedTheJob => status.active = vec![claim.clone()],
+                Winner::StillPending => status.pending_claim = Some(claim.clone()),
+                Winner::MovedOn => {}
+            }
+            won.status = Some(status);
             respond(send, 200, serde_json::to_vec(&won).unwrap());
-            if !winner_knows {
-                let (req, send) = next(&mut handle, "the removal").await;
-                assert_eq!(req.method(), http::Method::DELETE);
-                assert_eq!(
-                    req.uri().path(),
-                    "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
-                );
-                let body: serde_json::Value =
-                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
-                        .unwrap();
-                assert_eq!(
-                    body["preconditions"]["uid"], "job-uid",
-                    "only that Job, never a later one of its name"
-                );
-                respond(send, 200, b"{}".to_vec());
+            match winner {
+                // The winner resumes it; a loser never does.
+                Winner::AdoptedTheJob | Winner::StillPending => {}
+                Winner::MovedOn => {
+                    let (req, send) = next(&mut handle, "the removal").await;
+                    assert_eq!(req.method(), http::Method::DELETE);
+                    assert_eq!(
+                        req.uri().path(),
+                        "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+                    );
+                    let body: serde_json::Value =
+                        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                            .unwrap();
+                    assert_eq!(
+                        body["preconditions"]["uid"], "job-uid",
+                        "only that Job, never a later one of its name"
+                    );
+                    respond(send, 200, b"{}".to_vec());
+                }
             }
             assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
             assert!(!ctx.confirms.in_flight(&sj));
@@ -1114,15 +1421,136 @@ mod tests {
                 !ctx.is_stale(&sj, sj.status.as_ref().unwrap()),
                 "not confirmed"
             );
-            // Nothing else was sent: the task is over and holds no client.
+            // Nothing else was sent (never a resume after a lost confirm): the task is over and
+            // holds no client.
             drop(ctx);
             let after =
                 tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request());
             assert!(
                 matches!(after.await, Ok(None)),
-                "a request after the confirm was done (winner_knows={winner_knows})"
+                "a request after the confirm was done ({winner:?})"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_job_is_created_suspended_then_confirmed_then_resumed() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (confirms, mut done) = Confirms::new();
+        let ctx = Arc::new(Context {
+            confirms,
+            ..context(kube::Client::new(svc, "ns"))
+        });
+        let (sj, claim) = claimed();
+        let mut claim = claim;
+        claim.job_uid = None;
+        let server = async {
+            let (req, send) = next(&mut handle, "the create").await;
+            assert_eq!(req.method(), http::Method::POST);
+            assert_eq!(req.uri().path(), "/apis/batch/v1/namespaces/ns/jobs");
+            let mut job: serde_json::Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(job["spec"]["suspend"], true, "created unable to run");
+            assert_eq!(job["metadata"]["name"], "hello-1800000000");
+            job["metadata"]["uid"] = "new-uid".into();
+            respond(send, 201, serde_json::to_vec(&job).unwrap());
+            let (req, send) = next(&mut handle, "the confirm").await;
+            assert_eq!(req.method(), http::Method::PUT);
+            let body: serde_json::Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(body["status"]["active"][0]["jobUid"], "new-uid");
+            respond(send, 200, serde_json::to_vec(&body).unwrap());
+            let (req, send) = next(&mut handle, "the resume").await;
+            assert_resume(req, "new-uid").await;
+            respond(send, 200, b"{}".to_vec());
+        };
+        let (completed, ()) = tokio::join!(
+            complete_claim(&ctx, &sj, claim, &Db::NotConfigured, Read::JustWritten),
+            server
+        );
+        completed.expect("completed");
+        assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
+    }
+
+    #[tokio::test]
+    async fn a_write_waiting_for_a_lane_when_the_gate_closes_is_never_sent() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (tx, rx) = tokio::sync::watch::channel(crate::controller::GateState {
+            may_act: true,
+            epoch: 1,
+            valid_until: None,
+        });
+        let ctx = Context {
+            gate: Gate::new(rx),
+            lanes: crate::lanes::Lanes::new(1),
+            ..context(kube::Client::new(svc, "ns"))
+        };
+        // Every slot is taken: the write waits in its lane, past the gate check at its start.
+        let held = ctx.lanes.acquire(Lane::Background).await;
+        let obj = sj();
+        let write = write_status(&ctx, &obj, SingletonJobStatus::default(), Lane::Create);
+        tokio::pin!(write);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut write)
+                .await
+                .is_err(),
+            "waits for a slot"
+        );
+        // The Lease is lost meanwhile; then the slot frees.
+        tx.send_replace(crate::controller::GateState {
+            may_act: false,
+            epoch: 1,
+            valid_until: None,
+        });
+        drop(held);
+        let err = write.await.expect_err("the gate is closed");
+        assert!(matches!(err, Error::NotLeader), "{err:?}");
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request())
+                .await
+                .is_err(),
+            "nothing was sent"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gate_closed_resolves_on_a_state_change_or_at_the_deadline() {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        let (tx, rx) = tokio::sync::watch::channel(crate::controller::GateState {
+            may_act: true,
+            epoch: 1,
+            valid_until: Some(deadline),
+        });
+        let gate = Gate::new(rx);
+        // The deadline alone closes it.
+        let started = tokio::time::Instant::now();
+        gate.closed().await;
+        assert_eq!(started.elapsed(), std::time::Duration::from_secs(3));
+        // A renewal moves the deadline; losing the Lease closes it before.
+        tx.send_replace(crate::controller::GateState {
+            may_act: true,
+            epoch: 1,
+            valid_until: Some(tokio::time::Instant::now() + std::time::Duration::from_secs(10)),
+        });
+        let closing = gate.closed();
+        tokio::pin!(closing);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_secs(1), &mut closing)
+                .await
+                .is_err()
+        );
+        tx.send_replace(crate::controller::GateState {
+            may_act: false,
+            epoch: 1,
+            valid_until: None,
+        });
+        closing.await;
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_secs(60), Gate::always().closed())
+                .await
+                .is_err(),
+            "an always-open gate never closes"
+        );
     }
 
     #[tokio::test(start_paused = true)]

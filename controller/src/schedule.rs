@@ -72,6 +72,40 @@ pub enum FoldPolicy {
     Last,
 }
 
+impl GapPolicy {
+    /// The variant's name, as in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            GapPolicy::AfterGap => "AfterGap",
+            GapPolicy::Shift => "Shift",
+        }
+    }
+
+    /// The variant named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [GapPolicy::AfterGap, GapPolicy::Shift]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
+impl FoldPolicy {
+    /// The variant's name, as in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            FoldPolicy::First => "First",
+            FoldPolicy::Last => "Last",
+        }
+    }
+
+    /// The variant named `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [FoldPolicy::First, FoldPolicy::Last]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
 /// How scheduled wall-clock times are placed around daylight saving time
 /// changes (and other offset changes) of the schedule's time zone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

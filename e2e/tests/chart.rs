@@ -408,6 +408,7 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
                 "default",
             ],
             &["create", "jobs.batch", "-n", "default"],
+            &["patch", "jobs.batch", "-n", "default"],
             &["create", "events.events.k8s.io", "-n", "default"],
             &["get", "secrets", "-n", "default"],
             &["update", &lease, "-n", &ns],
@@ -421,7 +422,8 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
             // SingletonJobs are the user's: no spec writes, no deletes.
             &["update", "singletonjobs.singleton.dev", "-n", "default"],
             &["delete", "singletonjobs.singleton.dev", "-n", "default"],
-            // Jobs are never rewritten; no pods, no other workloads, no config.
+            // Jobs are never rewritten (only resumed, by patch); no pods, no other workloads, no
+            // config.
             &["update", "jobs.batch", "-n", "default"],
             &["create", "pods", "-n", "default"],
             &["create", "deployments.apps", "-n", &ns],

@@ -109,7 +109,7 @@ fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
     ensure!(verbs(rules, "singleton.dev", "singletonjobs") == ["get", "list", "watch"]);
     ensure!(verbs(rules, "singleton.dev", "singletonjobs/status") == ["get", "patch", "update"]);
     ensure!(
-        verbs(rules, "batch", "jobs") == ["create", "delete", "get", "list", "watch"],
+        verbs(rules, "batch", "jobs") == ["create", "delete", "get", "list", "patch", "watch"],
         "jobs: {:?}",
         verbs(rules, "batch", "jobs")
     );

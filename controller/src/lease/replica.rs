@@ -111,8 +111,10 @@ pub async fn run_replica(
 
     match elector.hold(select(&mut shutdown, &mut ctrl)).await {
         Held::Lost(reason) => {
-            // The gate is closed already; returning lets the process exit, which cancels every
-            // in-flight reconcile before it can write again.
+            // The gate is closed already. Stop every in-flight reconcile now, before anything
+            // else (the Event below may take seconds): dropping the controller's future drops
+            // them, and the confirms running in tasks of their own end with the gate.
+            ctrl.abort();
             tracing::error!(%lease, %reason, "lost leadership; exiting to restart as a standby");
             events
                 .publish(
@@ -143,6 +145,7 @@ pub async fn run_replica(
     let drain = tokio::time::timeout(config.renew_deadline, &mut ctrl);
     match elector.hold(drain).await {
         Held::Lost(reason) => {
+            ctrl.abort();
             tracing::error!(%lease, %reason, "lost leadership while draining");
             return Err(Error::LeadershipLost(lease));
         }

@@ -1,0 +1,239 @@
+//! The controller's writes to the API server, each gated: a write waits for a slot in its lane
+//! ([`crate::lanes`]), and only then, immediately before it is sent, checks that this replica may
+//! still act ([`crate::controller::Gate`], whose renew deadline closes it by itself). A replica
+//! that lost the Lease while its request waited sends nothing (G4).
+//!
+//! What a check cannot close, a pause between the check and the send, the run protocol closes
+//! another way: every Job is created suspended and only the Job a compare-and-swap confirmed is
+//! ever resumed ([`crate::run`]).
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+
+use crate::api::{SingletonJob, SingletonJobStatus};
+use crate::controller::Context;
+use crate::failpoint;
+use crate::lanes::Lane;
+use crate::{Error, Result};
+
+/// Sends the request `make` builds once it has a slot in `lane` and the gate is open, with
+/// `point` reached in between (a failpoint, for tests). The outer error is [`Error::NotLeader`];
+/// the inner result is the API server's answer, for the caller to sort.
+pub async fn gated<T, F, Fut>(
+    ctx: &Context,
+    lane: Lane,
+    point: Option<&'static str>,
+    make: F,
+) -> Result<kube::Result<T>>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let _slot = ctx.lanes.acquire(lane).await;
+    ctx.gate.check()?;
+    if let Some(point) = point {
+        failpoint::hit(point);
+    }
+    Ok(Box::pin(make()).await)
+}
+
+/// What the controller reads of a write's response. The rest is skipped unparsed: decoding whole
+/// responses (each with its managed fields, a JSON tree of kilobytes) was most of what a start-up
+/// with 10,000 SingletonJobs allocated and freed, and the fragmentation it left stayed resident.
+#[derive(serde::Deserialize)]
+struct Written {
+    #[serde(default)]
+    metadata: WrittenMeta,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenMeta {
+    resource_version: Option<String>,
+}
+
+/// Writes `status` to `sj`'s status subresource with `sj`'s resourceVersion as precondition
+/// (compare-and-swap). Returns the object as written, carrying the new resourceVersion.
+pub async fn write_status(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: SingletonJobStatus,
+    lane: Lane,
+) -> Result<SingletonJob> {
+    write_status_at(ctx, sj, status, lane, None).await
+}
+
+/// [`write_status`] with a failpoint reached right before the write is sent.
+pub async fn write_status_at(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: SingletonJobStatus,
+    lane: Lane,
+    point: Option<&'static str>,
+) -> Result<SingletonJob> {
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let name = sj.metadata.name.as_deref().unwrap_or_default();
+    let api: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+    // Never write without a precondition: a missing resourceVersion would turn the PUT into a
+    // blind overwrite and silently undo another replica's claim.
+    if sj.metadata.resource_version.is_none() {
+        return Err(Error::Conflict(format!(
+            "{ns}/{name} read without a resourceVersion"
+        )));
+    }
+    let pp = PostParams::default();
+    // The copy to send is made once the request has a slot, not while it waits for one. What
+    // comes back is what was sent with a new resourceVersion (and managed fields, which the
+    // controller never reads), so only the resourceVersion is read from the response.
+    let send = || async {
+        let mut obj = sj.clone();
+        obj.status = Some(status);
+        let body = serde_json::to_vec(&obj).map_err(kube::Error::SerdeError)?;
+        let req = kube::core::Request::new(api.resource_url())
+            .replace_subresource("status", name, &pp, body)
+            .map_err(kube::Error::BuildRequest)?;
+        let written: Written = ctx.client.request(req).await?;
+        obj.metadata.resource_version = written.metadata.resource_version;
+        Ok::<_, kube::Error>(obj)
+    };
+    gated(ctx, lane, point, send)
+        .await
+        .and_then(|r| {
+            r.map_err(|e| Error::from_write(e, &format!("singletonjob {ns}/{name} status")))
+        })
+        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))
+}
+
+/// Creates `job` (suspended: see [`crate::run`]). The API server's answer is the caller's to
+/// sort (a 409 means a Job of that name exists).
+pub async fn create_job(ctx: &Context, job: &Job) -> Result<kube::Result<Job>> {
+    let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let pp = PostParams::default();
+    gated(ctx, Lane::Create, Some(failpoint::CREATE_LANE), || {
+        jobs.create(&pp, job)
+    })
+    .await
+}
+
+/// How a deleted Job's pods go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Propagation {
+    /// The Job object goes at once; its pods are removed after it.
+    Background,
+    /// The Job object stays (with a deletionTimestamp) until its pods are gone, so its existence
+    /// says its pods may still run.
+    Foreground,
+}
+
+impl Propagation {
+    fn policy(self) -> PropagationPolicy {
+        match self {
+            Propagation::Background => PropagationPolicy::Background,
+            Propagation::Foreground => PropagationPolicy::Foreground,
+        }
+    }
+}
+
+/// What became of a resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resumed {
+    /// The Job with that uid may now run its pods.
+    Yes,
+    /// It could already (someone resumed it before), or a Job of that name exists that is not
+    /// the object with that uid: nothing was changed.
+    Already,
+    /// No Job of that name exists any more (deleted, pruned, replaced).
+    Gone,
+}
+
+/// Lets the Job `name` run its pods, but only if it is still the object with `uid` and still
+/// suspended: a JSON patch whose `test`s make the API server refuse it for any other Job of that
+/// name, and make a second resume change nothing (so it is told apart from the first).
+pub async fn resume_job(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<Resumed> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/spec/suspend", "value": true},
+        {"op": "replace", "path": "/spec/suspend", "value": false},
+    ]))?;
+    let pp = PatchParams::default();
+    let sent = gated(ctx, Lane::Create, Some(failpoint::RESUME), || async {
+        // Only the verdict matters: the Job in the response is skipped unparsed.
+        let req = kube::core::Request::new(jobs.resource_url())
+            .patch(name, &pp, &Patch::<()>::Json(patch))
+            .map_err(kube::Error::BuildRequest)?;
+        ctx.client.request::<serde::de::IgnoredAny>(req).await
+    })
+    .await?;
+    match sent {
+        Ok(_) => Ok(Resumed::Yes),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Resumed::Gone),
+        // A `test` failed: another object of that name, or resumed already.
+        Err(kube::Error::Api(s))
+            if matches!(s.code, 409 | 422 | 400) && s.message.contains("test") =>
+        {
+            Ok(Resumed::Already)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the Job `name` only if it is still the object with `uid` (never a later one of that
+/// name). Returns whether anything was deleted.
+pub async fn delete_job_uid(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    propagation: Propagation,
+    lane: Lane,
+) -> Result<bool> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let dp = DeleteParams {
+        propagation_policy: Some(propagation.policy()),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match gated(ctx, lane, None, || jobs.delete(name, &dp)).await? {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes a Job by name when its uid is not known (a run recorded before uids were, or one
+/// whose create answer was lost): whatever Job has the name now goes.
+pub async fn delete_job_named(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    propagation: Propagation,
+    lane: Lane,
+) -> Result<bool> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let dp = DeleteParams {
+        propagation_policy: Some(propagation.policy()),
+        ..DeleteParams::default()
+    };
+    match gated(ctx, lane, None, || jobs.delete(name, &dp)).await? {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads one Job (a read: not gated), `None` if it does not exist.
+pub async fn get_job(ctx: &Context, ns: &str, name: &str, lane: Lane) -> Result<Option<Job>> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    Ok(ctx.lanes.run(lane, || jobs.get_opt(name)).await?)
+}
+
+/// Reads one SingletonJob fresh from the API server (not gated).
+pub async fn get_sj(ctx: &Context, ns: &str, name: &str) -> Result<SingletonJob> {
+    let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+    Ok(ctx.lanes.run(Lane::Create, || sjs.get(name)).await?)
+}

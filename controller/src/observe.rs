@@ -1,0 +1,369 @@
+//! What a SingletonJob's own Jobs say, held against its status: pure functions of the status and
+//! the Jobs (from the cache), so every rule is unit-tested without an API server.
+//!
+//! Three questions, each a layer of the defence against a period running twice (G1):
+//! - [`to_resume`]: runs whose claim was confirmed but whose Job was never resumed (the replica
+//!   that confirmed died first). Their Job is the period's one Job: resume it.
+//! - [`unknown`]: Jobs of decided periods that no claim knows (a paused replica's late create, a
+//!   deposed leader's leftovers). The last line of defence: remove them by uid.
+//! - [`behind`]: status older than the Jobs it created (wiped by hand, or an etcd restore). The
+//!   Jobs' labels give lower bounds for the token and the cursor; below them a period would run
+//!   again.
+
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
+
+use crate::api::{RunRef, SingletonJob, SingletonJobStatus};
+use crate::naming;
+
+/// One Job owned by the SingletonJob, as far as the protocol cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnedJob {
+    pub name: String,
+    pub uid: String,
+    /// From its `singleton.dev/period` annotation.
+    pub period: Option<Timestamp>,
+    /// From its `singleton.dev/fencing-token` annotation.
+    pub token: Option<u64>,
+    /// `spec.suspend`: it may not run pods (created so, and not yet resumed).
+    pub suspended: bool,
+    /// It completed or failed.
+    pub finished: bool,
+    /// Being deleted (a deletionTimestamp): going away already.
+    pub deleting: bool,
+}
+
+impl OwnedJob {
+    /// The Job, if `owner_uid` owns it and it has a uid.
+    pub fn of(job: &Job, owner_uid: &str) -> Option<OwnedJob> {
+        if !job.owner_references().iter().any(|o| o.uid == owner_uid) {
+            return None;
+        }
+        let annotations = job.metadata.annotations.as_ref();
+        let finished = job
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+            });
+        Some(OwnedJob {
+            name: job.name_any(),
+            uid: job.metadata.uid.clone()?,
+            period: annotations
+                .and_then(|a| a.get(naming::LABEL_PERIOD))
+                .and_then(|p| p.parse().ok()),
+            token: naming::job_token(job),
+            suspended: job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false),
+            finished,
+            deleting: job.metadata.deletion_timestamp.is_some(),
+        })
+    }
+}
+
+/// The Jobs `sj` owns, from a list of Jobs (the cache).
+pub fn owned<'a>(sj: &SingletonJob, jobs: impl IntoIterator<Item = &'a Job>) -> Vec<OwnedJob> {
+    let Some(uid) = sj.metadata.uid.as_deref() else {
+        return Vec::new();
+    };
+    let ns = sj.metadata.namespace.as_deref();
+    jobs.into_iter()
+        .filter(|j| j.metadata.namespace.as_deref() == ns)
+        .filter_map(|j| OwnedJob::of(j, uid))
+        .collect()
+}
+
+/// Whether a claim of `status` knows `job`: the pending claim (by name and token: its Job's uid
+/// is not recorded until the confirm), a run it replaces, or an active run (by uid).
+pub fn known(status: &SingletonJobStatus, job: &OwnedJob) -> bool {
+    let pending = status.pending_claim.as_ref().is_some_and(|p| {
+        (p.job_name == job.name && Some(p.token) == job.token)
+            || p.replaces.iter().any(|r| r.job_name == job.name)
+    });
+    pending || status.active.iter().any(|r| runs_as(r, job))
+}
+
+/// Whether active run `r` is `job`: by uid, or by name and token for a run recorded without one.
+fn runs_as(r: &RunRef, job: &OwnedJob) -> bool {
+    match &r.job_uid {
+        Some(uid) => *uid == job.uid,
+        None => r.job_name == job.name && Some(r.token) == job.token,
+    }
+}
+
+/// Active runs whose Job is still suspended: their confirm was written, their resume was not.
+/// `keep_suspended`: the template itself asks for suspended Jobs (a queueing system such as
+/// Kueue resumes them), so nothing is to be resumed.
+pub fn to_resume(
+    status: &SingletonJobStatus,
+    jobs: &[OwnedJob],
+    keep_suspended: bool,
+) -> Vec<(String, String)> {
+    if keep_suspended {
+        return Vec::new();
+    }
+    status
+        .active
+        .iter()
+        .filter_map(|r| {
+            let job = jobs.iter().find(|j| runs_as(r, j))?;
+            (job.suspended && !job.finished && !job.deleting)
+                .then(|| (job.name.clone(), job.uid.clone()))
+        })
+        .collect()
+}
+
+/// Jobs no claim knows, of periods `status` has decided, that may run or still could: a
+/// suspended one never ran and must never be resumed; a running one is a second run of a period
+/// that had one. Finished Jobs are left to the history limits, and a Job carrying a token above
+/// every token the status knows is not unknown but news: the status is behind ([`behind`]).
+pub fn unknown<'a>(status: &SingletonJobStatus, jobs: &'a [OwnedJob]) -> Vec<&'a OwnedJob> {
+    jobs.iter()
+        .filter(|j| !j.finished && !j.deleting && !known(status, j))
+        .filter(|j| j.token.is_some_and(|t| t <= status.fencing_token))
+        .filter(|j| decided(status, j))
+        .collect()
+}
+
+/// Whether the period of `job` is decided by `status`: a scheduled period at or before the
+/// cursor, or a manual one (its token was issued before this status, so its claim was decided).
+fn decided(status: &SingletonJobStatus, job: &OwnedJob) -> bool {
+    match job.period {
+        Some(p) if naming::is_manual(p) => true,
+        Some(p) => status.decided_through.as_ref().is_some_and(|c| p <= c.0),
+        None => false,
+    }
+}
+
+/// Whether any record of the status or a Job of `jobs` says `period` ran (or was deduplicated
+/// as having run): a backfill must not start it again, whatever the claims table says.
+pub fn ran(status: &SingletonJobStatus, jobs: &[OwnedJob], period: Timestamp) -> bool {
+    let in_history = status.history.iter().any(|h| {
+        h.period.0 == period
+            && (h.job_name.is_some() || h.outcome == crate::api::Outcome::Deduplicated)
+    });
+    let in_runs = status
+        .active
+        .iter()
+        .chain(status.pending_claim.as_ref())
+        .any(|r| r.period.0 == period);
+    in_history || in_runs || jobs.iter().any(|j| j.period == Some(period))
+}
+
+/// How far the Jobs show the status to be behind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Behind {
+    /// The highest token a Job carries, when above `status.fencingToken`.
+    pub token: Option<u64>,
+    /// The latest scheduled period a Job ran for, when after `status.decidedThrough`.
+    pub decided_through: Option<Timestamp>,
+    /// Jobs still running (or still to be resumed, never) that no active run names: adopted as
+    /// active so that Forbid waits for them and their outcome is recorded.
+    pub running: Vec<RunRef>,
+}
+
+/// Whether the owned Jobs carry a token or a period that `status` does not know of (it was wiped
+/// or restored from an older copy); then, the bounds to raise it to. Tokens and periods only move
+/// forward, so a Job's labels are lower bounds for both.
+pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> {
+    let max_token = jobs.iter().filter_map(|j| j.token).max();
+    let max_period = jobs
+        .iter()
+        .filter_map(|j| j.period)
+        .filter(|p| !naming::is_manual(*p))
+        .max();
+    let token = max_token.filter(|t| *t > status.fencing_token);
+    let decided_through =
+        max_period.filter(|p| status.decided_through.as_ref().is_none_or(|c| *p > c.0));
+    if token.is_none() && decided_through.is_none() {
+        return None;
+    }
+    let running = jobs
+        .iter()
+        .filter(|j| !j.finished && !j.deleting && !j.suspended && !known(status, j))
+        .filter_map(|j| {
+            Some(RunRef {
+                period: j.period?.into(),
+                token: j.token?,
+                job_name: j.name.clone(),
+                claimed_at: None,
+                job_uid: Some(j.uid.clone()),
+                origin: None,
+                replaces: Vec::new(),
+            })
+        })
+        .collect();
+    Some(Behind {
+        token,
+        decided_through,
+        running,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ReplacedRun;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn job(name: &str, period: &str, token: u64) -> OwnedJob {
+        OwnedJob {
+            name: name.into(),
+            uid: format!("uid-{name}-{token}"),
+            period: Some(t(period)),
+            token: Some(token),
+            suspended: false,
+            finished: false,
+            deleting: false,
+        }
+    }
+
+    fn run(j: &OwnedJob) -> RunRef {
+        RunRef {
+            period: j.period.unwrap().into(),
+            token: j.token.unwrap(),
+            job_name: j.name.clone(),
+            claimed_at: None,
+            job_uid: Some(j.uid.clone()),
+            origin: None,
+            replaces: Vec::new(),
+        }
+    }
+
+    fn status(token: u64, through: &str) -> SingletonJobStatus {
+        SingletonJobStatus {
+            fencing_token: token,
+            decided_through: Some(t(through).into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_confirmed_run_whose_job_is_still_suspended_is_resumed() {
+        let mut j = job("a-1", "2030-01-01T00:00:00Z", 3);
+        j.suspended = true;
+        let mut st = status(3, "2030-01-01T00:00:00Z");
+        assert!(
+            to_resume(&st, &[j.clone()], false).is_empty(),
+            "not active yet"
+        );
+        st.active.push(run(&j));
+        assert_eq!(
+            to_resume(&st, &[j.clone()], false),
+            vec![(j.name.clone(), j.uid.clone())]
+        );
+        assert!(
+            to_resume(&st, &[j.clone()], true).is_empty(),
+            "the template keeps it"
+        );
+        // Another Job of the same name (a re-creation) is not the confirmed one.
+        let mut other = j.clone();
+        other.uid = "someone-else".into();
+        assert!(to_resume(&st, &[other], false).is_empty());
+    }
+
+    #[test]
+    fn a_late_re_creation_of_a_decided_period_is_unknown() {
+        // Period 10:00 ran with token 7, finished, and was pruned; a paused replica re-created
+        // its Job (suspended, token 7) after the status moved on.
+        let mut late = job("a-1000", "2030-01-01T10:00:00Z", 7);
+        late.suspended = true;
+        let st = status(8, "2030-01-01T10:05:00Z");
+        assert_eq!(unknown(&st, std::slice::from_ref(&late)), vec![&late]);
+        // The same Job while its claim is pending is the claim's own.
+        let mut pending = st.clone();
+        pending.pending_claim = Some(run(&late));
+        pending.pending_claim.as_mut().unwrap().job_uid = None;
+        assert!(unknown(&pending, std::slice::from_ref(&late)).is_empty());
+        // Once confirmed, known by uid; a second object of that name is not.
+        let mut active = st.clone();
+        active.active.push(run(&late));
+        assert!(unknown(&active, std::slice::from_ref(&late)).is_empty());
+        let mut twin = late.clone();
+        twin.uid = "twin".into();
+        assert_eq!(unknown(&active, std::slice::from_ref(&twin)), vec![&twin]);
+        // A run being replaced is known to the pending claim that replaces it.
+        let mut replacing = st.clone();
+        let mut claim = run(&job("a-1005", "2030-01-01T10:05:00Z", 8));
+        claim.replaces.push(ReplacedRun::from(&run(&twin)));
+        replacing.pending_claim = Some(claim);
+        assert!(unknown(&replacing, std::slice::from_ref(&twin)).is_empty());
+    }
+
+    #[test]
+    fn finished_deleting_undecided_and_newer_jobs_are_not_removed() {
+        let st = status(8, "2030-01-01T10:05:00Z");
+        let mut finished = job("a", "2030-01-01T10:00:00Z", 7);
+        finished.finished = true;
+        let mut deleting = job("b", "2030-01-01T10:00:00Z", 7);
+        deleting.deleting = true;
+        let undecided = job("c", "2030-01-01T10:10:00Z", 7);
+        let newer = job("d", "2030-01-01T10:00:00Z", 9);
+        assert!(unknown(&st, &[finished, deleting, undecided, newer]).is_empty());
+        // A manual run's period is decided once its token was issued.
+        let manual = job("e", "2030-01-01T10:07:00.000001Z", 8);
+        assert_eq!(unknown(&st, std::slice::from_ref(&manual)).len(), 1);
+    }
+
+    #[test]
+    fn a_wiped_status_is_behind_its_jobs() {
+        let ran = {
+            let mut j = job("a-1000", "2030-01-01T10:00:00Z", 7);
+            j.finished = true;
+            j
+        };
+        let running = job("a-1005", "2030-01-01T10:05:00Z", 8);
+        let jobs = [ran, running.clone()];
+        let wiped = SingletonJobStatus::default();
+        let b = behind(&wiped, &jobs).expect("behind");
+        assert_eq!(b.token, Some(8));
+        assert_eq!(b.decided_through, Some(t("2030-01-01T10:05:00Z")));
+        assert_eq!(b.running, vec![run(&running)]);
+        // An etcd restore: an older status, still behind on the cursor and the token.
+        let old = status(7, "2030-01-01T10:00:00Z");
+        let b = behind(&old, &jobs).expect("behind");
+        assert_eq!(
+            (b.token, b.decided_through),
+            (Some(8), Some(t("2030-01-01T10:05:00Z")))
+        );
+        // Up to date: nothing.
+        let mut current = status(8, "2030-01-01T10:05:00Z");
+        current.active.push(run(&running));
+        assert_eq!(behind(&current, &jobs), None);
+        // A manual period never moves the cursor.
+        let manual = job("a-m", "2030-01-01T11:00:00.000001Z", 8);
+        assert_eq!(behind(&current, &[manual]), None);
+    }
+
+    #[test]
+    fn a_period_ran_if_any_record_says_so() {
+        let p = t("2030-01-01T10:00:00Z");
+        let mut st = status(8, "2030-01-01T10:05:00Z");
+        assert!(!ran(&st, &[], p));
+        // A Job of the period, even one the status does not know.
+        assert!(ran(&st, &[job("a-1000", "2030-01-01T10:00:00Z", 7)], p));
+        // The history: a run (with its Job), or a period deduplicated as having run.
+        st.history.push(crate::api::HistoryEntry {
+            period: p.into(),
+            last_period: None,
+            count: 1,
+            outcome: crate::api::Outcome::Succeeded,
+            reason: Some("BackstopSkipped".into()),
+            job_name: Some("a-1000".into()),
+            token: Some(7),
+            start_time: None,
+            finish_time: None,
+        });
+        assert!(ran(&st, &[], p));
+        st.history[0].outcome = crate::api::Outcome::Missed;
+        st.history[0].job_name = None;
+        assert!(!ran(&st, &[], p), "a missed period did not run");
+        st.history[0].outcome = crate::api::Outcome::Deduplicated;
+        assert!(ran(&st, &[], p));
+    }
+}
