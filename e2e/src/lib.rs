@@ -21,6 +21,9 @@ use tokio::process::{Child, Command};
 pub use singleton;
 
 pub mod chaos;
+pub mod jobwatch;
+
+pub use jobwatch::JobWatch;
 
 /// One test's world: a namespace, a client, and controller processes.
 pub struct Env {
@@ -379,6 +382,25 @@ impl Env {
     /// The exit status of controller `idx` if it has exited (never blocks).
     pub fn controller_exit(&mut self, idx: usize) -> Result<Option<std::process::ExitStatus>> {
         Ok(self.controllers[idx].child.try_wait()?)
+    }
+
+    /// The state letter of controller `idx` in /proc (`T`: stopped, e.g. at a failpoint; `Z`:
+    /// exited, not yet reaped), None when no such process exists.
+    pub fn controller_state(&self, idx: usize) -> Option<char> {
+        let pid = self.controller_pid(idx)?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The state follows the command name, which is in parentheses.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
+    /// Whether controller `idx` is stopped (SIGSTOP).
+    pub fn controller_stopped(&self, idx: usize) -> bool {
+        self.controller_state(idx) == Some('T')
+    }
+
+    /// Whether controller `idx` has exited (crashed or ended).
+    pub fn controller_exited(&self, idx: usize) -> bool {
+        matches!(self.controller_state(idx), None | Some('Z') | Some('X'))
     }
 
     /// Everything controller `idx` has logged so far.

@@ -1,0 +1,247 @@
+//! Pauses and crashes inside the run protocol (issue 16), at the named points the controller's
+//! e2e build compiles in (`--features failpoints`, src/failpoint.rs). For each point the leader
+//! freezes there (SIGSTOP, as a GC or VM pause would freeze it) past its Lease while the other
+//! replica completes the period, the period's Job runs and is pruned (history limits 0); then the
+//! frozen leader resumes with everything it held. An outside watch of Job objects, started before
+//! the first run, must show no period with two Jobs that ran, and the backstop must refuse the
+//! period's token afterwards (it was retired when the period was decided).
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use e2e::{
+    Env, FAST_ELECTION, JobWatch, backstop_secret, backstop_spec, database_url, ensure, pg,
+    sj_yaml, table_prefix,
+};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use singleton::failpoint;
+
+const LEASE_NAME: &str = "singleton-controller";
+
+fn elect() -> Vec<&'static str> {
+    [FAST_ELECTION, &["--lease-name", LEASE_NAME]].concat()
+}
+
+/// The replica (`e2e-<idx>`) that holds the Lease.
+async fn leader(env: &Env) -> Result<Option<usize>> {
+    let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    Ok(api
+        .get_opt(LEASE_NAME)
+        .await?
+        .and_then(|l| l.spec?.holder_identity)
+        .and_then(|h| h.strip_prefix("e2e-")?.split('-').next()?.parse().ok()))
+}
+
+/// How the frozen leader is let go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// SIGSTOP at the point, SIGCONT after the period was completed and its Job pruned.
+    Pause,
+    /// The process aborts at the point (a crash between two steps).
+    Crash,
+}
+
+/// The scenario for one failpoint; see the module doc.
+async fn stale_leader_at(point: &str, fault: Fault) -> Result<()> {
+    let mut env = Env::new(&format!("fp-{point}")).await?;
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    let watch = JobWatch::start(env.client.clone(), &env.ns).await?;
+
+    // Replica 0 leads, with the point armed; replica 1 stands by.
+    let action = match fault {
+        Fault::Pause => "stop",
+        Fault::Crash => "abort",
+    };
+    let armed = [(
+        "SINGLETON_FAILPOINTS".to_string(),
+        format!("{point}={action}"),
+    )];
+    env.start_controller_with_env(&armed, &elect()).await?;
+    env.wait_for("replica 0 to lead", Duration::from_secs(30), || async {
+        Ok((leader(&env).await? == Some(0)).then_some(()))
+    })
+    .await?;
+    env.start_controller(&elect()).await?;
+    let extra = backstop_spec(
+        "db",
+        &prefix,
+        "  successfulJobsHistoryLimit: 0\n  failedJobsHistoryLimit: 0\n",
+    );
+    // One period only, a few seconds from now: after it is decided no newer token exists, so
+    // the fence can refuse its token only because it was retired.
+    let at = Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    env.create_sj(&sj_yaml("fp", &once_at(at), &extra)).await?;
+
+    // The leader reaches the point on its first claim and freezes (or dies) there.
+    env.wait_for(
+        &format!("replica 0 to {action} at {point}"),
+        Duration::from_secs(30),
+        || async {
+            let done = match fault {
+                Fault::Pause => env.controller_stopped(0),
+                Fault::Crash => env.controller_exited(0),
+            };
+            Ok(done.then_some(()))
+        },
+    )
+    .await?;
+    let first = env
+        .get_sj("fp")
+        .await?
+        .status
+        .and_then(|s| s.pending_claim.or_else(|| s.active.first().cloned()))
+        .context("the frozen leader's claim")?;
+
+    // The other replica takes over and completes that period: it ran, and is decided.
+    env.wait_for(
+        "replica 1 to complete the frozen leader's period",
+        Duration::from_secs(60),
+        || async {
+            let st = env.get_sj("fp").await?.status.unwrap_or_default();
+            let decided = st.history.iter().any(|h| {
+                h.period == first.period
+                    && h.job_name.is_some()
+                    && matches!(
+                        h.outcome,
+                        singleton::api::Outcome::Succeeded | singleton::api::Outcome::Failed
+                    )
+            });
+            Ok(decided.then_some(()))
+        },
+    )
+    .await?;
+    // ... and its Job is pruned (history limit 0): the name is free again.
+    env.wait_for(
+        "the completed period's Job to be pruned",
+        Duration::from_secs(30),
+        || async {
+            let gone = env
+                .job_list()
+                .await?
+                .iter()
+                .all(|j| j.metadata.name.as_deref() != Some(first.job_name.as_str()));
+            Ok(gone.then_some(()))
+        },
+    )
+    .await?;
+
+    if fault == Fault::Pause {
+        // The stale leader resumes where it froze, with everything it held.
+        env.signal_controller(0, "CONT").await?;
+        // It exits once it notices its lost Lease; whatever it sent meanwhile is in the watch.
+        env.wait_for("replica 0 to exit", Duration::from_secs(30), || async {
+            Ok(env.controller_exited(0).then_some(()))
+        })
+        .await?;
+    }
+    // Any Job no claim knows (a late create, left suspended) is gone again.
+    env.wait_for(
+        "no Job left that never ran",
+        Duration::from_secs(30),
+        || async {
+            let jobs = env.job_list().await?;
+            let idle = jobs.iter().any(|j| {
+                j.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+                    && j.metadata.deletion_timestamp.is_none()
+            });
+            Ok((!idle).then_some(()))
+        },
+    )
+    .await?;
+
+    // G1, counted from outside: no period has two Jobs that ran.
+    let seconds = watch.second_runs();
+    ensure(
+        &env,
+        seconds.is_empty() && watch.restarts() == 0,
+        (
+            format!("{point}: periods with two Jobs that ran"),
+            &seconds,
+            ("watch restarts", watch.restarts()),
+            watch.jobs(),
+        ),
+    )
+    .await?;
+
+    // G3: the frozen leader's period is decided, so its token is retired: a write carrying it
+    // (the stale run's, however it came back) is refused by the database.
+    let mut db = pg().await?;
+    let tx = db.transaction().await?;
+    let fenced = tx
+        .query_one(
+            &format!("SELECT {prefix}fence($1, $2)"),
+            &[&format!("{}/fp", env.ns), &(first.token as i64)],
+        )
+        .await;
+    let refused = matches!(&fenced, Err(e) if e.code().map(|c| c.code()) == Some("SF001"));
+    ensure(
+        &env,
+        refused,
+        (
+            format!(
+                "{point}: a write with the decided period's token {}",
+                first.token
+            ),
+            fenced.map(|r| r.get::<_, i64>(0)),
+        ),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A 6-field cron that fires once, at `at` (whole seconds, UTC).
+fn once_at(at: Timestamp) -> String {
+    let t = at.to_zoned(jiff::tz::TimeZone::UTC);
+    format!(
+        "{} {} {} {} {} *",
+        t.second(),
+        t.minute(),
+        t.hour(),
+        t.day(),
+        t.month()
+    )
+}
+
+#[tokio::test]
+async fn paused_after_the_claim_write() -> Result<()> {
+    stale_leader_at(failpoint::CLAIM_WRITTEN, Fault::Pause).await
+}
+
+#[tokio::test]
+async fn paused_after_the_backstop_claim() -> Result<()> {
+    stale_leader_at(failpoint::BACKSTOP_CLAIMED, Fault::Pause).await
+}
+
+#[tokio::test]
+async fn paused_after_the_re_read() -> Result<()> {
+    stale_leader_at(failpoint::REREAD, Fault::Pause).await
+}
+
+/// The one a gate check cannot close: the create is sent after the stale leader resumes.
+#[tokio::test]
+async fn paused_in_the_create_lane() -> Result<()> {
+    stale_leader_at(failpoint::CREATE_LANE, Fault::Pause).await
+}
+
+#[tokio::test]
+async fn paused_before_the_confirm() -> Result<()> {
+    stale_leader_at(failpoint::CONFIRM, Fault::Pause).await
+}
+
+#[tokio::test]
+async fn paused_before_the_resume() -> Result<()> {
+    stale_leader_at(failpoint::RESUME, Fault::Pause).await
+}
+
+#[tokio::test]
+async fn crashed_after_the_create() -> Result<()> {
+    stale_leader_at(failpoint::CONFIRM, Fault::Crash).await
+}
+
+#[tokio::test]
+async fn crashed_before_the_resume() -> Result<()> {
+    stale_leader_at(failpoint::RESUME, Fault::Crash).await
+}
