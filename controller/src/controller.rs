@@ -429,14 +429,10 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     let _timer = crate::metrics::global().reconcile_timer();
     // A verdict on the clocks no older than --clock-check-seconds (G4); at rest none is sought.
     let clock = ctx.clock.fresh().await;
-    let local_now = Timestamp::now();
-    // A period is due when both clocks say it has come: if ours runs ahead of the API server's
-    // (within the tolerated bound), decide by the earlier one, so no Job is ever stamped by the
-    // API server before its scheduled instant (G4).
-    let now = match clock.offset {
-        Some(o) if o.is_negative() => local_now + o,
-        _ => local_now,
-    };
+    // A period is due when both clocks say it has come: decide by the earliest time the API
+    // server's clock may show (within the tolerated bound), so no Job is ever stamped by the API
+    // server before its scheduled instant (G4).
+    let now = clock.due_now(Timestamp::now());
     let generation = sj.metadata.generation;
     let mut status = sj.status.clone().unwrap_or_default();
 

@@ -598,3 +598,55 @@ async fn a_controller_whose_clock_disagrees_with_the_api_server_starts_nothing()
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_controller_whose_clock_is_half_a_second_ahead_never_starts_a_run_early() -> Result<()> {
+    let mut env = Env::new("clock-ahead").await?;
+    // Within the tolerated skew, so this controller runs; but by its clock (libfaketime) every
+    // instant comes half a second before the API server's clock reaches it.
+    env.start_controller_with_env(&e2e::skewed_clock("+0.5s")?, &[])
+        .await?;
+    // Allow: each period starts at its instant, none waits for an earlier run to finish.
+    env.create_sj(&stuck_yaml(
+        "a",
+        "*/2 * * * * *",
+        "  concurrencyPolicy: Allow\n",
+    ))
+    .await?;
+    const JOBS: usize = 6;
+    let jobs = env
+        .wait_for(&format!("{JOBS} Jobs"), Duration::from_secs(60), || async {
+            let jobs = env.job_list().await?;
+            Ok((jobs.len() >= JOBS).then_some(jobs))
+        })
+        .await?;
+    // The API server stamps creationTimestamp by its clock, truncated to the second: a Job it
+    // created before its period bears the second before the period's.
+    let seen: Vec<(String, Option<Timestamp>, Option<Timestamp>)> = jobs
+        .iter()
+        .map(|j| {
+            let period = j
+                .annotations()
+                .get("singleton.dev/period")
+                .and_then(|p| p.parse().ok());
+            let created = j.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (j.name_any(), period, created)
+        })
+        .collect();
+    println!("(job, period, creationTimestamp): {seen:#?}");
+    let early: Vec<_> = seen
+        .iter()
+        .filter(|(_, period, created)| !matches!((period, created), (Some(p), Some(c)) if c >= p))
+        .collect();
+    ensure(
+        &env,
+        early.is_empty(),
+        (
+            "Jobs created before their period by the API server's clock",
+            &early,
+            &seen,
+        ),
+    )
+    .await?;
+    Ok(())
+}
