@@ -1,10 +1,12 @@
-//! The fault-injection suite (issue #8): each scenario starts a world (three replicas, the real
-//! control plane, PostgreSQL, the kwok node, SingletonJobs every 2 and 3 s with the backstop, a
-//! workload doing fenced writes), injects one fault for a bounded time, lets it heal, and checks
-//! the external truth ([`check`]). `CHAOS=full` (make chaos) runs each fault for about a minute;
-//! otherwise (make e2e) a short window each.
+//! The fault-injection suite (issues #8 and #16): each scenario starts a world (three replicas,
+//! the real control plane, PostgreSQL, the kwok node, SingletonJobs every few seconds with the
+//! backstop, a watch of their Jobs, a workload doing fenced writes), injects
+//! one fault for a bounded time, lets it heal, and checks the external truth ([`check`]).
+//! `CHAOS=full` (make chaos) runs each fault for about a minute; otherwise (make e2e) a short
+//! window each.
 
 pub mod check;
+pub mod observer;
 pub mod world;
 
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use jiff::{SignedDuration, Timestamp};
 
-use check::Row;
+use check::{Expect, Row};
 use world::{SjDef, World, cluster, default_sjs};
 
 /// How long each phase lasts.
@@ -116,21 +118,23 @@ impl Fault {
         }
     }
 
-    /// A scenario whose workload holds tokens past a newer run: it must see refusals.
-    pub fn pause(self) -> bool {
-        matches!(self, Fault::LeaderSigstop | Fault::ReplacePause)
+    /// What the scenario must show beyond the common checks.
+    pub fn expect(self) -> Expect {
+        Expect {
+            // The workload holds tokens past a newer run: it must see refusals.
+            pause: matches!(self, Fault::LeaderSigstop | Fault::ReplacePause),
+            ..Expect::default()
+        }
     }
 
     fn sjs(self) -> Vec<SjDef> {
+        let tick = || default_sjs().remove(0);
         match self {
             Fault::ReplacePause => vec![
-                default_sjs().remove(0),
-                SjDef {
-                    name: "swap",
-                    schedule: "*/2 * * * * *",
-                    extra: "  concurrencyPolicy: Replace\n",
-                    never_scheduled: true,
-                },
+                tick(),
+                SjDef::new("swap", "*/2 * * * * *")
+                    .extra("  concurrencyPolicy: Replace\n")
+                    .never_scheduled(),
             ],
             _ => default_sjs(),
         }
@@ -171,20 +175,34 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     };
     let fault_window = fault_began.elapsed();
     let healed = Timestamp::now();
-    w.wait(
-        "every SingletonJob running again after the fault",
-        Duration::from_secs(120),
-        |w| Box::pin(async move { Ok(w.recovered_since(healed).await?.then_some(())) }),
-    )
-    .await?;
+    // Not recovering is a finding, not an abort: the row still shows what happened.
+    let mut unrecovered = None;
+    if let Err(e) = w
+        .wait(
+            "every SingletonJob running again after the fault",
+            Duration::from_secs(120),
+            |w| Box::pin(async move { Ok(w.recovered_since(healed).await?.then_some(())) }),
+        )
+        .await
+    {
+        eprintln!("chaos: {}: {e:#}", fault.name());
+        unrecovered =
+            Some("not every SingletonJob ran again within 120 s of the fault".to_string());
+    }
     w.run_for(mode.settle()).await?;
     // Periods due up to 4 s ago have had time to be decided.
     let to = Timestamp::now() - SignedDuration::from_secs(4);
     let obs = w.observe(from, to, failovers).await?;
-    let row = check::evaluate(fault.name(), fault_window, &obs);
-    let violations = row.violations(fault.pause());
+    let mut row = check::evaluate(fault.name(), fault_window, &obs);
+    row.details.extend(unrecovered);
+    finish(&w, row, fault.expect(), began).await
+}
+
+/// The row's verdict; on failure, what the cluster and the watch last showed.
+async fn finish(w: &World, row: Row, expect: Expect, began: Instant) -> Result<Outcome> {
+    let violations = row.violations(expect);
     if !violations.is_empty() {
-        eprintln!("==== {} failed ====\n{}", fault.name(), w.env.dump().await);
+        eprintln!("==== {} failed ====\n{}", row.scenario, w.dump().await);
     }
     Ok(Outcome {
         row,
@@ -201,7 +219,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
     match fault {
         Fault::LeaderSigstop => {
             for sj in w.sjs.clone() {
-                w.pause_workload(sj.name, true);
+                w.pause_workload(&sj.name, true);
             }
             let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
             w.signal(leader, "STOP").await?;
@@ -211,7 +229,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             w.run_for(window.saturating_sub(t0.elapsed())).await?;
             w.signal(leader, "CONT").await?;
             for sj in w.sjs.clone() {
-                w.pause_workload(sj.name, false);
+                w.pause_workload(&sj.name, false);
             }
         }
         Fault::LeaderSigkill => {
