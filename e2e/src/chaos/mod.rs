@@ -1,6 +1,6 @@
 //! The fault-injection suite (issues #8 and #16): each scenario starts a world (three replicas,
 //! the real control plane, PostgreSQL, the kwok node, SingletonJobs every few seconds with the
-//! backstop, a watch of their Jobs, a workload doing fenced writes), injects
+//! backstop and history limits 0, a watch of their Jobs, a workload doing fenced writes), injects
 //! one fault for a bounded time, lets it heal, and checks the external truth ([`check`]).
 //! `CHAOS=full` (make chaos) runs each fault for about a minute; otherwise (make e2e) a short
 //! window each.

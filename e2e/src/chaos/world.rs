@@ -47,12 +47,13 @@ pub struct SjDef {
     pub never_scheduled: bool,
     /// With the PostgreSQL backstop (`lock.purpose: Correctness`).
     pub backstop: bool,
-    /// The controller's default history limits; otherwise 100 and 100.
+    /// The controller's default history limits; otherwise 0 and 0, so every finished Job is pruned
+    /// at once and the checker cannot lean on Jobs left in the API server.
     pub keep_history: bool,
 }
 
 impl SjDef {
-    /// A SingletonJob with the backstop.
+    /// A SingletonJob with the backstop and history limits 0.
     pub fn new(name: impl Into<String>, schedule: impl Into<String>) -> SjDef {
         SjDef {
             name: name.into(),
@@ -92,7 +93,7 @@ impl SjDef {
     fn yaml(&self, prefix: &str) -> String {
         let mut extra = self.extra.clone();
         if !self.keep_history {
-            extra += "  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n";
+            extra += "  successfulJobsHistoryLimit: 0\n  failedJobsHistoryLimit: 0\n";
         }
         let spec = if self.backstop {
             backstop_spec("db", prefix, &extra)
@@ -109,7 +110,7 @@ impl SjDef {
 }
 
 /// The SingletonJobs of most scenarios: one Forbid every 2 s (catchUp Latest) and one Allow every
-/// 3 s (catchUp All within a 20 s deadline), both with the backstop.
+/// 3 s (catchUp All within a 20 s deadline), both with the backstop and history limits 0.
 pub fn default_sjs() -> Vec<SjDef> {
     vec![
         SjDef::new("tick", "*/2 * * * * *"),
