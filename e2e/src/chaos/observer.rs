@@ -9,9 +9,10 @@
 //! lists again, and a Job created and removed between the last event and that list is never seen.
 //! The observer counts those relists, marks Jobs that vanished across one, and
 //! [`job_controller_runs`] cross-checks with the job controller's Events, which outlive the Job
-//! (one hour by default) and name its uid. The API server's audit log would see every request, but
-//! it needs flags on the API server that the shared cluster of `make e2e` does not have, and a
-//! relist gap plus the Events leaves no Job that ran a pod unseen.
+//! (one hour by default) and name its uid: a Job that got a pod escapes both only if its Events
+//! were dropped (the recorder sheds them under extreme load) or expired. The API server's audit
+//! log would see every request, but it needs flags on the API server that the cluster `make e2e`
+//! shares with the other tests does not have.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
