@@ -1,18 +1,21 @@
-//! The fault-injection suite (issue #8): each scenario starts a world (three replicas, the real
-//! control plane, PostgreSQL, the kwok node, SingletonJobs every 2 and 3 s with the backstop, a
-//! workload doing fenced writes), injects one fault for a bounded time, lets it heal, and checks
-//! the external truth ([`check`]). `CHAOS=full` (make chaos) runs each fault for about a minute;
-//! otherwise (make e2e) a short window each.
+//! The fault-injection suite (issues #8 and #16): each scenario starts a world (three replicas,
+//! the real control plane, PostgreSQL, the kwok node, SingletonJobs every few seconds with the
+//! backstop and history limits 0, a watch of their Jobs, a workload doing fenced writes), injects
+//! one fault for a bounded time, lets it heal, and checks the external truth ([`check`]).
+//! `CHAOS=full` (make chaos) runs each fault for about a minute; otherwise (make e2e) a short
+//! window each.
 
 pub mod check;
+pub mod observer;
 pub mod world;
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use jiff::{SignedDuration, Timestamp};
 
-use check::Row;
+use check::{Expect, Row};
 use world::{SjDef, World, cluster, default_sjs};
 
 /// How long each phase lasts.
@@ -83,6 +86,14 @@ pub enum Fault {
     Partition,
     /// The workload of a Replace SingletonJob paused past the Replace of its run.
     ReplacePause,
+    /// 200 SingletonJobs due at the same instant; the leader SIGSTOPped in the middle of the
+    /// burst, held while another replica completes it and pruning removes the Jobs, then SIGCONT.
+    BurstPause,
+    /// The running workload of a Replace SingletonJob hangs in its transaction holding the fence
+    /// row when the next period falls due.
+    ReplaceHungTx,
+    /// A SingletonJob's status wiped with `kubectl edit --subresource=status` while it runs.
+    StatusWipe,
 }
 
 pub const SCENARIOS: &[Fault] = &[
@@ -97,6 +108,9 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::ClockBehind,
     Fault::Partition,
     Fault::ReplacePause,
+    Fault::BurstPause,
+    Fault::ReplaceHungTx,
+    Fault::StatusWipe,
 ];
 
 impl Fault {
@@ -113,29 +127,62 @@ impl Fault {
             Fault::ClockBehind => "clock-behind-40s",
             Fault::Partition => "partition",
             Fault::ReplacePause => "replace-pause",
+            Fault::BurstPause => "burst-pause",
+            Fault::ReplaceHungTx => "replace-hung-tx",
+            Fault::StatusWipe => "status-wipe",
         }
     }
 
-    /// A scenario whose workload holds tokens past a newer run: it must see refusals.
-    pub fn pause(self) -> bool {
-        matches!(self, Fault::LeaderSigstop | Fault::ReplacePause)
+    /// What the scenario must show beyond the common checks.
+    pub fn expect(self) -> Expect {
+        Expect {
+            // The workload holds tokens past a newer run: it must see refusals.
+            pause: matches!(self, Fault::LeaderSigstop | Fault::ReplacePause),
+            // A hung transaction is ended by the Replace (its Job deleted, its pod dead), so the
+            // claim never waits out the backstop's lock timeout.
+            no_backstop_missed: self == Fault::ReplaceHungTx,
+            hung_replace: self == Fault::ReplaceHungTx,
+        }
     }
 
     fn sjs(self) -> Vec<SjDef> {
+        let tick = || default_sjs().remove(0);
         match self {
             Fault::ReplacePause => vec![
-                default_sjs().remove(0),
-                SjDef {
-                    name: "swap",
-                    schedule: "*/2 * * * * *",
-                    extra: "  concurrencyPolicy: Replace\n",
-                    never_scheduled: true,
-                },
+                tick(),
+                SjDef::new("swap", "*/2 * * * * *")
+                    .extra("  concurrencyPolicy: Replace\n")
+                    .never_scheduled(),
+            ],
+            // Runs stay active (no node), so each period replaces the last; the deadline lets a
+            // claim stuck behind the hung transaction be recorded Missed within the scenario.
+            Fault::ReplaceHungTx => vec![
+                tick(),
+                SjDef::new("hang", "*/4 * * * * *")
+                    .extra("  concurrencyPolicy: Replace\n  startingDeadlineSeconds: 6\n")
+                    .never_scheduled(),
+            ],
+            // `wipe` has the backstop and keeps no Job; `kept` has no backstop, so only the Jobs
+            // it keeps (default history limits) can tell the controller what ran.
+            Fault::StatusWipe => vec![
+                SjDef::new("wipe", "*/2 * * * * *"),
+                SjDef::new("kept", "*/2 * * * * *")
+                    .backstop(false)
+                    .keep_history(),
             ],
             _ => default_sjs(),
         }
     }
 }
+
+/// burst-pause: SingletonJobs in the burst. All are due at one instant.
+const BURST_SJS: usize = 200;
+/// Of those, how many have the backstop. The controller holds a connection per SingletonJob with
+/// one, and a paused leader keeps its connections while the next opens its own: 200 each would
+/// be 400 against PostgreSQL's default of 100. The rest rely on the Kubernetes layers alone.
+const BURST_BACKSTOPPED: usize = 32;
+/// From creating the SingletonJobs to the burst: time for the leader's first reconcile of each.
+const BURST_LEAD: SignedDuration = SignedDuration::from_secs(40);
 
 /// A scenario's row and what it violated (empty: passed).
 pub struct Outcome {
@@ -146,6 +193,9 @@ pub struct Outcome {
 
 /// Runs one scenario end to end.
 pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
+    if fault == Fault::BurstPause {
+        return run_burst(mode).await;
+    }
     let began = Instant::now();
     let proxied = (fault == Fault::Partition).then_some(0);
     let mut w = World::start(&format!("chaos-{}", fault.name()), fault.sjs(), proxied).await?;
@@ -171,26 +221,179 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     };
     let fault_window = fault_began.elapsed();
     let healed = Timestamp::now();
-    w.wait(
-        "every SingletonJob running again after the fault",
-        Duration::from_secs(120),
-        |w| Box::pin(async move { Ok(w.recovered_since(healed).await?.then_some(())) }),
-    )
-    .await?;
+    // Not recovering is a finding, not an abort: the row still shows what happened.
+    let mut unrecovered = None;
+    if let Err(e) = w
+        .wait(
+            "every SingletonJob running again after the fault",
+            Duration::from_secs(120),
+            |w| Box::pin(async move { Ok(w.recovered_since(healed).await?.then_some(())) }),
+        )
+        .await
+    {
+        eprintln!("chaos: {}: {e:#}", fault.name());
+        unrecovered =
+            Some("not every SingletonJob ran again within 120 s of the fault".to_string());
+    }
     w.run_for(mode.settle()).await?;
     // Periods due up to 4 s ago have had time to be decided.
     let to = Timestamp::now() - SignedDuration::from_secs(4);
     let obs = w.observe(from, to, failovers).await?;
-    let row = check::evaluate(fault.name(), fault_window, &obs);
-    let violations = row.violations(fault.pause());
+    let mut row = check::evaluate(fault.name(), fault_window, &obs);
+    row.details.extend(unrecovered);
+    finish(&w, row, fault.expect(), began).await
+}
+
+/// The row's verdict; on failure, what the cluster and the watch last showed.
+async fn finish(w: &World, row: Row, expect: Expect, began: Instant) -> Result<Outcome> {
+    let violations = row.violations(expect);
     if !violations.is_empty() {
-        eprintln!("==== {} failed ====\n{}", fault.name(), w.env.dump().await);
+        eprintln!("==== {} failed ====\n{}", row.scenario, w.dump().await);
     }
     Ok(Outcome {
         row,
         violations,
         took: began.elapsed(),
     })
+}
+
+/// burst-pause: a burst of [`BURST_SJS`] runs due at one instant (history limits 0, Forbid);
+/// the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its lease
+/// while another replica completes the burst and pruning removes the Jobs, then SIGCONT. A
+/// resumed leader that sends what it had in flight (a Job create) re-creates a pruned run.
+async fn run_burst(mode: Mode) -> Result<Outcome> {
+    let began = Instant::now();
+    let lease_wait = Duration::from_secs(60);
+    let mut w = World::empty("chaos-burst-pause", None).await?;
+    w.wait_leader(None, Instant::now(), lease_wait).await?;
+    // An hourly schedule at a whole second: the burst comes once in the scenario.
+    let at = Timestamp::from_second((Timestamp::now() + BURST_LEAD).as_second())?;
+    let z = at.to_zoned(jiff::tz::TimeZone::UTC);
+    let schedule = format!("{} {} * * * *", z.second(), z.minute());
+    let sjs = (0..BURST_SJS)
+        .map(|i| SjDef::new(format!("b-{i:03}"), schedule.clone()).backstop(i < BURST_BACKSTOPPED))
+        .collect();
+    w.add_sjs(sjs).await?;
+    let next = singleton::naming::period_rfc3339(at);
+    w.wait(
+        "every SingletonJob of the burst scheduled",
+        Duration::from_secs(60),
+        |w| {
+            let next = next.clone();
+            Box::pin(async move {
+                let list = w.env.sjs().list(&Default::default()).await?;
+                let n = list
+                    .items
+                    .iter()
+                    .filter(|sj| {
+                        sj.status
+                            .as_ref()
+                            .and_then(|s| s.next_schedule_time.as_deref())
+                            == Some(next.as_str())
+                    })
+                    .count();
+                Ok((n == BURST_SJS).then_some(()))
+            })
+        },
+    )
+    .await?;
+    let ready = Timestamp::now();
+    if ready + SignedDuration::from_secs(2) > at {
+        anyhow::bail!(
+            "setting up {BURST_SJS} SingletonJobs took until {ready}, too close to the burst at {at}: raise BURST_LEAD"
+        );
+    }
+
+    // Mid-burst: a quarter of the burst's Jobs exist. Polled every 10 ms from the watch.
+    let of_burst = move |j: &observer::JobRecord| j.period == Some(at);
+    let quarter = BURST_SJS / 4;
+    let wait_burst = at.duration_since(Timestamp::now()).unsigned_abs() + Duration::from_secs(60);
+    if !w
+        .wait_jobs(wait_burst, Duration::from_millis(10), |jobs| {
+            jobs.iter().filter(|j| of_burst(j)).count() >= quarter
+        })
+        .await?
+    {
+        anyhow::bail!(
+            "the burst at {at} never reached {quarter} Jobs\n{}",
+            w.dump().await
+        );
+    }
+    let leader = match w.leader().await? {
+        Some(l) => l,
+        None => anyhow::bail!(
+            "nobody leads in the middle of the burst\n{}",
+            w.dump().await
+        ),
+    };
+    w.signal(leader, "STOP").await?;
+    let t0 = Instant::now();
+    let at_pause = w.observer.jobs().iter().filter(|j| of_burst(j)).count();
+    let mut notes = vec![format!(
+        "leader paused with {at_pause} of the burst's {BURST_SJS} Jobs created"
+    )];
+    if at_pause >= BURST_SJS {
+        w.signal(leader, "CONT").await?;
+        anyhow::bail!("the burst was complete before the leader could be paused");
+    }
+    let (_, took) = match w.wait_leader(Some(leader), t0, lease_wait).await {
+        Ok(l) => l,
+        Err(e) => {
+            w.signal(leader, "CONT").await?;
+            return Err(e);
+        }
+    };
+    let failovers = vec![took];
+    // Held while another replica completes the burst and pruning removes every Job of it.
+    let done = w
+        .wait_jobs(
+            Duration::from_secs(150),
+            Duration::from_millis(200),
+            |jobs| {
+                let ran: HashSet<&str> = jobs
+                    .iter()
+                    .filter(|j| of_burst(j) && j.ran)
+                    .filter_map(|j| j.sj.as_deref())
+                    .collect();
+                ran.len() == BURST_SJS
+                    && jobs
+                        .iter()
+                        .filter(|j| of_burst(j))
+                        .all(|j| j.deleted.is_some())
+            },
+        )
+        .await?;
+    if !done {
+        let jobs = w.observer.jobs();
+        let left = jobs
+            .iter()
+            .filter(|j| of_burst(j) && j.deleted.is_none())
+            .count();
+        notes.push(format!(
+            "after 150 s the burst was not complete and pruned ({left} of its Jobs left); resumed anyway"
+        ));
+    }
+    w.run_for(mode.window().saturating_sub(t0.elapsed()))
+        .await?;
+    let idx = w.process(leader);
+    w.signal(leader, "CONT").await?;
+    let fault_window = t0.elapsed();
+    // The resumed leader finds its Lease lost and exits; whatever it had in flight is sent by then.
+    if w.wait("the resumed leader's exit", Duration::from_secs(30), |w| {
+        Box::pin(async move { Ok(w.exited(leader, idx).then_some(())) })
+    })
+    .await
+    .is_err()
+    {
+        notes.push("the resumed leader had not exited 30 s after SIGCONT".to_string());
+    }
+    w.run_for(mode.settle()).await?;
+    let obs = w
+        .observe(at - SignedDuration::from_secs(1), at, failovers)
+        .await?;
+    let mut row = check::evaluate(Fault::BurstPause.name(), fault_window, &obs);
+    row.notes.extend(notes);
+    finish(&w, row, Fault::BurstPause.expect(), began).await
 }
 
 /// Injects `fault`, lets it heal; the failover times it measured.
@@ -201,7 +404,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
     match fault {
         Fault::LeaderSigstop => {
             for sj in w.sjs.clone() {
-                w.pause_workload(sj.name, true);
+                w.pause_workload(&sj.name, true);
             }
             let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
             w.signal(leader, "STOP").await?;
@@ -211,7 +414,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             w.run_for(window.saturating_sub(t0.elapsed())).await?;
             w.signal(leader, "CONT").await?;
             for sj in w.sjs.clone() {
-                w.pause_workload(sj.name, false);
+                w.pause_workload(&sj.name, false);
             }
         }
         Fault::LeaderSigkill => {
@@ -317,6 +520,55 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             w.run_for(window).await?;
             w.pause_workload("swap", false);
         }
+        Fault::ReplaceHungTx => {
+            // Long enough in the short form too for a claim stuck behind the lock to pass its
+            // 6 s deadline (lock timeout 5 s, then a retry).
+            w.hang_workload("hang", true);
+            w.run_for(window.max(Duration::from_secs(16))).await?;
+            w.hang_workload("hang", false);
+            w.release_hung();
+        }
+        Fault::StatusWipe => {
+            let rounds = match mode {
+                Mode::Short => 2,
+                Mode::Full => 6,
+            };
+            let newest_ran = |jobs: &[observer::JobRecord], sj: &str| {
+                jobs.iter()
+                    .filter(|j| j.ran && j.sj.as_deref() == Some(sj))
+                    .max_by_key(|j| j.period)
+                    .cloned()
+            };
+            for round_no in 0..rounds {
+                let round = Instant::now();
+                // `wipe`: when its newest run's Job is already pruned, so that no Job is left to
+                // show its token or period. Waited for at most 10 s, then wiped anyway.
+                w.wait_jobs(Duration::from_secs(10), Duration::from_millis(20), |jobs| {
+                    newest_ran(jobs, "wipe").is_some_and(|j| j.deleted.is_some())
+                })
+                .await?;
+                w.wipe_status("wipe").await?;
+                // `kept`: while a run is active.
+                w.wait_jobs(Duration::from_secs(10), Duration::from_millis(20), |jobs| {
+                    newest_ran(jobs, "kept").is_some_and(|j| !j.finished && j.deleted.is_none())
+                })
+                .await?;
+                w.wipe_status("kept").await?;
+                // Every other round the Lease changes hands right after the wipes, so that a
+                // replica with no memory of its own confirms reads the wiped status first.
+                if round_no % 2 == 1 {
+                    let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
+                    w.signal(leader, "TERM").await?;
+                    let (_, took) = w
+                        .wait_leader(Some(leader), Instant::now(), lease_wait)
+                        .await?;
+                    failovers.push(took);
+                }
+                w.run_for((window / rounds).saturating_sub(round.elapsed()))
+                    .await?;
+            }
+        }
+        Fault::BurstPause => anyhow::bail!("burst-pause runs its own course (run_burst)"),
     }
     Ok(failovers)
 }

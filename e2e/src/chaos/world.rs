@@ -1,23 +1,29 @@
 //! The world a chaos scenario runs in: a namespace, three controller replicas with leader election
 //! (restarted when they exit, as a Deployment's pods would be), SingletonJobs with seconds-level
-//! schedules and the PostgreSQL backstop, and a workload that performs a fenced write with each
-//! run's token. Afterwards [`World::observe`] reads the external truth for the checker.
+//! schedules and (most of them) the PostgreSQL backstop, an outside observer of the Jobs
+//! ([`super::observer`]), and a workload that performs a fenced write with each run's token.
+//! Afterwards [`World::observe`] reads the external truth for the checker.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use futures::{StreamExt as _, TryStreamExt as _};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use singleton::api::Outcome;
+use singleton::api::{Outcome, SingletonJob};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::check::{Claim, Observations, RunJob, SjObservation, Write, WriteResult};
+use super::check::{
+    Claim, HungEnd, HungTx, JobSeen, Observations, Recorded, SjObservation, Write, WriteResult,
+};
+use super::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{
     Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix,
 };
@@ -33,37 +39,83 @@ pub const REPLICAS: usize = 3;
 /// A SingletonJob of the scenario.
 #[derive(Clone, Debug)]
 pub struct SjDef {
-    pub name: &'static str,
-    pub schedule: &'static str,
+    pub name: String,
+    pub schedule: String,
     /// Extra spec lines (policy, catch-up, deadline).
-    pub extra: &'static str,
+    pub extra: String,
     /// Its Jobs never get a node, so each run stays active (for Replace).
     pub never_scheduled: bool,
+    /// With the PostgreSQL backstop (`lock.purpose: Correctness`).
+    pub backstop: bool,
+    /// The controller's default history limits; otherwise 0 and 0, so every finished Job is pruned
+    /// at once and the checker cannot lean on Jobs left in the API server.
+    pub keep_history: bool,
 }
 
 impl SjDef {
+    /// A SingletonJob with the backstop and history limits 0.
+    pub fn new(name: impl Into<String>, schedule: impl Into<String>) -> SjDef {
+        SjDef {
+            name: name.into(),
+            schedule: schedule.into(),
+            extra: String::new(),
+            never_scheduled: false,
+            backstop: true,
+            keep_history: false,
+        }
+    }
+
+    pub fn extra(mut self, lines: &str) -> SjDef {
+        self.extra = lines.to_string();
+        self
+    }
+
+    pub fn never_scheduled(mut self) -> SjDef {
+        self.never_scheduled = true;
+        self
+    }
+
+    pub fn backstop(mut self, on: bool) -> SjDef {
+        self.backstop = on;
+        self
+    }
+
+    pub fn keep_history(mut self) -> SjDef {
+        self.keep_history = true;
+        self
+    }
+
     /// `concurrencyPolicy: Forbid` (the default): a new period waits for the active run.
     pub fn forbid(&self) -> bool {
         !self.extra.contains("concurrencyPolicy")
     }
+
+    fn yaml(&self, prefix: &str) -> String {
+        let mut extra = self.extra.clone();
+        if !self.keep_history {
+            extra += "  successfulJobsHistoryLimit: 0\n  failedJobsHistoryLimit: 0\n";
+        }
+        let spec = if self.backstop {
+            backstop_spec("db", prefix, &extra)
+        } else {
+            extra
+        };
+        let yaml = sj_yaml(&self.name, &self.schedule, &spec);
+        if self.never_scheduled {
+            crate::never_scheduled(yaml)
+        } else {
+            yaml
+        }
+    }
 }
 
 /// The SingletonJobs of most scenarios: one Forbid every 2 s (catchUp Latest) and one Allow every
-/// 3 s (catchUp All within a 20 s deadline).
+/// 3 s (catchUp All within a 20 s deadline), both with the backstop and history limits 0.
 pub fn default_sjs() -> Vec<SjDef> {
     vec![
-        SjDef {
-            name: "tick",
-            schedule: "*/2 * * * * *",
-            extra: "",
-            never_scheduled: false,
-        },
-        SjDef {
-            name: "tock",
-            schedule: "*/3 * * * * *",
-            extra: "  concurrencyPolicy: Allow\n  catchUp: All\n  startingDeadlineSeconds: 20\n",
-            never_scheduled: false,
-        },
+        SjDef::new("tick", "*/2 * * * * *"),
+        SjDef::new("tock", "*/3 * * * * *")
+            .extra("  concurrencyPolicy: Allow\n  catchUp: All\n  startingDeadlineSeconds: 20\n"),
     ]
 }
 
@@ -75,14 +127,42 @@ struct Slot {
 }
 
 /// The workload's shared state.
-#[derive(Default)]
 struct Workload {
     writes: Mutex<Vec<Write>>,
     /// Per SingletonJob key: the run whose write is held back (period, token).
     held: Mutex<BTreeMap<String, (Timestamp, u64)>>,
     /// SingletonJob names whose workload pauses (holds each token until a newer run started).
     pausing: Mutex<HashSet<String>>,
+    /// SingletonJob names whose workload hangs inside its fenced transaction.
+    hanging: Mutex<HashSet<String>>,
+    /// Hung transactions still open, by Job uid: sending ends one (its pod died).
+    hung_open: Mutex<HashMap<String, oneshot::Sender<HungEnd>>>,
+    hung: Mutex<Vec<HungTx>>,
     in_flight: std::sync::atomic::AtomicUsize,
+    /// Connections the workload may open at once: in a burst of 200 runs, a connection each at the
+    /// same moment would exhaust PostgreSQL's 100 and starve the controllers' backstops.
+    connections: Semaphore,
+    stopped: AtomicBool,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            writes: Mutex::default(),
+            held: Mutex::default(),
+            pausing: Mutex::default(),
+            hanging: Mutex::default(),
+            hung_open: Mutex::default(),
+            hung: Mutex::default(),
+            in_flight: Default::default(),
+            connections: Semaphore::new(16),
+            stopped: AtomicBool::new(false),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 pub struct World {
@@ -91,8 +171,11 @@ pub struct World {
     pub prefix: String,
     pub sjs: Vec<SjDef>,
     workload: Arc<Workload>,
-    stop: Arc<AtomicBool>,
-    poller: Option<tokio::task::JoinHandle<()>>,
+    /// Sees every Job of the namespace from before the first run.
+    pub observer: Observer,
+    /// Until the workload's table exists: what the observer saw waits here.
+    seen: Option<mpsc::UnboundedReceiver<Seen>>,
+    dispatcher: Option<tokio::task::JoinHandle<()>>,
     /// Replica slot routed to the API server through [`World::proxy`].
     pub proxy: Option<Proxy>,
     proxy_slot: Option<usize>,
@@ -118,9 +201,16 @@ pub async fn cluster(action: &str, component: &str) -> Result<()> {
 }
 
 impl World {
-    /// Namespace, backstop Secret, three replicas (slot `proxied`, if any, reaches the API server
-    /// through a test-owned proxy), the SingletonJobs, and the workload.
+    /// Namespace, backstop Secret, the Job observer, three replicas (slot `proxied`, if any,
+    /// reaches the API server through a test-owned proxy), the SingletonJobs, and the workload.
     pub async fn start(name: &str, sjs: Vec<SjDef>, proxied: Option<usize>) -> Result<World> {
+        let mut world = World::empty(name, proxied).await?;
+        world.add_sjs(sjs).await?;
+        Ok(world)
+    }
+
+    /// A world without SingletonJobs yet ([`World::add_sjs`]).
+    pub async fn empty(name: &str, proxied: Option<usize>) -> Result<World> {
         let env = Env::new(name).await?;
         let prefix = table_prefix(&env);
         backstop_secret(&env, "db", &database_url()?, true).await?;
@@ -128,17 +218,26 @@ impl World {
             Some(_) => Some(apiserver_proxy().await?),
             None => None,
         };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let observer = Observer::start(env.client.clone(), &env.ns, tx);
         let mut world = World {
             env,
             slots: Vec::new(),
             prefix,
-            sjs,
+            sjs: Vec::new(),
             workload: Arc::default(),
-            stop: Arc::default(),
-            poller: None,
+            observer,
+            seen: Some(rx),
+            dispatcher: None,
             proxy,
             proxy_slot: proxied,
         };
+        // Before any Job can exist: the observer must see the first one.
+        world
+            .wait("the Job watch's first list", Duration::from_secs(30), |w| {
+                Box::pin(async move { Ok(w.observer.synced().then_some(())) })
+            })
+            .await?;
         for slot in 0..REPLICAS {
             let mut envs = Vec::new();
             if Some(slot) == world.proxy_slot
@@ -154,56 +253,76 @@ impl World {
                 restart_at: None,
             });
         }
-        for sj in world.sjs.clone() {
-            let extra = format!(
-                "{}  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n",
-                sj.extra
-            );
-            let mut yaml = sj_yaml(
-                sj.name,
-                sj.schedule,
-                &backstop_spec("db", &world.prefix, &extra),
-            );
-            if sj.never_scheduled {
-                yaml = crate::never_scheduled(yaml);
-            }
-            world.env.create_sj(&yaml).await?;
-        }
+        Ok(world)
+    }
+
+    /// Creates `sjs` (16 at a time), waits for their backstops, and starts the workload once its
+    /// table exists.
+    pub async fn add_sjs(&mut self, sjs: Vec<SjDef>) -> Result<()> {
+        let api = self.env.sjs();
+        let ns = self.env.ns.clone();
+        let yamls: Vec<String> = sjs.iter().map(|sj| sj.yaml(&self.prefix)).collect();
+        futures::stream::iter(yamls)
+            .map(|yaml| {
+                let (api, ns) = (api.clone(), ns.clone());
+                async move {
+                    let mut sj: SingletonJob = serde_yaml::from_str(&yaml)?;
+                    sj.metadata.namespace = Some(ns);
+                    api.create(&Default::default(), &sj).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(16)
+            .try_collect::<Vec<()>>()
+            .await?;
+        self.sjs.extend(sjs);
         // The schema (and singleton_fence) exists once a backstop is ready; then the workload's
         // table.
-        world
-            .wait(
-                "BackstopReady on every SingletonJob",
-                Duration::from_secs(60),
-                |w| {
-                    Box::pin(async move {
-                        for sj in &w.sjs {
-                            let s = w.env.get_sj(sj.name).await?.status.unwrap_or_default();
-                            if !singleton::conditions::is_true(&s.conditions, "BackstopReady") {
-                                return Ok(None);
-                            }
-                        }
-                        Ok(Some(()))
-                    })
-                },
-            )
-            .await?;
-        let db = crate::pg().await?;
-        db.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {p}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
-             period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, \
-             at timestamptz NOT NULL DEFAULT clock_timestamp())",
-            p = world.prefix
-        ))
+        let backstopped: HashSet<String> = self
+            .sjs
+            .iter()
+            .filter(|s| s.backstop)
+            .map(|s| s.name.clone())
+            .collect();
+        self.wait(
+            "BackstopReady on every SingletonJob with a backstop",
+            Duration::from_secs(90),
+            |w| {
+                let backstopped = backstopped.clone();
+                Box::pin(async move {
+                    let list = w.env.sjs().list(&ListParams::default()).await?;
+                    let ready = list
+                        .items
+                        .iter()
+                        .filter(|sj| backstopped.contains(&sj.name_any()))
+                        .filter(|sj| {
+                            sj.status.as_ref().is_some_and(|s| {
+                                singleton::conditions::is_true(&s.conditions, "BackstopReady")
+                            })
+                        })
+                        .count();
+                    Ok((ready == backstopped.len()).then_some(()))
+                })
+            },
+        )
         .await?;
-        world.poller = Some(tokio::spawn(poll_jobs(
-            world.env.client.clone(),
-            world.env.ns.clone(),
-            world.prefix.clone(),
-            world.workload.clone(),
-            world.stop.clone(),
-        )));
-        Ok(world)
+        if let Some(rx) = self.seen.take() {
+            let db = crate::pg().await?;
+            db.batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {p}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
+                 period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, \
+                 at timestamptz NOT NULL DEFAULT clock_timestamp())",
+                p = self.prefix
+            ))
+            .await?;
+            self.dispatcher = Some(tokio::spawn(dispatch(
+                rx,
+                self.workload.clone(),
+                self.prefix.clone(),
+                self.env.ns.clone(),
+            )));
+        }
+        Ok(())
     }
 
     /// Restarts replicas that exited (after a 1 s back-off, as a kubelet would); call often.
@@ -261,7 +380,7 @@ impl World {
             if Instant::now() > end {
                 bail!(
                     "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
-                    self.env.dump().await
+                    self.dump().await
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -305,7 +424,7 @@ impl World {
             if Instant::now() > end {
                 bail!(
                     "no leader other than {not:?} within {timeout:?}\n{}",
-                    self.env.dump().await
+                    self.dump().await
                 );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -373,11 +492,7 @@ impl World {
     /// The workload holds back each run's write of `sj` until a newer run has started (true), or
     /// writes at once (false).
     pub fn pause_workload(&self, sj: &str, on: bool) {
-        let mut p = self
-            .workload
-            .pausing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut p = lock(&self.workload.pausing);
         if on {
             p.insert(sj.to_string());
         } else {
@@ -385,25 +500,108 @@ impl World {
         }
     }
 
-    /// Has every SingletonJob started a run (a Job with a period) after `t`, or (Forbid) does it
-    /// have an active run it waits for (kwok may leave a pod unfinished)?
+    /// The workload of each new run of `sj` opens its transaction, calls `singleton_fence` and
+    /// hangs there holding the fence row (true) until its Job is deleted; or writes normally.
+    pub fn hang_workload(&self, sj: &str, on: bool) {
+        let mut h = lock(&self.workload.hanging);
+        if on {
+            h.insert(sj.to_string());
+        } else {
+            h.remove(sj);
+        }
+    }
+
+    /// Ends every hung transaction still open (the fault is healed).
+    pub fn release_hung(&self) {
+        for (_, kill) in lock(&self.workload.hung_open).drain() {
+            let _ = kill.send(HungEnd::Healed);
+        }
+    }
+
+    /// Polls the observer's Jobs every `poll` (supervising the replicas) until `pred` holds;
+    /// false after `timeout` (the caller decides whether that is a failure).
+    pub async fn wait_jobs(
+        &mut self,
+        timeout: Duration,
+        poll: Duration,
+        pred: impl Fn(&[JobRecord]) -> bool,
+    ) -> Result<bool> {
+        let end = Instant::now() + timeout;
+        loop {
+            self.tick().await?;
+            if pred(&self.observer.jobs()) {
+                return Ok(true);
+            }
+            if Instant::now() > end {
+                return Ok(false);
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+
+    /// The process id (index) now filling `slot`.
+    pub fn process(&self, slot: usize) -> usize {
+        self.slots[slot].idx
+    }
+
+    /// Has the process `idx` that filled `slot` exited (seen by [`World::tick`])?
+    pub fn exited(&self, slot: usize, idx: usize) -> bool {
+        self.slots[slot].idx != idx || self.slots[slot].restart_at.is_some()
+    }
+
+    /// Wipes the status of SingletonJob `sj` as a user would: `kubectl edit --subresource=status`
+    /// with an editor that replaces the status by `{}`. kubectl sends the difference as a merge
+    /// patch of the status subresource without a resourceVersion, so it lands whatever the
+    /// controller wrote meanwhile.
+    pub async fn wipe_status(&self, sj: &str) -> Result<()> {
+        let editor = self.env.log_dir().join("wipe-status.sh");
+        // kubectl prints JSON with 4-space indents and the keys in order, so the status is the
+        // last top-level object: from `    "status": {` to the next line `    }`.
+        std::fs::write(
+            &editor,
+            "#!/bin/sh\n# KUBE_EDITOR for the chaos suite: the status becomes {}.\n\
+             exec sed -i '/^    \"status\": {$/,/^    }$/c\\    \"status\": {}' \"$1\"\n",
+        )?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&editor, std::fs::Permissions::from_mode(0o755))?;
+        }
+        let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::process::Command::new(&kubectl)
+                .args(["edit", "--subresource=status", "-o", "json", "-n"])
+                .arg(&self.env.ns)
+                .arg(format!("singletonjob/{sj}"))
+                .env("KUBE_EDITOR", &editor)
+                .output(),
+        )
+        .await
+        .context("kubectl edit timed out")??;
+        // With `-o json` kubectl prints the edited object. "Edit cancelled, no changes made"
+        // (exit 0) means the status was already as empty as the editor makes it.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            bail!(
+                "kubectl edit --subresource=status of {sj} failed ({}): {stderr}",
+                out.status
+            );
+        }
+        Ok(())
+    }
+
+    /// Has every SingletonJob started a run (a Job with a period, seen running) after `t`, or
+    /// (Forbid) does it have an active run it waits for (kwok may leave a pod unfinished)?
     pub async fn recovered_since(&self, t: Timestamp) -> Result<bool> {
-        let jobs = self.env.job_list().await?;
+        let jobs = self.observer.jobs();
         for sj in &self.sjs {
-            let mine: Vec<_> = jobs
-                .iter()
-                .filter(|j| {
-                    j.annotations().get("singleton.dev/job").map(String::as_str) == Some(sj.name)
-                })
-                .collect();
-            let ran_since = mine.iter().any(|j| {
-                j.annotations()
-                    .get("singleton.dev/period")
-                    .and_then(|p| p.parse::<Timestamp>().ok())
-                    .is_some_and(|p| p > t)
+            let ran_since = jobs.iter().any(|j| {
+                j.ran
+                    && j.sj.as_deref() == Some(sj.name.as_str())
+                    && j.period.is_some_and(|p| p > t)
             });
             let waiting = !ran_since && {
-                let s = self.env.get_sj(sj.name).await?.status.unwrap_or_default();
+                let s = self.env.get_sj(&sj.name).await?.status.unwrap_or_default();
                 !s.active.is_empty() && sj.forbid()
             };
             if !ran_since && !waiting {
@@ -413,76 +611,128 @@ impl World {
         Ok(true)
     }
 
-    /// Stops the workload (after its in-flight writes, at most 60 s) and reads the external
-    /// truth for periods due in (`from`, `to`].
+    /// Ends the fault's hung transactions, stops the workload (after its in-flight writes, at most
+    /// 60 s) and reads the external truth for periods due in (`from`, `to`].
     pub async fn observe(
         &mut self,
         from: Timestamp,
         to: Timestamp,
         failovers: Vec<Duration>,
     ) -> Result<Observations> {
+        self.release_hung();
         let end = Instant::now() + Duration::from_secs(60);
         while self.workload.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < end {
             self.run_for(Duration::from_millis(200)).await?;
         }
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(p) = self.poller.take() {
-            let _ = p.await;
-        }
+        self.workload.stopped.store(true, Ordering::SeqCst);
         let db = crate::pg().await?;
-        let mut sjs = Vec::new();
-        let jobs = self.env.job_list().await?;
+        let mut claims: HashMap<String, Vec<Claim>> = HashMap::new();
+        if self.sjs.iter().any(|s| s.backstop) {
+            let rows = db
+                .query(
+                    &format!("SELECT job, period, token FROM {}claims", self.prefix),
+                    &[],
+                )
+                .await?;
+            for r in rows {
+                claims.entry(r.get(0)).or_default().push(Claim {
+                    period: r.get(1),
+                    token: r.get::<_, i64>(2) as u64,
+                });
+            }
+        }
+        let sjs: HashMap<String, SingletonJob> = self
+            .env
+            .sjs()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|sj| (sj.name_any(), sj))
+            .collect();
         let events: Api<Event> = Api::namespaced(self.env.client.clone(), &self.env.ns);
         let events = events.list(&ListParams::default()).await?.items;
+        let reported = job_controller_runs(&events);
+        // The replicas still run: a Job created just before the Events were listed may not have
+        // reached the watch yet. Give the watch a moment to catch up before taking what it saw,
+        // so that only a Job it really missed counts as known from Events alone.
+        self.wait_jobs(Duration::from_secs(3), Duration::from_millis(50), |jobs| {
+            let known: HashSet<&str> = jobs.iter().map(|j| j.uid.as_str()).collect();
+            reported.keys().all(|uid| known.contains(uid.as_str()))
+        })
+        .await?;
+        let records = self.observer.jobs();
+
+        // The watch's Jobs, corrected by the job controller's Events: a Job the watch never saw
+        // (a relist gap) is added, one it never saw resumed but that acted on pods ran.
+        let mut jobs: BTreeMap<String, (String, JobSeen)> = BTreeMap::new();
+        for r in &records {
+            let (Some(sj), Some(period)) = (r.sj.clone(), r.period) else {
+                continue;
+            };
+            let seen = JobSeen {
+                uid: r.uid.clone(),
+                name: r.name.clone(),
+                period,
+                token: r.token,
+                ran: r.ran,
+                removed: r.deleted.is_some(),
+                events_only: false,
+            };
+            jobs.insert(r.uid.clone(), (sj, seen));
+        }
+        let mut events_only = Vec::new();
+        for (uid, ej) in reported {
+            match jobs.get_mut(&uid) {
+                Some((_, seen)) => seen.ran |= ej.ran,
+                None => {
+                    let Some((sj, period)) = parse_job_name(&ej.name) else {
+                        continue;
+                    };
+                    if !self.sjs.iter().any(|d| d.name == sj) {
+                        continue;
+                    }
+                    events_only.push(format!("{} (uid {uid})", ej.name));
+                    let seen = JobSeen {
+                        uid: uid.clone(),
+                        name: ej.name.clone(),
+                        period,
+                        token: None,
+                        ran: ej.ran,
+                        // The Events outlive it; the list of the watch did not have it.
+                        removed: true,
+                        events_only: true,
+                    };
+                    jobs.insert(uid, (sj.to_string(), seen));
+                }
+            }
+        }
+        let mut by_sj: HashMap<String, Vec<JobSeen>> = HashMap::new();
+        for (_, (sj, seen)) in jobs {
+            by_sj.entry(sj).or_default().push(seen);
+        }
+
+        let mut out = Vec::new();
         for def in &self.sjs {
-            let sj = self.env.get_sj(def.name).await?;
+            let sj = sjs
+                .get(&def.name)
+                .with_context(|| format!("SingletonJob {} is gone", def.name))?;
             let key = sj.key();
             let status = sj.status.clone().unwrap_or_default();
             let schedule =
-                singleton::schedule::Schedule::parse(def.schedule, None, Default::default())?;
+                singleton::schedule::Schedule::parse(&def.schedule, None, Default::default())?;
             let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
-            let claims = db
-                .query(
-                    &format!(
-                        "SELECT period, token FROM {}claims WHERE job = $1",
-                        self.prefix
-                    ),
-                    &[&key],
-                )
-                .await?
+            let mut recorded: Vec<Recorded> = events
                 .iter()
-                .map(|r| Claim {
-                    period: r.get(0),
-                    token: r.get::<_, i64>(1) as u64,
-                })
-                .collect();
-            let runs = jobs
-                .iter()
-                .filter(|j| {
-                    j.annotations().get("singleton.dev/job").map(String::as_str) == Some(def.name)
-                })
-                .filter_map(|j| {
-                    Some(RunJob {
-                        name: j.name_any(),
-                        period: j.annotations().get("singleton.dev/period")?.parse().ok()?,
-                        token: j
-                            .annotations()
-                            .get("singleton.dev/fencing-token")?
-                            .parse()
-                            .ok()?,
-                    })
-                })
-                .collect();
-            let mut recorded: Vec<(Timestamp, Timestamp)> = events
-                .iter()
-                .filter(|e| e.involved_object.name.as_deref() == Some(def.name))
+                .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
+                .filter(|e| e.involved_object.name.as_deref() == Some(def.name.as_str()))
                 .filter(|e| {
                     matches!(
                         e.reason.as_deref(),
                         Some("RunMissed" | "RunSkipped" | "RunDeduplicated")
                     )
                 })
-                .filter_map(|e| super::check::recorded_range(e.message.as_deref()?))
+                .filter_map(|e| super::check::recorded_note(e.message.as_deref()?))
                 .collect();
             recorded.extend(
                 status
@@ -495,39 +745,47 @@ impl World {
                                 Outcome::Missed | Outcome::Skipped | Outcome::Deduplicated
                             )
                     })
-                    .map(|h| {
-                        (
-                            h.period.0,
-                            h.last_period.as_ref().map_or(h.period.0, |l| l.0),
-                        )
+                    .map(|h| Recorded {
+                        first: h.period.0,
+                        last: h.last_period.as_ref().map_or(h.period.0, |l| l.0),
+                        outcome: format!("{:?}", h.outcome),
+                        reason: h.reason.clone().unwrap_or_default(),
                     }),
             );
-            sjs.push(SjObservation {
+            out.push(SjObservation {
+                claims: claims.remove(&key).unwrap_or_default(),
+                jobs: by_sj.remove(&def.name).unwrap_or_default(),
                 key,
                 due,
                 decided_through: status.decided_through.map(|t| t.0),
-                claims,
-                jobs: runs,
                 recorded,
             });
         }
-        let writes = self
-            .workload
-            .writes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
         Ok(Observations {
-            sjs,
-            writes,
+            sjs: out,
+            writes: lock(&self.workload.writes).clone(),
             failovers,
+            hung: lock(&self.workload.hung).clone(),
+            watch_relists: self.observer.relists(),
+            watch_errors: self.observer.errors(),
+            events_only,
         })
+    }
+
+    /// What a human would look at when a scenario fails: the cluster and the Job watch.
+    pub async fn dump(&self) -> String {
+        format!("{}{}", self.env.dump().await, self.observer.summary())
     }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.workload.stopped.store(true, Ordering::SeqCst);
+        if let Some(d) = self.dispatcher.take() {
+            d.abort();
+        }
+        // Hung transactions end with their (dropped) senders.
+        lock(&self.workload.hung_open).clear();
     }
 }
 
@@ -566,47 +824,38 @@ fn proxied_kubeconfig(env: &Env, port: u16) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The workload's eyes: lists the namespace's Jobs every 300 ms (a list survives API server and
-/// etcd outages without a watch's back-off; Jobs are kept by the history limits far longer than
-/// that) and starts a fenced write for every new run.
-async fn poll_jobs(
-    client: kube::Client,
-    ns: String,
-    prefix: String,
+/// The workload: what the observer sees of runs becomes pods' work. A run seen allowed to run
+/// performs its fenced write (or holds it, or hangs in it); a Job seen gone kills its hung
+/// transaction, as a deleted Job's pod dies with its connection.
+async fn dispatch(
+    mut seen: mpsc::UnboundedReceiver<Seen>,
     w: Arc<Workload>,
-    stop: Arc<AtomicBool>,
+    prefix: String,
+    ns: String,
 ) {
-    let api: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client, &ns);
-    let mut seen: HashSet<String> = HashSet::new();
-    while !stop.load(Ordering::SeqCst) {
-        let listed = tokio::time::timeout(
-            Duration::from_secs(3),
-            api.list(&ListParams::default().labels("singleton.dev/job")),
-        )
-        .await;
-        if let Ok(Ok(list)) = listed {
-            let mut new: Vec<(String, Timestamp, u64)> = list
-                .items
-                .iter()
-                .filter(|j| !seen.contains(&j.name_any()))
-                .filter_map(|j| {
-                    let a = j.annotations();
-                    Some((
-                        a.get("singleton.dev/job")?.clone(),
-                        a.get("singleton.dev/period")?.parse().ok()?,
-                        a.get("singleton.dev/fencing-token")?.parse().ok()?,
-                    ))
-                })
-                .collect();
-            for j in &list.items {
-                seen.insert(j.name_any());
+    while let Some(s) = seen.recv().await {
+        if w.stopped.load(Ordering::SeqCst) {
+            continue;
+        }
+        match s {
+            Seen::Ran {
+                uid,
+                sj,
+                period,
+                token,
+            } => {
+                if lock(&w.hanging).contains(&sj) {
+                    spawn_hang(&w, &prefix, &format!("{ns}/{sj}"), uid, token);
+                } else {
+                    on_new_run(&w, &prefix, &ns, &sj, period, token);
+                }
             }
-            new.sort_by_key(|(_, _, token)| *token);
-            for (sj, period, token) in new {
-                on_new_run(&w, &prefix, &ns, &sj, period, token);
+            Seen::Gone { uid } => {
+                if let Some(kill) = lock(&w.hung_open).remove(&uid) {
+                    let _ = kill.send(HungEnd::JobDeleted);
+                }
             }
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
@@ -614,13 +863,9 @@ async fn poll_jobs(
 /// held before is written now, late: a newer run has started, so its write must be refused.
 fn on_new_run(w: &Arc<Workload>, prefix: &str, ns: &str, sj: &str, period: Timestamp, token: u64) {
     let key = format!("{ns}/{sj}");
-    let pausing = w
-        .pausing
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .contains(sj);
+    let pausing = lock(&w.pausing).contains(sj);
     let earlier = {
-        let mut held = w.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut held = lock(&w.held);
         if pausing {
             held.insert(key.clone(), (period, token))
         } else {
@@ -637,6 +882,67 @@ fn on_new_run(w: &Arc<Workload>, prefix: &str, ns: &str, sj: &str, period: Times
     }
 }
 
+/// The run with `token` hangs in its transaction holding the fence row until its Job (`uid`) is
+/// seen gone or the fault is healed.
+fn spawn_hang(w: &Arc<Workload>, prefix: &str, key: &str, uid: String, token: u64) {
+    let (kill, killed) = oneshot::channel();
+    lock(&w.hung_open).insert(uid, kill);
+    let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
+    tokio::spawn(async move {
+        let end = hang(&prefix, &key, token, killed).await;
+        lock(&w.hung).push(HungTx {
+            job: key,
+            token,
+            end,
+        });
+    });
+}
+
+async fn hang(
+    prefix: &str,
+    key: &str,
+    token: u64,
+    mut killed: oneshot::Receiver<HungEnd>,
+) -> HungEnd {
+    let connected = match database_url() {
+        Ok(url) => tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let (mut client, conn) = match connected {
+        Ok(c) => c,
+        Err(e) => return HungEnd::Failed(e),
+    };
+    let conn = tokio::spawn(conn);
+    let tx = match client.transaction().await {
+        Ok(tx) => tx,
+        Err(e) => return HungEnd::Failed(e.to_string()),
+    };
+    let fence = format!("SELECT {prefix}fence($1, $2)");
+    let token_i = token as i64;
+    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[&key, &token_i];
+    let fenced = tokio::select! {
+        r = tx.query(&fence, params) => r,
+        end = &mut killed => return end.unwrap_or(HungEnd::Healed),
+    };
+    if let Err(e) = fenced {
+        let code = e.code().map(|c| c.code().to_string());
+        return if matches!(code.as_deref(), Some("SF001" | "40001")) {
+            HungEnd::Refused
+        } else {
+            HungEnd::Failed(e.to_string())
+        };
+    }
+    // Holding the fence row's lock, as a workload stuck mid-transaction does.
+    let end = killed.await.unwrap_or(HungEnd::Healed);
+    // The pod is dead: its connection goes with it, no ROLLBACK sent; the server ends the
+    // transaction when the socket closes.
+    conn.abort();
+    drop(tx);
+    end
+}
+
 fn spawn_write(
     w: &Arc<Workload>,
     prefix: &str,
@@ -648,17 +954,18 @@ fn spawn_write(
     let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
     w.in_flight.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
-        let result = write_with_retry(&prefix, &key, period, token, held).await;
-        w.writes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Write {
-                job: key,
-                period,
-                token,
-                held,
-                result,
-            });
+        let result = {
+            // Never closed: acquiring cannot fail.
+            let _permit = w.connections.acquire().await;
+            write_with_retry(&prefix, &key, period, token, held).await
+        };
+        lock(&w.writes).push(Write {
+            job: key,
+            period,
+            token,
+            held,
+            result,
+        });
         w.in_flight.fetch_sub(1, Ordering::SeqCst);
     });
 }
