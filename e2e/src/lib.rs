@@ -21,9 +21,9 @@ use tokio::process::{Child, Command};
 pub use singleton;
 
 pub mod chaos;
-pub mod jobwatch;
+pub mod observer;
 
-pub use jobwatch::JobWatch;
+pub use observer::Observer;
 
 /// One test's world: a namespace, a client, and controller processes.
 pub struct Env {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use e2e::{
-    Env, FAST_ELECTION, JobWatch, backstop_secret, backstop_spec, database_url, ensure, pg,
+    Env, FAST_ELECTION, Observer, backstop_secret, backstop_spec, database_url, ensure, pg,
     sj_yaml, table_prefix,
 };
 use jiff::Timestamp;
@@ -48,7 +48,7 @@ async fn stale_leader_at(point: &str, fault: Fault) -> Result<()> {
     let mut env = Env::new(&format!("fp-{point}")).await?;
     let prefix = table_prefix(&env);
     backstop_secret(&env, "db", &database_url()?, true).await?;
-    let watch = JobWatch::start(env.client.clone(), &env.ns).await?;
+    let watch = Observer::watch(env.client.clone(), &env.ns).await?;
 
     // Replica 0 leads, with the point armed; replica 1 stands by.
     let action = match fault {
@@ -156,11 +156,11 @@ async fn stale_leader_at(point: &str, fault: Fault) -> Result<()> {
     let seconds = watch.second_runs();
     ensure(
         &env,
-        seconds.is_empty() && watch.restarts() == 0,
+        seconds.is_empty() && watch.relists() == 0,
         (
             format!("{point}: periods with two Jobs that ran"),
             &seconds,
-            ("watch restarts", watch.restarts()),
+            ("watch restarts", watch.relists()),
             watch.jobs(),
         ),
     )

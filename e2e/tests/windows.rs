@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use e2e::{
-    Env, JobWatch, backstop_secret, backstop_spec, database_url, ensure, events_with_reason,
+    Env, Observer, backstop_secret, backstop_spec, database_url, ensure, events_with_reason,
     never_scheduled, pg, plugin, sj_yaml, stderr, stdout, table_prefix,
 };
 use jiff::{SignedDuration, Timestamp};
@@ -227,7 +227,7 @@ async fn backfill_never_reruns_a_period_the_claims_table_did_not_see() -> Result
     let ns = env.ns.clone();
     let p = table_prefix(&env);
     backstop_secret(&env, "db", &database_url()?, true).await?;
-    let watch = JobWatch::start(env.client.clone(), &ns).await?;
+    let watch = Observer::watch(env.client.clone(), &ns).await?;
     env.start_controller(&[]).await?;
     // Runs without a backstop first.
     env.create_sj(&sj_yaml("b", "*/2 * * * * *", "")).await?;
@@ -290,7 +290,7 @@ async fn backfill_never_reruns_a_period_the_claims_table_did_not_see() -> Result
     let seconds = watch.second_runs();
     ensure(
         &env,
-        seconds.is_empty() && watch.restarts() == 0,
+        seconds.is_empty() && watch.relists() == 0,
         ("no period that ran was started again", &seconds),
     )
     .await?;
@@ -366,7 +366,7 @@ async fn a_fence_above_the_token_is_claimed_again_above_it() -> Result<()> {
 #[tokio::test]
 async fn a_wiped_status_never_runs_a_period_again_nor_reuses_a_token() -> Result<()> {
     let mut env = Env::new("wiped").await?;
-    let watch = JobWatch::start(env.client.clone(), &env.ns).await?;
+    let watch = Observer::watch(env.client.clone(), &env.ns).await?;
     env.start_controller(&[]).await?;
     env.create_sj(&sj_yaml(
         "w",

@@ -6,7 +6,6 @@
 //! window each.
 
 pub mod check;
-pub mod observer;
 pub mod world;
 
 use std::collections::HashSet;
@@ -305,7 +304,7 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
     }
 
     // Mid-burst: a quarter of the burst's Jobs exist. Polled every 10 ms from the watch.
-    let of_burst = move |j: &observer::JobRecord| j.period == Some(at);
+    let of_burst = move |j: &crate::observer::JobRecord| j.period == Some(at);
     let quarter = BURST_SJS / 4;
     let wait_burst = at.duration_since(Timestamp::now()).unsigned_abs() + Duration::from_secs(60);
     if !w
@@ -533,7 +532,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
                 Mode::Short => 2,
                 Mode::Full => 6,
             };
-            let newest_ran = |jobs: &[observer::JobRecord], sj: &str| {
+            let newest_ran = |jobs: &[crate::observer::JobRecord], sj: &str| {
                 jobs.iter()
                     .filter(|j| j.ran && j.sj.as_deref() == Some(sj))
                     .max_by_key(|j| j.period)

@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::check::{
     Claim, HungEnd, HungTx, JobSeen, Observations, Recorded, SjObservation, Write, WriteResult,
 };
-use super::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
+use crate::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{
     Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix,
 };

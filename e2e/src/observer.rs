@@ -116,6 +116,33 @@ impl Observer {
         Observer { state, task }
     }
 
+    /// Starts watching `ns` for a test that only reads what was seen; returns once the first
+    /// list is in (every Job created from now on is seen).
+    pub async fn watch(client: Client, ns: &str) -> anyhow::Result<Observer> {
+        let (tx, _) = mpsc::unbounded_channel();
+        let observer = Observer::start(client, ns, tx);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !observer.synced() {
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("the Job watch of {ns} did not sync within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(observer)
+    }
+
+    /// The periods with more than one Job that ran, per (SingletonJob, period): a second run
+    /// (G1 broken), as users count runs.
+    pub fn second_runs(&self) -> Vec<Vec<JobRecord>> {
+        let mut by_period: BTreeMap<(Option<String>, Timestamp), Vec<JobRecord>> = BTreeMap::new();
+        for j in self.jobs() {
+            if let (true, Some(p)) = (j.ran, j.period) {
+                by_period.entry((j.sj.clone(), p)).or_default().push(j);
+            }
+        }
+        by_period.into_values().filter(|js| js.len() > 1).collect()
+    }
+
     /// The first complete list has arrived: from now on every Job created is seen.
     pub fn synced(&self) -> bool {
         lock(&self.state).lists > 0
