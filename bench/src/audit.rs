@@ -82,18 +82,26 @@ fn parse(line: &str) -> Option<Request> {
     })
 }
 
-/// Jobs created in `ns` by `user`: (name, instant it exists).
-pub fn job_creates<'a>(
+/// When each Job of `ns` that `user` made was allowed to run: (name, instant). The controller
+/// under test creates its Jobs suspended and resumes the one its confirmed claim names (a patch),
+/// so for it that is the resume; CronJob's Jobs may run from their create. The first per name.
+pub fn job_starts<'a>(
     reqs: &'a [Request],
     user: &'a str,
     ns: &'a str,
 ) -> impl Iterator<Item = (&'a str, Timestamp)> + 'a {
+    let (verb, code) = if user == SINGLETON_USER {
+        ("patch", 200)
+    } else {
+        ("create", 201)
+    };
     reqs.iter()
         .filter(move |r| {
             r.user == user
-                && r.verb == "create"
+                && r.verb == verb
                 && r.resource == "jobs"
-                && r.code == 201
+                && r.subresource.is_empty()
+                && r.code == code
                 && !r.dry_run
                 && r.namespace == ns
         })

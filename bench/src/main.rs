@@ -1,10 +1,11 @@
 //! make bench (hack/bench.sh): SingletonJob against Kubernetes CronJob, one workload after the
 //! other on the same cluster in the same run, so their ratios hold even on a noisy machine.
 //!
-//! Every Job's creation instant comes from the API server's audit log (microseconds; a Job's
-//! `creationTimestamp` has whole seconds only), and so does every request count. Skew is that
-//! instant minus the scheduled instant, read from the Job's name (`<name>-<unix seconds>` for a
-//! SingletonJob, `<name>-<unix minutes>` for a CronJob).
+//! The instant each Job was allowed to run comes from the API server's audit log (microseconds;
+//! a Job's `creationTimestamp` has whole seconds only): a CronJob's Job from its create, a
+//! SingletonJob's from its resume (created suspended, it runs once its claim is confirmed), and
+//! so does every request count. Skew is that instant minus the scheduled instant, read from the
+//! Job's name (`<name>-<unix seconds>` for a SingletonJob, `<name>-<unix minutes>` for a CronJob).
 mod audit;
 mod plot;
 mod procs;
@@ -407,8 +408,8 @@ impl Bench {
         Ok(())
     }
 
-    /// Polls the audit log from `mark` until `user` created `n` Jobs in `ns`, or `deadline`.
-    /// Returns (name, instant created), first create per name.
+    /// Polls the audit log from `mark` until `n` Jobs `user` made in `ns` were allowed to run
+    /// ([`audit::job_starts`]), or `deadline`. Returns (name, instant), the first per name.
     async fn wait_creates(
         &self,
         mark: u64,
@@ -421,7 +422,7 @@ impl Bench {
         let mut seen = std::collections::BTreeMap::new();
         loop {
             let reqs = self.audit.read_on(&mut offset)?;
-            for (name, at) in audit::job_creates(&reqs, user, ns) {
+            for (name, at) in audit::job_starts(&reqs, user, ns) {
                 seen.entry(name.to_string()).or_insert(at);
             }
             if seen.len() >= n || Timestamp::now() > deadline {
@@ -698,7 +699,7 @@ impl Bench {
                 let first_due = Timestamp::from_second(t0.as_second() + 1)?;
                 let gap = loop {
                     let reqs = self.audit.since(mark)?;
-                    let first = audit::job_creates(&reqs, SINGLETON_USER, &ns)
+                    let first = audit::job_starts(&reqs, SINGLETON_USER, &ns)
                         .filter(|(name, _)| scheduled(name, SJ).is_some_and(|s| s > t0))
                         .map(|(_, at)| at)
                         .min();
