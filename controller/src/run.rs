@@ -1503,7 +1503,10 @@ mod tests {
             valid_until: None,
         });
         drop(held);
-        let err = write.await.expect_err("the gate is closed");
+        let err = tokio::time::timeout(std::time::Duration::from_secs(5), write)
+            .await
+            .expect("refused without a request, not sent")
+            .expect_err("the gate is closed");
         assert!(matches!(err, Error::NotLeader), "{err:?}");
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request())
