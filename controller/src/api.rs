@@ -588,6 +588,21 @@ pub enum Outcome {
     Deduplicated,
 }
 
+impl Outcome {
+    /// The variant's name, as in the API (and in metric labels and Event reasons).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Running => "Running",
+            Outcome::Succeeded => "Succeeded",
+            Outcome::Failed => "Failed",
+            Outcome::Skipped => "Skipped",
+            Outcome::Missed => "Missed",
+            Outcome::Replaced => "Replaced",
+            Outcome::Deduplicated => "Deduplicated",
+        }
+    }
+}
+
 /// A period and its outcome. Consecutive periods with the same outcome and reason that were never
 /// started are folded into one entry with `count` > 1 (from `period` to `lastPeriod`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -627,6 +642,15 @@ fn one() -> u64 {
 }
 
 impl SingletonJob {
+    /// What the lock is for (`spec.lock.purpose`, default Correctness).
+    pub fn purpose(&self) -> LockPurpose {
+        self.spec
+            .lock
+            .as_ref()
+            .map(|l| l.purpose)
+            .unwrap_or_default()
+    }
+
     /// `namespace/name`, the value of SINGLETON_JOB.
     pub fn key(&self) -> String {
         format!(

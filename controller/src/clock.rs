@@ -151,6 +151,16 @@ pub struct ClockState {
 }
 
 impl ClockState {
+    /// A verdict of clocks that agree, for tests of what reads one.
+    #[cfg(test)]
+    pub(crate) fn agreeing() -> ClockState {
+        ClockState {
+            offset: Some(SignedDuration::ZERO),
+            trusted: true,
+            interval: None,
+        }
+    }
+
     /// Before the first measurement, trust nothing.
     pub const UNKNOWN: ClockState = ClockState {
         offset: None,

@@ -29,7 +29,6 @@ use tokio::time::Instant;
 
 use crate::Error;
 use crate::api::{HistoryEntry, Outcome, SingletonJob};
-use crate::backstop::Backstop;
 
 /// The `Content-Type` of `/metrics`.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -360,7 +359,7 @@ impl Metrics {
             .get_or_create(&OutcomeLabels {
                 namespace,
                 name,
-                outcome: format!("{outcome:?}"),
+                outcome: outcome.name().to_string(),
             })
             .inc();
     }
@@ -421,20 +420,16 @@ impl Metrics {
         }
     }
 
-    /// Samples the backstop's count of stale tokens refused by workloads. The database's
+    /// The backstop's count of stale tokens refused by workloads, as read from it. The database's
     /// counter never decreases and survives controller restarts, so it is exported as the
     /// counter's value (not added to it): a restarted controller continues the same series.
-    /// Reads the backstop's count of refused stale writes, exports it, and returns it (None when
-    /// the database did not answer).
-    pub async fn sample_rejections(&self, sj: &SingletonJob, db: &Backstop) -> Option<u64> {
-        let n = db.rejections().await.ok()?;
-        if n > 0 {
+    pub fn rejections(&self, sj: &SingletonJob, total: u64) {
+        if total > 0 {
             self.stale_writes_refused
                 .get_or_create(&source(sj, "workload"))
                 .inner()
-                .fetch_max(n, Ordering::Relaxed);
+                .fetch_max(total, Ordering::Relaxed);
         }
-        Some(n)
     }
 
     // --- Backstop, clock, reconcile -----------------------------------------------------------

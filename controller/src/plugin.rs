@@ -1,7 +1,7 @@
 //! `kubectl singleton list|status|history|suspend|resume|trigger|backfill|break-lock`: the plugin's
 //! commands against the API server, and the pure rendering of SingletonJobs to text (tested
 //! without a cluster). The operations (trigger, backfill, break-lock) only ask: they write a
-//! request annotation and wait for the controller to record what it did (see [`crate::ops`]).
+//! request annotation and wait for the controller to record what it did (see [`crate::decide::ops`]).
 
 use std::fmt::Write as _;
 
@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use crate::api::{HistoryEntry, OperationPhase, OperationStatus, Outcome, SingletonJob};
-use crate::ops::{self, Kind, Request};
+use crate::decide::ops::{self, OperationKind, Request};
 
 /// The resource as kubectl and RBAC name it.
 const RESOURCE: &str = "singletonjobs.singleton.dev";
@@ -230,7 +230,7 @@ impl Conn {
         &self,
         ns: &str,
         name: &str,
-        kind: Kind,
+        kind: OperationKind,
         req: Request,
         wait: Wait,
     ) -> Result<OperationStatus, PluginError> {
@@ -242,7 +242,7 @@ impl Conn {
             tries += 1;
             let sj = self.get(ns, name).await?;
             check_not_busy(&sj, kind)?;
-            if kind == Kind::Backfill && sj.spec.backstop.is_none() {
+            if kind == OperationKind::Backfill && sj.spec.backstop.is_none() {
                 return Err(PluginError::Rejected {
                     command: kind.command(),
                     message: "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran".into(),
@@ -317,7 +317,7 @@ impl Conn {
 }
 
 /// Refuses to overwrite a request of the same kind the controller has not finished with.
-fn check_not_busy(sj: &SingletonJob, kind: Kind) -> Result<(), PluginError> {
+fn check_not_busy(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
     let ns = sj.namespace().unwrap_or_default();
     let name = sj.name_any();
     let busy = |id: String, state: String| {
@@ -352,7 +352,7 @@ pub fn new_request(by: Option<String>, now: Timestamp) -> Request {
 
 /// What an operation command prints: one line for humans, or the record.
 pub fn format_operation(
-    kind: Kind,
+    kind: OperationKind,
     ns: &str,
     name: &str,
     op: &OperationStatus,
@@ -362,12 +362,16 @@ pub fn format_operation(
         return encode(op, output);
     }
     let head = match (kind, op.phase) {
-        (Kind::Trigger, OperationPhase::Done) => format!("singletonjob {ns}/{name} triggered"),
-        (Kind::BreakLock, OperationPhase::Done) => format!("singletonjob {ns}/{name}: lock broken"),
-        (Kind::Backfill, OperationPhase::Done) => {
+        (OperationKind::Trigger, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name} triggered")
+        }
+        (OperationKind::BreakLock, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name}: lock broken")
+        }
+        (OperationKind::Backfill, OperationPhase::Done) => {
             format!("singletonjob {ns}/{name}: backfill done")
         }
-        (Kind::Backfill, OperationPhase::Running) => {
+        (OperationKind::Backfill, OperationPhase::Running) => {
             format!("singletonjob {ns}/{name}: backfill accepted")
         }
         (_, _) => format!(
@@ -698,7 +702,7 @@ pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
     let ops = &st.operations;
     if !ops.is_empty() {
         out.push_str("Operations:\n");
-        let rows: Vec<Vec<String>> = Kind::ALL
+        let rows: Vec<Vec<String>> = OperationKind::ALL
             .iter()
             .filter_map(|k| k.slot(ops).map(|o| (k, o)))
             .map(|(k, o)| {
@@ -959,12 +963,14 @@ mod tests {
         for want in ["trigger", "Done", "alice", "fencing token 21"] {
             assert!(ops_part.contains(want), "{want:?} in\n{out}");
         }
-        let line = format_operation(Kind::Trigger, "ns", "hello", &done, Output::Table).unwrap();
+        let line =
+            format_operation(OperationKind::Trigger, "ns", "hello", &done, Output::Table).unwrap();
         assert!(
             line.starts_with("singletonjob ns/hello triggered: started Job"),
             "{line}"
         );
-        let json = format_operation(Kind::Trigger, "ns", "hello", &done, Output::Json).unwrap();
+        let json =
+            format_operation(OperationKind::Trigger, "ns", "hello", &done, Output::Json).unwrap();
         assert_eq!(
             serde_json::from_str::<OperationStatus>(&json).unwrap(),
             done
@@ -973,17 +979,21 @@ mod tests {
         // The handled request in the annotation: a new one may be written.
         let raw = serde_json::to_string(&req).unwrap();
         s.metadata.annotations = Some([(ANNOTATION_TRIGGER.to_string(), raw)].into());
-        assert!(check_not_busy(&s, Kind::Trigger).is_ok());
+        assert!(check_not_busy(&s, OperationKind::Trigger).is_ok());
         // Accepted but waiting, or never seen: refused, saying how to withdraw it.
         let mut waiting = done.clone();
         waiting.phase = OperationPhase::Pending;
         waiting.message = "waiting for the active run x to finish".into();
         s.status.as_mut().unwrap().operations.trigger = Some(waiting);
-        let e = check_not_busy(&s, Kind::Trigger).unwrap_err().to_string();
+        let e = check_not_busy(&s, OperationKind::Trigger)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("accepted, waiting for the active run"), "{e}");
         assert!(e.contains("singleton.dev/trigger-"), "{e}");
         s.status.as_mut().unwrap().operations.trigger = None;
-        let e = check_not_busy(&s, Kind::Trigger).unwrap_err().to_string();
+        let e = check_not_busy(&s, OperationKind::Trigger)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not yet seen by a controller"), "{e}");
     }
 

@@ -110,7 +110,7 @@ async fn a_due_period_gets_one_job_that_completes() -> Result<()> {
     .await?;
     ensure(
         &env,
-        singleton::conditions::is_true(&status.conditions, "Ready"),
+        singleton::record::conditions::is_true(&status.conditions, "Ready"),
         ("Ready", &status.conditions),
     )
     .await?;

@@ -55,6 +55,27 @@ use schema::Tables;
 /// Secret of the namespace.
 pub const SECRET_OPT_IN_LABEL: &str = "singleton.dev/backstop";
 
+/// A SingletonJob's backstop as a reconcile found it.
+#[derive(Clone, Debug)]
+pub enum Availability {
+    /// The SingletonJob has no backstop.
+    NotConfigured,
+    /// Reachable, schema in place.
+    Ready(Arc<Backstop>),
+    /// Configured but unusable now; the reason names no secret value.
+    Unavailable(String),
+}
+
+impl Availability {
+    /// The backstop, if it is ready.
+    pub fn ready(&self) -> Option<&Backstop> {
+        match self {
+            Availability::Ready(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
 /// The result of [`Backstop::claim`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClaimOutcome {

@@ -1,6 +1,6 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
-use singleton::ops::Kind;
+use singleton::decide::ops::OperationKind;
 use singleton::plugin::{self, Conn, Output, PluginError, Wait};
 use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule, preview};
 
@@ -257,7 +257,7 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
         Cmd::Resume { name, ns: n } => conn.set_suspend(&ns(n), &name, false).await,
         Cmd::Trigger { name, ns: n, op } => {
             let req = plugin::new_request(conn.whoami().await, now);
-            operate(&conn, &ns(n), &name, Kind::Trigger, req, op, false).await
+            operate(&conn, &ns(n), &name, OperationKind::Trigger, req, op, false).await
         }
         Cmd::Backfill {
             name,
@@ -275,7 +275,7 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
             let mut req = plugin::new_request(conn.whoami().await, now);
             req.from = Some(from);
             req.to = Some(to);
-            operate(&conn, &ns(n), &name, Kind::Backfill, req, op, wait).await
+            operate(&conn, &ns(n), &name, OperationKind::Backfill, req, op, wait).await
         }
         Cmd::BreakLock {
             name,
@@ -290,7 +290,16 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
             }
             let mut req = plugin::new_request(conn.whoami().await, now);
             req.reason = Some(reason);
-            operate(&conn, &ns(n), &name, Kind::BreakLock, req, op, false).await
+            operate(
+                &conn,
+                &ns(n),
+                &name,
+                OperationKind::BreakLock,
+                req,
+                op,
+                false,
+            )
+            .await
         }
     }
 }
@@ -299,8 +308,8 @@ async fn operate(
     conn: &Conn,
     ns: &str,
     name: &str,
-    kind: Kind,
-    req: singleton::ops::Request,
+    kind: OperationKind,
+    req: singleton::decide::ops::Request,
     op: OpArgs,
     until_done: bool,
 ) -> Result<String, PluginError> {

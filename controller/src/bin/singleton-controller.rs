@@ -2,8 +2,8 @@
 use std::time::Duration;
 
 use clap::Parser;
-use singleton::controller;
 use singleton::lease::{self, ElectionConfig, ElectionOptions, ReplicaOptions};
+use singleton::watch;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -85,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
         args.max_clock_skew_seconds.into(),
     ));
     let client = clock.client().await?;
-    let cfg = controller::Config {
+    let cfg = watch::Config {
         namespace: args.namespace,
         reporter: "singleton-controller".into(),
         instance: args.instance,

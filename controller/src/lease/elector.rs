@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::lock::{LeaderRecord, LeaseEvent, Lock, Versioned};
-use crate::controller::{Gate, GateState};
+use crate::gate::{Gate, GateState};
 use crate::{Error, Result};
 
 /// Retry waits are stretched by up to this factor, so candidates do not retry in lockstep.

@@ -20,12 +20,12 @@ use futures::future::{Either, select};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use tokio::sync::watch;
 
 use super::elector::{Acquired, ElectionConfig, Elector, Held};
 use super::health::{self, HealthSource};
 use super::lock::{KubeLock, watch_lease};
-use crate::controller::{self, Gate};
+use crate::gate::Gate;
+use crate::watch;
 use crate::{Error, Result};
 
 /// Where the Lease lives and how the election is timed.
@@ -48,7 +48,7 @@ pub struct ReplicaOptions {
 /// [`Error::LeadershipLost`] when this replica led and lost the lease: the caller should exit.
 pub async fn run_replica(
     client: Client,
-    cfg: controller::Config,
+    cfg: watch::Config,
     opts: ReplicaOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
@@ -56,7 +56,7 @@ pub async fn run_replica(
         // Single-replica mode: this process always acts.
         crate::metrics::global().leader.set(1);
         health::serve(opts.health_addr, HealthSource::Always).await?;
-        return controller::run(client, cfg, Gate::always(), shutdown).await;
+        return watch::run(client, cfg, Gate::always(), shutdown).await;
     };
     let ElectionOptions {
         lease_namespace,
@@ -88,8 +88,8 @@ pub async fn run_replica(
     // Standby and leader alike run the controller behind the elector's gate, so a standby's
     // caches are warm when it takes over. While the gate is closed a reconcile does nothing;
     // opening it re-reconciles every SingletonJob at once.
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    let mut ctrl = tokio::spawn(controller::run(client, cfg, elector.gate(), async move {
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let mut ctrl = tokio::spawn(watch::run(client, cfg, elector.gate(), async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     }));
 
@@ -175,7 +175,7 @@ struct LeaseEvents {
 impl LeaseEvents {
     fn new(
         client: &Client,
-        cfg: &controller::Config,
+        cfg: &watch::Config,
         namespace: &str,
         name: &str,
         identity: &str,

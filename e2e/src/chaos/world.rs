@@ -297,7 +297,10 @@ impl World {
                         .filter(|sj| backstopped.contains(&sj.name_any()))
                         .filter(|sj| {
                             sj.status.as_ref().is_some_and(|s| {
-                                singleton::conditions::is_true(&s.conditions, "BackstopReady")
+                                singleton::record::conditions::is_true(
+                                    &s.conditions,
+                                    "BackstopReady",
+                                )
                             })
                         })
                         .count();

@@ -356,6 +356,7 @@ impl Records {
     }
 }
 
+pub mod ops;
+
 #[cfg(test)]
-#[path = "decide_tests.rs"]
 mod tests;
