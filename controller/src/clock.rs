@@ -13,7 +13,7 @@
 //! run is never decided on a verdict older than `--clock-check-seconds`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -541,7 +541,7 @@ impl Clock {
             .map(|b| b.0);
         let second = at.as_second();
         {
-            let mut prepared = self.prepared.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut prepared = crate::sync::lock(&self.prepared);
             match prepared.entry(second) {
                 std::collections::btree_map::Entry::Occupied(mut e) => {
                     let lowest = e.get_mut();
@@ -563,10 +563,7 @@ impl Clock {
                 tokio::time::sleep(probe_in.unsigned_abs()).await;
             }
             clock.tighten(at).await;
-            let relied = clock
-                .prepared
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+            let relied = crate::sync::lock(&clock.prepared)
                 .get_mut(&second)
                 .and_then(Option::take);
             let now = clock.samples.current().bounds_at(Instant::now());
@@ -583,11 +580,7 @@ impl Clock {
             if lead > SignedDuration::ZERO {
                 tokio::time::sleep(lead.unsigned_abs()).await;
             }
-            clock
-                .prepared
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&second);
+            crate::sync::lock(&clock.prepared).remove(&second);
             clock.fresh().await;
         });
     }
@@ -620,12 +613,7 @@ impl Clock {
             else {
                 return;
             };
-            let rtt = signed(
-                self.rtt
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .unwrap_or_default(),
-            );
+            let rtt = signed(crate::sync::lock(&self.rtt).unwrap_or_default());
             if slack <= PROBE_GOAL.max(rtt * 3 / 2) {
                 return;
             }
@@ -658,8 +646,7 @@ impl Clock {
             return false;
         };
         let (received, at) = (self.samples.wall_now(), Instant::now());
-        *self.rtt.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(at.saturating_duration_since(sent));
+        *crate::sync::lock(&self.rtt) = Some(at.saturating_duration_since(sent));
         resp.headers()
             .get(http::header::DATE)
             .is_some_and(|date| self.samples.observe(date, sent, received, at))

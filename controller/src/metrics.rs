@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -304,19 +304,12 @@ impl Metrics {
         self.leader_transitions.inc();
         self.lease_acquire_seconds
             .observe(now.duration_since(standby_since).as_secs_f64());
-        *self
-            .leading_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(now);
+        *crate::sync::lock(&self.leading_since) = Some(now);
     }
 
     /// This replica stopped leading (lost, released or shut down); once per term.
     pub fn stopped_leading(&self) {
-        let since = self
-            .leading_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let since = crate::sync::lock(&self.leading_since).take();
         if let Some(t) = since {
             self.leader_hold_seconds.observe(t.elapsed().as_secs_f64());
         }
@@ -398,11 +391,7 @@ impl Metrics {
     /// The next scheduled instant of `sj` (None: none, or suspended).
     pub fn next_run(&self, sj: &SingletonJob, next: Option<Timestamp>) {
         let next = next.filter(|_| !sj.spec.suspend.unwrap_or(false));
-        let mut map = self
-            .next_runs
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = crate::sync::lock(&self.next_runs.0);
         match next {
             Some(t) => map.insert(job(sj), t),
             None => map.remove(&job(sj)),
@@ -515,7 +504,7 @@ struct NextRuns(Mutex<HashMap<JobLabels, Timestamp>>);
 
 impl Collector for NextRuns {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = crate::sync::lock(&self.0);
         if map.is_empty() {
             return Ok(());
         }

@@ -668,10 +668,7 @@ impl BackstopCache {
         prefix: &TablePrefix,
     ) -> Result<Arc<Backstop>> {
         let fp = fingerprint(data, keys, prefix);
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut entries = crate::sync::lock(&self.entries);
         if let Some((seen, b)) = entries.get(sj_key)
             && *seen == fp
         {
@@ -686,10 +683,7 @@ impl BackstopCache {
     /// Drops the backstop of a deleted SingletonJob (its connection closes when the last user
     /// lets go).
     pub fn forget(&self, sj_key: &str) {
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(sj_key);
+        crate::sync::lock(&self.entries).remove(sj_key);
     }
 }
 
