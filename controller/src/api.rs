@@ -154,9 +154,8 @@ pub const ANNOTATION_BREAK_LOCK: &str = "singleton.dev/break-lock";
 /// that would fail every list of SingletonJobs and stall the controller for all of them. It is
 /// decoded when a Job is built, and a bad one is reported as `JobTemplateValid=False`.
 ///
-/// Held as compact JSON text rather than a `serde_json::Value`: a decoded value allocates a
-/// B-tree node (over half a KiB) per JSON object, which made the template the largest part of a
-/// cached SingletonJob (a heap profile at 10,000 objects: about 2.4 KiB of 8 each). The text is
+/// Held as compact JSON text rather than a `serde_json::Value`, which allocates a node per JSON
+/// object and was the largest part of a cached SingletonJob (docs/performance.md). The text is
 /// shared, so cloning a SingletonJob does not copy it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobTemplate(std::sync::Arc<str>);
@@ -383,8 +382,7 @@ pub struct SingletonJobStatus {
     /// `singleton.dev/trigger`, `singleton.dev/backfill` and `singleton.dev/break-lock` (which
     /// `kubectl singleton trigger|backfill|break-lock` set).
     #[serde(default, skip_serializing_if = "Operations::is_empty")]
-    // Boxed: three operation records are 0.75 KiB inline and almost always empty, and every
-    // cached SingletonJob carries its status (a heap profile at 10,000 objects).
+    // Boxed: almost always empty, and every cached SingletonJob carries its status.
     pub operations: Box<Operations>,
 
     /// Since when the backstop has recorded a claim for every run of this SingletonJob, and in

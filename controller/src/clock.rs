@@ -524,7 +524,7 @@ impl Clock {
     /// Prepares for a due instant `at`, the wake-up a reconcile just computed. A second before
     /// it, makes sure the verdict is fresh: otherwise the first run after a quiet spell would ask
     /// for one at its instant, and, the idle connection to the API server having been closed
-    /// meanwhile, pay a TLS handshake as well (60 ms instead of 15 in `make bench`). Before that,
+    /// meanwhile, pay a TLS handshake as well (docs/performance.md). Before that,
     /// from [`PROBE_LEAD`] on, narrows the interval when it would delay the run by more than
     /// [`PROBE_GOAL`] (see [`Clock::tighten`]). One task per instant however many runs share it;
     /// nothing sent when a recent response already gave a narrow enough verdict.

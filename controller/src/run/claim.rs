@@ -1,6 +1,7 @@
 //! Steps 2 to 4 of the run protocol ([`super`]): the token, and the backstop's claim row and
 //! fence, with what a stale token, a held fence row and an unreachable database lead to.
 
+use futures::future::BoxFuture;
 use jiff::{SignedDuration, Timestamp};
 
 use super::decided;
@@ -60,7 +61,7 @@ pub(super) async fn backstop_claim(
                     naming::period_rfc3339(period)
                 );
                 let d = decided::Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note);
-                Box::pin(decided::decide_without_job(ctx, &sj, &claim, d, None)).await?;
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
             // A fresh claim, or our own earlier one (a retry after a crash).
@@ -75,12 +76,12 @@ pub(super) async fn backstop_claim(
             // run of an earlier SingletonJob of this name, a break-lock, a workload). Never run
             // at or below the fence: claim the same period again with a token above it.
             Err(Error::StaleToken { current, .. }) => {
-                let (reclaimed, higher) = Box::pin(reclaim(ctx, &sj, &claim, current)).await?;
+                let (reclaimed, higher) = reclaim(ctx, &sj, &claim, current).await?;
                 sj = reclaimed;
                 claim = higher;
             }
             Err(Error::FenceHeld(why)) => {
-                return Box::pin(fence_held(ctx, &sj, claim, why)).await;
+                return fence_held(ctx, &sj, claim, why).await;
             }
             Err(e) if e.is_retryable() => return unavailable(ctx, &sj, claim, e.to_string()).await,
             Err(e) => return Err(e),
@@ -95,24 +96,27 @@ pub(super) async fn backstop_claim(
 /// Step 4, re-claim: the pending claim is rewritten, by compare-and-swap, with a token above the
 /// backstop's fence `current` (and above every token of the status). Returns the object as
 /// written and the claim with its new token.
-async fn reclaim(
-    ctx: &Context,
-    sj: &SingletonJob,
-    claim: &RunRef,
+fn reclaim<'a>(
+    ctx: &'a Context,
+    sj: &'a SingletonJob,
+    claim: &'a RunRef,
     current: u64,
-) -> Result<(SingletonJob, RunRef)> {
-    let mut status = sj.status.clone().unwrap_or_default();
-    let token = status.fencing_token.max(current) + 1;
-    let mut higher = claim.clone();
-    higher.token = token;
-    status.fencing_token = token;
-    status.pending_claim = Some(higher.clone());
-    crate::decide::ops::on_reclaim(&mut status.operations, claim, token);
-    tracing::warn!(sj = %sj.key(), stale = claim.token, fence = current, token, "the backstop's fence is above the claim's token; claiming again with a higher one");
-    let written = kube_io::write_status(ctx, sj, status, Lane::Create).await?;
-    crate::metrics::global().token_issued(sj);
-    tracing::Span::current().record("token", token);
-    Ok((written, higher))
+) -> BoxFuture<'a, Result<(SingletonJob, RunRef)>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let mut status = sj.status.clone().unwrap_or_default();
+        let token = status.fencing_token.max(current) + 1;
+        let mut higher = claim.clone();
+        higher.token = token;
+        status.fencing_token = token;
+        status.pending_claim = Some(higher.clone());
+        crate::decide::ops::on_reclaim(&mut status.operations, claim, token);
+        tracing::warn!(sj = %sj.key(), stale = claim.token, fence = current, token, "the backstop's fence is above the claim's token; claiming again with a higher one");
+        let written = kube_io::write_status(ctx, sj, status, Lane::Create).await?;
+        crate::metrics::global().token_issued(sj);
+        tracing::Span::current().record("token", token);
+        Ok((written, higher))
+    })
 }
 
 /// Step 4 when the backstop cannot record the claim. Efficiency: a double run only wastes work;
@@ -135,7 +139,7 @@ async fn unavailable(
     if past_deadline(sj, &claim) {
         let note = format!("the backstop stayed unavailable past the starting deadline: {why}");
         let d = decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note);
-        Box::pin(decided::decide_without_job(ctx, sj, &claim, d, None)).await?;
+        decided::decide_without_job(ctx, sj, &claim, d, None).await?;
         return Ok(Backstopped::Decided);
     }
     Err(Error::BackstopUnavailable(why))
@@ -146,28 +150,32 @@ async fn unavailable(
 /// which ends its pods and with them their transaction, and the claim waits, whatever the
 /// deadline, while that Job still exists (foreground deletion: until its pods are gone). Any
 /// other holder is waited for until the period's deadline, then the period is Missed.
-async fn fence_held(
-    ctx: &Context,
-    sj: &SingletonJob,
+fn fence_held<'a>(
+    ctx: &'a Context,
+    sj: &'a SingletonJob,
     claim: RunRef,
     why: String,
-) -> Result<Backstopped> {
-    let ns = sj.metadata.namespace.clone().unwrap_or_default();
-    let mut stopping = false;
-    for old in &claim.replaces {
-        super::create::delete_replaced(ctx, &ns, old).await?;
-        stopping |= kube_io::get_job(ctx, &ns, &old.job_name, Lane::Create)
-            .await?
-            .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
-    }
-    if !stopping && past_deadline(sj, &claim) {
-        let note = format!("the backstop's fence stayed locked past the starting deadline: {why}");
-        let d = decided::Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
-        // The claim's transaction rolled back: its token never reached the fence.
-        Box::pin(decided::decide_without_job(ctx, sj, &claim, d, None)).await?;
-        return Ok(Backstopped::Decided);
-    }
-    Err(Error::FenceHeld(why))
+) -> BoxFuture<'a, Result<Backstopped>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let ns = sj.metadata.namespace.clone().unwrap_or_default();
+        let mut stopping = false;
+        for old in &claim.replaces {
+            super::create::delete_replaced(ctx, &ns, old).await?;
+            stopping |= kube_io::get_job(ctx, &ns, &old.job_name, Lane::Create)
+                .await?
+                .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
+        }
+        if !stopping && past_deadline(sj, &claim) {
+            let note =
+                format!("the backstop's fence stayed locked past the starting deadline: {why}");
+            let d = decided::Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
+            // The claim's transaction rolled back: its token never reached the fence.
+            decided::decide_without_job(ctx, sj, &claim, d, None).await?;
+            return Ok(Backstopped::Decided);
+        }
+        Err(Error::FenceHeld(why))
+    })
 }
 
 pub(super) fn past_deadline(sj: &SingletonJob, claim: &RunRef) -> bool {

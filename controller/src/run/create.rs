@@ -1,6 +1,7 @@
 //! Steps 5 and 6 of the run protocol ([`super`]): the runs a claim replaces are deleted, then
 //! the claim's Job is created, suspended; and what a taken name or a refused create lead to.
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::batch::v1::Job;
 
 use super::decided;
@@ -58,14 +59,7 @@ pub(super) async fn create(
                     claim.job_name, s.message
                 );
                 let d = decided::Decision::new(Outcome::Failed, reason::JOB_REJECTED, note);
-                Box::pin(decided::decide_without_job(
-                    ctx,
-                    fresh,
-                    claim,
-                    d,
-                    db.ready(),
-                ))
-                .await?;
+                decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
                 return Ok(None);
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -74,7 +68,7 @@ pub(super) async fn create(
                 else {
                     continue; // deleted meanwhile: create again
                 };
-                match Box::pin(name_taken(ctx, fresh, claim, &existing, db)).await? {
+                match name_taken(ctx, fresh, claim, &existing, db).await? {
                     Taken::Ours(uid) => return Ok(Some(uid)),
                     Taken::Removed => continue,
                     Taken::Decided => return Ok(None),
@@ -88,14 +82,7 @@ pub(super) async fn create(
                     claim.job_name
                 );
                 let d = decided::Decision::new(Outcome::Missed, reason::JOB_NOT_CREATED, note);
-                Box::pin(decided::decide_without_job(
-                    ctx,
-                    fresh,
-                    claim,
-                    d,
-                    db.ready(),
-                ))
-                .await?;
+                decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -123,60 +110,56 @@ enum Taken {
 /// SingletonJob that no claim knows never ran: removed by uid. Anything else is another run's
 /// Job (an earlier run of the period, or not ours at all): the period is decided with an outcome
 /// and an Event instead of being retried for ever ahead of every later period.
-async fn name_taken(
-    ctx: &Context,
-    fresh: &SingletonJob,
-    claim: &RunRef,
-    existing: &Job,
-    db: &Availability,
-) -> Result<Taken> {
-    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
-    let found = job::token(existing);
-    let status = fresh.status.clone().unwrap_or_default();
-    let owned = fresh
-        .metadata
-        .uid
-        .as_deref()
-        .and_then(|uid| crate::observe::OwnedJob::of(existing, uid));
-    if found == Some(claim.token)
-        && let Some(uid) = existing.metadata.uid.clone()
-    {
-        return Ok(Taken::Ours(uid));
-    }
-    if let Some(job) = owned.filter(|j| j.suspended && !crate::observe::known(&status, j)) {
-        tracing::warn!(job = %job.name, token = ?job.token, "removing a suspended Job no claim knows (it never ran) to create this claim's");
-        let bg = Propagation::Background;
-        kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await?;
-        return Ok(Taken::Removed);
-    }
-    let same_run = existing.metadata.annotations.as_ref().is_some_and(|a| {
-        a.get(naming::LABEL_JOB) == fresh.metadata.name.as_ref()
-            && a.get(naming::LABEL_PERIOD) == Some(&naming::period_rfc3339(claim.period.0))
-    });
-    let token = found.map_or("no".to_string(), |t| t.to_string());
-    let d = if same_run {
-        let note = format!(
-            "Job {} of period {} exists already with token {token}: the period ran before; no second Job created",
-            claim.job_name,
-            naming::period_rfc3339(claim.period.0)
-        );
-        decided::Decision::new(Outcome::Deduplicated, reason::JOB_EXISTS, note)
-    } else {
-        let note = format!(
-            "a Job named {} that is not this SingletonJob's run (token {token}) exists; the period cannot run under that name",
-            claim.job_name
-        );
-        decided::Decision::new(Outcome::Failed, reason::JOB_NAME_TAKEN, note)
-    };
-    Box::pin(decided::decide_without_job(
-        ctx,
-        fresh,
-        claim,
-        d,
-        db.ready(),
-    ))
-    .await?;
-    Ok(Taken::Decided)
+fn name_taken<'a>(
+    ctx: &'a Context,
+    fresh: &'a SingletonJob,
+    claim: &'a RunRef,
+    existing: &'a Job,
+    db: &'a Availability,
+) -> BoxFuture<'a, Result<Taken>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+        let found = job::token(existing);
+        let status = fresh.status.clone().unwrap_or_default();
+        let owned = fresh
+            .metadata
+            .uid
+            .as_deref()
+            .and_then(|uid| crate::observe::OwnedJob::of(existing, uid));
+        if found == Some(claim.token)
+            && let Some(uid) = existing.metadata.uid.clone()
+        {
+            return Ok(Taken::Ours(uid));
+        }
+        if let Some(job) = owned.filter(|j| j.suspended && !crate::observe::known(&status, j)) {
+            tracing::warn!(job = %job.name, token = ?job.token, "removing a suspended Job no claim knows (it never ran) to create this claim's");
+            let bg = Propagation::Background;
+            kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await?;
+            return Ok(Taken::Removed);
+        }
+        let same_run = existing.metadata.annotations.as_ref().is_some_and(|a| {
+            a.get(naming::LABEL_JOB) == fresh.metadata.name.as_ref()
+                && a.get(naming::LABEL_PERIOD) == Some(&naming::period_rfc3339(claim.period.0))
+        });
+        let token = found.map_or("no".to_string(), |t| t.to_string());
+        let d = if same_run {
+            let note = format!(
+                "Job {} of period {} exists already with token {token}: the period ran before; no second Job created",
+                claim.job_name,
+                naming::period_rfc3339(claim.period.0)
+            );
+            decided::Decision::new(Outcome::Deduplicated, reason::JOB_EXISTS, note)
+        } else {
+            let note = format!(
+                "a Job named {} that is not this SingletonJob's run (token {token}) exists; the period cannot run under that name",
+                claim.job_name
+            );
+            decided::Decision::new(Outcome::Failed, reason::JOB_NAME_TAKEN, note)
+        };
+        decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
+        Ok(Taken::Decided)
+    })
 }
 
 /// Whether the SingletonJob's template asks for suspended Jobs (a queueing system such as Kueue

@@ -246,12 +246,11 @@ pub async fn complete_claim(
 
     // 7 and 8, in a task of its own: nobody waits for them here, and this reconcile's slot goes
     // to the next due run. Until they are done, this SingletonJob's reconciles wait for them
-    // ([`Confirms`]).
+    // ([`crate::context::InFlight`]).
     let mut claim = claim;
     claim.job_uid = Some(uid.clone());
     let status = confirm::status_after_confirm(&fresh, &claim, backstop_skipped);
-    // The task keeps what its write needs: in a burst a thousand of them may wait in a lane,
-    // and a response's managed fields are a decoded JSON tree of kilobytes.
+    // The task keeps only what its write needs: in a burst many of them wait in a lane.
     let keep_suspended = create::keeps_suspended(&fresh);
     let mut fresh = fresh;
     fresh.status = None;
