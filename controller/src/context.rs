@@ -190,3 +190,15 @@ impl InFlight {
         let _ = self.done.send(sj);
     }
 }
+
+/// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
+/// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
+/// subresource, where the API server ignores every change outside `status`.
+pub fn slim_sj(sj: &mut SingletonJob) {
+    sj.metadata.managed_fields = None;
+    if let Some(a) = sj.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

@@ -12,11 +12,11 @@
 //! Where to look first: [`run`] is the run protocol top to bottom; [`decide`] decides which
 //! periods are due; [`reconcile`] is one pass over a SingletonJob in the order above.
 
-// The vocabulary: the API, errors, names, schedules. No I/O.
+// The vocabulary: schedules, the API, errors, names. No I/O.
+pub mod schedule;
 pub mod api;
 pub mod error;
 pub mod naming;
-pub mod schedule;
 pub mod sync;
 
 // Plumbing every step may use.
@@ -42,14 +42,14 @@ pub mod kube_io;
 
 // One reconcile, in the order of the flow.
 pub mod observe;
-pub mod operate;
-pub mod reconcile;
 pub mod record;
 pub mod run;
+pub mod operate;
+pub mod reconcile;
 
-// Wiring: the watches, leader election, one replica's life, its HTTP endpoints.
-pub mod lease;
+// Wiring: the watches, leader election and one replica's life.
 pub mod watch;
+pub mod lease;
 
 // The kubectl plugin's library side.
 pub mod plugin;

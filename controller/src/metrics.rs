@@ -145,6 +145,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    // One piece: every metric is registered here, so the registry reads as one list of names
+    // and help texts.
     pub fn new() -> Self {
         let mut m = Metrics {
             registry: Registry::with_prefix("singleton"),

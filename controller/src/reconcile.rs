@@ -167,6 +167,15 @@ async fn raise_to_jobs(
     Ok(Action::requeue(Duration::ZERO))
 }
 
+/// What was decided, for the rest of the reconcile.
+struct Decided {
+    schedule: Schedule,
+    template: std::result::Result<(), String>,
+    blocked: Option<Waiting>,
+    created: Timestamp,
+    plan: Plan,
+}
+
 /// Decide, record, operate, act, and what comes after.
 async fn decide_and_act(
     ctx: &Arc<Context>,
@@ -174,92 +183,30 @@ async fn decide_and_act(
     mut status: SingletonJobStatus,
     seen: Seen,
 ) -> Result<Action> {
-    let Seen {
-        clock,
-        now,
-        db,
-        owned,
-    } = seen;
-    let generation = sj.metadata.generation;
-    status.observed_generation = generation;
+    let now = seen.now;
+    status.observed_generation = sj.metadata.generation;
     let Some(schedule) = Box::pin(parse_schedule(ctx, sj, &mut status, now)).await? else {
         // Nothing will change until the spec does.
         return Ok(Action::await_change());
     };
     let template = Box::pin(judge_template(ctx, sj, &mut status, now)).await?;
     let states = Box::pin(observe::runs::active_job_states(ctx, sj, &status.active)).await?;
-    let blocked = blocked(sj, &clock, &template, &db);
+    let blocked = blocked(sj, &seen.clock, &template, &seen.db);
     let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     let plan = plan(sj, &schedule, &status, now, created, blocked, &states);
-
-    // Record. A finished run's period is decided: its token is retired in the backstop first
-    // (G3), so that no copy of it can pass the fence from now on.
-    if let Some(b) = db.ready()
-        && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
-    {
-        Box::pin(run::retire(sj, b, token)).await?;
-    }
-    let new_entries = record::apply_plan(&mut status, &plan, &states);
-    let next = record::next_times(&mut status, &schedule, now);
-    crate::metrics::global().next_run(sj, next);
-    let facts = Facts {
-        schedule: schedule.expr(),
-        time_zone: sj.spec.time_zone.as_deref().unwrap_or("UTC"),
-        suspended: sj.spec.suspend.unwrap_or(false),
-        clock: &clock,
-        backstop: seen_backstop(&db),
-        waiting: plan.waiting.or(blocked),
-        generation,
-        now,
-    };
-    if record::set_conditions(&mut status, &facts)
-        && let Availability::Unavailable(why) = &db
-    {
-        let note = why.clone();
-        ctx.events
-            .publish(
-                sj,
-                EventType::Warning,
-                "BackstopUnavailable",
-                "ConnectBackstop",
-                note,
-            )
-            .await;
-    }
-    if let Some(b) = db.ready() {
-        record::mark_claims_recorded(&mut status, b.target_id(), created, now);
-    } else if matches!(db, Availability::NotConfigured) {
-        status.claims_recorded = None;
-    }
-
-    // Operations users asked for (trigger, backfill) come after the schedule's own run.
-    let gates = ManualGates {
+    let decided = Decided {
+        schedule,
+        template,
         blocked,
-        template: &template,
-        active: &plan.still_active,
-        owned: &owned,
+        created,
+        plan,
     };
-    let (manual, notes) = match plan.start {
-        Some(_) => (None, Vec::new()),
-        None => {
-            let decided_through = plan.decided_through.unwrap_or(now);
-            let mut ops = Operations {
-                sj,
-                status: &mut status,
-                schedule: &schedule,
-                decided_through,
-                gates,
-                db: &db,
-                now,
-                notes: Vec::new(),
-            };
-            let manual = Box::pin(ops.next()).await?;
-            (manual, ops.notes)
-        }
-    };
-    let operating = ops::in_progress(&status.operations);
 
-    let started = Box::pin(act(ctx, sj, status, &plan, manual, &db)).await?;
+    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, &states)).await?;
+    let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
+    let operating = ops::in_progress(&status.operations);
+    let plan = &decided.plan;
+    let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
     Box::pin(after(ctx, sj, &new_entries, notes, started.as_ref())).await?;
 
     // A manual run just started: look again at once (a backfill goes on, or waits for it). An
@@ -278,6 +225,90 @@ async fn decide_and_act(
         (Some(a), Some(b)) => Action::requeue(a.min(b)),
         (a, b) => a.or(b).map_or_else(Action::await_change, Action::requeue),
     })
+}
+
+/// Record: what the plan decided goes into `status` (a finished run's token retired in the
+/// backstop first, G3, so that no copy of it can pass the fence from now on), with the next
+/// instants and the conditions. Returns the new history entries, for their Events.
+async fn record(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    seen: &Seen,
+    decided: &Decided,
+    states: &HashMap<String, JobState>,
+) -> Result<Vec<HistoryEntry>> {
+    let (now, plan, db) = (seen.now, &decided.plan, &seen.db);
+    if let Some(b) = db.ready()
+        && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
+    {
+        Box::pin(run::retire(sj, b, token)).await?;
+    }
+    let new_entries = record::apply_plan(status, plan, states);
+    let next = record::next_times(status, &decided.schedule, now);
+    crate::metrics::global().next_run(sj, next);
+    let facts = Facts {
+        schedule: decided.schedule.expr(),
+        time_zone: sj.spec.time_zone.as_deref().unwrap_or("UTC"),
+        suspended: sj.spec.suspend.unwrap_or(false),
+        clock: &seen.clock,
+        backstop: seen_backstop(db),
+        waiting: plan.waiting.or(decided.blocked),
+        generation: sj.metadata.generation,
+        now,
+    };
+    if record::set_conditions(status, &facts)
+        && let Availability::Unavailable(why) = db
+    {
+        let note = why.clone();
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "BackstopUnavailable",
+                "ConnectBackstop",
+                note,
+            )
+            .await;
+    }
+    if let Some(b) = db.ready() {
+        record::mark_claims_recorded(status, b.target_id(), decided.created, now);
+    } else if matches!(db, Availability::NotConfigured) {
+        status.claims_recorded = None;
+    }
+    Ok(new_entries)
+}
+
+/// Operations users asked for (trigger, backfill) come after the schedule's own run: none is
+/// looked at when the plan starts one. The manual run to start now, if any, and the Events to
+/// publish after the write.
+async fn operations(
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    seen: &Seen,
+    decided: &Decided,
+) -> Result<(Option<(Timestamp, RunOrigin)>, Vec<operate::Note>)> {
+    let plan = &decided.plan;
+    if plan.start.is_some() {
+        return Ok((None, Vec::new()));
+    }
+    let mut ops = Operations {
+        sj,
+        status,
+        schedule: &decided.schedule,
+        decided_through: plan.decided_through.unwrap_or(seen.now),
+        gates: ManualGates {
+            blocked: decided.blocked,
+            template: &decided.template,
+            active: &plan.still_active,
+            owned: &seen.owned,
+        },
+        db: &seen.db,
+        now: seen.now,
+        notes: Vec::new(),
+    };
+    let manual = Box::pin(ops.next()).await?;
+    Ok((manual, ops.notes))
 }
 
 /// The schedule, or, when it does not parse, the conditions and an Event saying so (written

@@ -64,18 +64,6 @@ fn slim_job(job: &mut Job) {
     });
 }
 
-/// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
-/// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
-/// subresource, where the API server ignores every change outside `status`.
-pub(crate) fn slim_sj(sj: &mut SingletonJob) {
-    sj.metadata.managed_fields = None;
-    if let Some(a) = sj.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
-    }
-}
-
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// Configuration of a controller instance.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -98,15 +86,7 @@ pub async fn run(
     gate: Gate,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let (sjs, jobs_api): (Api<SingletonJob>, Api<Job>) = match &cfg.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    // Fail fast with a clear message if the CRD is not installed.
-    sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
+    let (sjs, jobs_api) = apis(&client, cfg.namespace.as_deref()).await?;
 
     let clock = Arc::new(Clock::new(
         cfg.clock.clone(),
@@ -117,52 +97,35 @@ pub async fn run(
     clock.fresh().await;
     let clock_rx = clock.subscribe();
 
-    let (reader, writer) = reflector::store::<Job>();
-    let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
-    let job_stream = reflector::reflector(writer, watcher(jobs_api, job_watch).modify(slim_job))
-        .default_backoff()
-        .touched_objects();
+    let (jobs, job_stream) = {
+        let (reader, writer) = reflector::store::<Job>();
+        let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
+        let stream = reflector::reflector(writer, watcher(jobs_api, job_watch).modify(slim_job))
+            .default_backoff()
+            .touched_objects();
+        (reader, stream)
+    };
     let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
     let sj_stream = reflector::reflector(
         sj_writer,
-        watcher(sjs, watcher::Config::default()).modify(slim_sj),
+        watcher(sjs, watcher::Config::default()).modify(crate::context::slim_sj),
     )
     .applied_objects();
 
-    let reporter = Reporter {
-        controller: cfg.reporter.clone(),
-        instance: cfg.instance.clone(),
-    };
-    let gate_opened = gate.opened();
-    let lanes = Lanes::new(crate::lanes::IN_FLIGHT);
-    let (confirming, confirmed_runs) = InFlight::new();
-    crate::memory::limit_arenas();
-    tokio::spawn(crate::memory::give_back_after_bursts(lanes.clone()));
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        events: Events::new(client.clone(), reporter, lanes.clone()),
-        lanes,
-        jobs: reader,
-        clock,
-        gate,
-        backstops: BackstopCache::default(),
-        rejections_seen: Mutex::default(),
-        own_writes: OwnWrites::default(),
-        confirming,
-        resumed: Recent::default(),
-    });
-
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
     // SingletonJob.
-    let reconcile_all =
-        futures::stream::select(WatchStream::from_changes(clock_rx).map(|_| ()), gate_opened);
+    let reconcile_all = futures::stream::select(
+        WatchStream::from_changes(clock_rx).map(|_| ()),
+        gate.opened(),
+    );
+    let (confirming, confirmed_runs) = InFlight::new();
+    let ctx = context(client, &cfg, gate, clock, jobs, confirming);
 
     let (stop_tx, mut stop_rx) = watch::channel(());
     tokio::spawn(async move {
         shutdown.await;
         stop_tx.send_replace(());
     });
-
     // kube's graceful shutdown also waits for scheduled requeues (ours sleep until the next
     // period), which would hold up a handover. Once stopping, the gate is closed, so nothing
     // queued could write anyway: after a short grace for writes in flight, stop outright.
@@ -189,4 +152,49 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// The SingletonJobs and Jobs watched: of `namespace`, or of all. Fails fast, with a clear
+/// message, when the CRD is not installed.
+async fn apis(client: &Client, namespace: Option<&str>) -> Result<(Api<SingletonJob>, Api<Job>)> {
+    let (sjs, jobs): (Api<SingletonJob>, Api<Job>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
+    Ok((sjs, jobs))
+}
+
+/// The context every reconcile shares; the memory give-back starts with it.
+fn context(
+    client: Client,
+    cfg: &Config,
+    gate: Gate,
+    clock: Arc<Clock>,
+    jobs: reflector::Store<Job>,
+    confirming: InFlight,
+) -> Arc<Context> {
+    let reporter = Reporter {
+        controller: cfg.reporter.clone(),
+        instance: cfg.instance.clone(),
+    };
+    let lanes = Lanes::new(crate::lanes::IN_FLIGHT);
+    crate::memory::limit_arenas();
+    tokio::spawn(crate::memory::give_back_after_bursts(lanes.clone()));
+    Arc::new(Context {
+        client: client.clone(),
+        events: Events::new(client, reporter, lanes.clone()),
+        lanes,
+        jobs,
+        clock,
+        gate,
+        backstops: BackstopCache::default(),
+        rejections_seen: Mutex::default(),
+        own_writes: OwnWrites::default(),
+        confirming,
+        resumed: Recent::default(),
+    })
 }

@@ -175,20 +175,7 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
         generation,
         now,
     );
-    // The exact offset changes with every measurement; only a verdict change is worth a write.
-    let clock_msg = match (f.clock.trusted, f.clock.offset) {
-        (true, _) => "the local clock agrees with the API server's".to_string(),
-        (false, Some(o)) => format!(
-            "API server clock minus local clock: {} s; no run starts until they agree",
-            o.as_secs()
-        ),
-        (false, None) => {
-            "the API server's clock has not been measured yet; no run starts until it is"
-                .to_string()
-        }
-    };
-    let trusted = f.clock.trusted;
-    let clock_reason = if trusted { "InSync" } else { "ClockSkew" };
+    let (trusted, clock_reason, clock_msg) = clock_condition(f.clock);
     conditions::set(
         conds,
         conditions::CLOCK_TRUSTED,
@@ -198,7 +185,52 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
         generation,
         now,
     );
-    let turned_unavailable = match &f.backstop {
+    let turned_unavailable = backstop_condition(conds, &f.backstop, generation, now);
+    let (ready, why) = match f.waiting {
+        Some(Waiting::ClockUntrusted) => (false, "ClockSkew"),
+        Some(Waiting::JobTemplateInvalid) => (false, "JobTemplateRejected"),
+        Some(Waiting::BackstopUnavailable) => (false, "BackstopUnavailable"),
+        _ => (true, "Scheduled"),
+    };
+    conditions::set(conds, conditions::READY, ready, why, "", generation, now);
+    settle_consistency(status, generation, now);
+    turned_unavailable
+}
+
+/// `ClockTrusted`: whether, why, and what. The exact offset changes with every measurement, so the
+/// message only says it in whole seconds when the clocks disagree: only a verdict change is worth
+/// a write.
+fn clock_condition(clock: &ClockState) -> (bool, &'static str, String) {
+    match (clock.trusted, clock.offset) {
+        (true, _) => (
+            true,
+            "InSync",
+            "the local clock agrees with the API server's".to_string(),
+        ),
+        (false, Some(o)) => (
+            false,
+            "ClockSkew",
+            format!(
+                "API server clock minus local clock: {} s; no run starts until they agree",
+                o.as_secs()
+            ),
+        ),
+        (false, None) => (
+            false,
+            "ClockSkew",
+            "the API server's clock has not been measured yet; no run starts until it is".into(),
+        ),
+    }
+}
+
+/// `BackstopReady` (absent without a backstop). Returns whether it turned False.
+fn backstop_condition(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    backstop: &BackstopSeen,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    match backstop {
         BackstopSeen::NotConfigured => {
             conds.retain(|c| c.type_ != conditions::BACKSTOP_READY);
             false
@@ -216,25 +248,19 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
             );
             false
         }
-        BackstopSeen::Unavailable(why) => conditions::set(
-            conds,
-            conditions::BACKSTOP_READY,
-            false,
-            "Unavailable",
-            why.clone(),
-            generation,
-            now,
-        ),
-    };
-    let (ready, why) = match f.waiting {
-        Some(Waiting::ClockUntrusted) => (false, "ClockSkew"),
-        Some(Waiting::JobTemplateInvalid) => (false, "JobTemplateRejected"),
-        Some(Waiting::BackstopUnavailable) => (false, "BackstopUnavailable"),
-        _ => (true, "Scheduled"),
-    };
-    conditions::set(conds, conditions::READY, ready, why, "", generation, now);
-    settle_consistency(status, generation, now);
-    turned_unavailable
+        BackstopSeen::Unavailable(why) => {
+            let why = why.clone();
+            conditions::set(
+                conds,
+                conditions::BACKSTOP_READY,
+                false,
+                "Unavailable",
+                why,
+                generation,
+                now,
+            )
+        }
+    }
 }
 
 /// A schedule that does not parse: `ScheduleValid` and `Ready` say so. Returns whether anything

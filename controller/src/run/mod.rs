@@ -254,7 +254,7 @@ pub async fn complete_claim(
     let keep_suspended = create::keeps_suspended(&fresh);
     let mut fresh = fresh;
     fresh.status = None;
-    crate::watch::slim_sj(&mut fresh);
+    crate::context::slim_sj(&mut fresh);
     confirm::spawn(ctx, fresh, status, claim, uid, keep_suspended);
     Ok(())
 }
