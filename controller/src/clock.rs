@@ -530,8 +530,11 @@ impl Clock {
     /// nothing sent when a recent response already gave a narrow enough verdict.
     pub fn prepare(self: &Arc<Self>, at: Timestamp) {
         let ahead = at.duration_since(self.samples.wall_now());
-        let lead = ahead - PREPARE_LEAD;
-        if lead <= SignedDuration::ZERO || lead > PREPARE_HORIZON {
+        // An instant less than a second away (an every-second schedule) is prepared for too: the
+        // verdict is then fresh already, but the interval may still be coarse, and a run judged
+        // on a coarse one is late by it, as is every later run made at the same phase (their
+        // responses' Dates fall at that phase and never narrow it).
+        if ahead <= SignedDuration::ZERO || ahead - PREPARE_LEAD > PREPARE_HORIZON {
             return;
         }
         let relied = self
@@ -562,7 +565,7 @@ impl Clock {
             if probe_in > SignedDuration::ZERO {
                 tokio::time::sleep(probe_in.unsigned_abs()).await;
             }
-            clock.tighten(at).await;
+            clock.tighten().await;
             let relied = crate::sync::lock(&clock.prepared)
                 .get_mut(&second)
                 .and_then(Option::take);
@@ -585,20 +588,28 @@ impl Clock {
         });
     }
 
-    /// Narrows the interval before `at` with at most [`MAX_PROBES`] `GET /version`, as long as
-    /// its part below zero is wider than [`PROBE_GOAL`] (and than a round trip or two, below which
-    /// probes cannot go). A binary search on the phase of the server's second: a request whose
-    /// middle falls when, by the interval's midpoint `mid`, the server's clock passes a whole
-    /// second `k` gets a `Date` of at least `k` (the offset is then at least about `mid`) or not
-    /// (at most about `mid`), halving the interval down to about the round trip.
-    async fn tighten(&self, at: Timestamp) {
-        let _one = self.probing.lock().await;
+    /// Narrows the interval now, in the background (see [`Clock::tighten`]): at start-up, so that
+    /// a replica that takes over soon after it started (a standby, a restarted pod) judges its
+    /// first runs on a narrow interval rather than a coarse one. A handful of requests, once.
+    pub fn narrow_in_background(self: &Arc<Self>) {
+        let clock = Arc::clone(self);
+        tokio::spawn(async move { clock.tighten().await });
+    }
+
+    /// Narrows the interval with at most [`MAX_PROBES`] `GET /version`, as long as its part below
+    /// zero is wider than [`PROBE_GOAL`] (and than a round trip or two, below which probes cannot
+    /// go). A binary search on the phase of the server's second: a request whose middle falls
+    /// when, by the interval's midpoint `mid`, the server's clock passes a whole second `k` gets a
+    /// `Date` of at least `k` (the offset is then at least about `mid`) or not (at most about
+    /// `mid`), halving the interval down to about the round trip. Each probe waits for the next
+    /// such second, so narrowing may go on past the instant it was started for: the runs after it
+    /// are then on time. One narrowing at a time; another that finds one under way leaves it be.
+    async fn tighten(&self) {
+        let Ok(_one) = self.probing.try_lock() else {
+            return;
+        };
         for _ in 0..MAX_PROBES {
             let (now, mono) = (self.samples.wall_now(), Instant::now());
-            let to_go = at.duration_since(now);
-            if to_go <= SignedDuration::ZERO {
-                return;
-            }
             if self.samples.stepped() {
                 // Aim with a verdict formed since the step.
                 if !self.timed_check().await {
@@ -607,9 +618,8 @@ impl Clock {
                 continue;
             }
             let state = self.samples.current();
-            let when = mono + to_go.unsigned_abs();
             // Nothing measured yet: fresh() asks a second before the instant.
-            let (Some((lo, hi)), Some(slack)) = (state.bounds_at(when), state.slack_at(when))
+            let (Some((lo, hi)), Some(slack)) = (state.bounds_at(mono), state.slack_at(mono))
             else {
                 return;
             };
@@ -622,9 +632,6 @@ impl Clock {
             // the request leaves half a round trip before.
             let k = ceil_second(shift(now, aim + SignedDuration::from_millis(1)));
             let send = shift(k, -aim);
-            if send >= at {
-                return;
-            }
             tokio::time::sleep(send.duration_since(now).unsigned_abs()).await;
             if !self.timed_check().await {
                 return;
@@ -1142,6 +1149,44 @@ mod tests {
             assert!(sent <= 1 + MAX_PROBES, "{sent} requests");
             assert!(sent >= 4, "{sent} requests: a lucky first sample?");
         }
+    }
+
+    /// An every-second schedule: the next instant is always less than a second away, and the
+    /// runs' own requests (and so their `Date`s) come at the phase the coarse first verdict
+    /// delays them to, which keeps the interval as coarse. Preparing for such an instant narrows
+    /// it anyway, so that the runs after it are on time.
+    #[tokio::test(start_paused = true)]
+    async fn an_instant_less_than_a_second_away_still_gets_the_interval_narrowed() {
+        // The clocks agree; the first sample comes 600 ms into the server's second, so the lower
+        // bound starts 600 ms below the truth: a run would be late by that.
+        let world = World::new(SignedDuration::ZERO);
+        let (client, samples, paths) = fake_server(&world, true, Duration::from_millis(4));
+        let clock = Arc::new(Clock::new(samples.clone(), client, Duration::from_secs(30)));
+        clock.fresh().await;
+        let late = |st: ClockState| world.server_now().duration_since(st.due_now(world.local()));
+        assert!(
+            late(samples.current()) > ms(500),
+            "{:?}",
+            late(samples.current())
+        );
+        // Every reconcile prepares for the next second, 400 ms away.
+        for _ in 0..5 {
+            let at = ceil_second(world.local() + ms(1));
+            clock.prepare(at);
+            tokio::time::sleep(at.duration_since(world.local()).unsigned_abs()).await;
+        }
+        let st = samples.current();
+        assert!(
+            st.due_now(world.local()) <= world.server_now(),
+            "never early"
+        );
+        let goal = PROBE_GOAL.max(ms(6));
+        assert!(late(st) <= goal + ms(1), "still late by {:?}", late(st));
+        assert!(
+            versions(&paths) <= 1 + MAX_PROBES,
+            "{} requests",
+            versions(&paths)
+        );
     }
 
     #[tokio::test(start_paused = true)]

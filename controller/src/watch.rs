@@ -93,8 +93,9 @@ pub async fn run(
         client.clone(),
         cfg.clock_check_interval,
     ));
-    // A first verdict before anything is reconciled.
+    // A first verdict before anything is reconciled, narrowed soon after.
     clock.fresh().await;
+    clock.narrow_in_background();
     let clock_rx = clock.subscribe();
 
     let (jobs, job_stream) = {
