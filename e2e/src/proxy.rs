@@ -1,5 +1,4 @@
-//! A TCP proxy a test owns, so it can take one connection path down (a database outage, a
-//! partition from the API server) while the servers other tests share stay up.
+//! The TCP proxy tests cut for database outages and API-server partitions.
 
 use anyhow::Result;
 
