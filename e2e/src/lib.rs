@@ -23,16 +23,24 @@ pub use singleton;
 pub mod chaos;
 pub mod observer;
 mod backstop;
+mod commands;
 mod http;
 mod proxy;
+mod service_account;
 
-pub use observer::Observer;
 pub use backstop::{
     backstop_secret, backstop_spec, database_port, database_url, pg, proxied_backstop_secret,
     table_prefix,
 };
+pub use commands::{
+    chart_dir, helm, kubectl, plugin, plugin_bin, repo_file, run_ok, stderr, stdout, yaml_docs,
+};
 pub use http::{HttpResponse, health_addr_in, http_get, metric};
+pub use observer::Observer;
 pub use proxy::Proxy;
+pub use service_account::{can_i, client_from_kubeconfig};
+
+use commands::repo_root;
 
 /// One test's world: a namespace, a client, and controller processes.
 pub struct Env {
@@ -46,10 +54,6 @@ pub struct Env {
 pub struct Controller {
     pub child: Child,
     pub log: PathBuf,
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// Environment that makes a process's wall clock run `offset` (e.g. "+40s") off, by preloading
@@ -80,10 +84,6 @@ pub const FAST_ELECTION: &[&str] = &[
     "--retry-period-seconds",
     "0.5",
 ];
-
-pub fn kubectl() -> std::process::Command {
-    std::process::Command::new(std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into()))
-}
 
 /// The controller binary: `SINGLETON_CONTROLLER_BIN`, or the workspace's debug build.
 pub fn controller_bin() -> PathBuf {
@@ -418,41 +418,6 @@ impl Env {
     }
 }
 
-// ---- The kubectl plugin (tests/plugin.rs, tests/operations.rs) ----
-
-/// The plugin as `make e2e` builds it (`cargo build -p singleton-controller --bins`).
-pub fn plugin_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("debug/kubectl-singleton")
-}
-
-/// Runs the plugin with `args` (and extra environment); its exit status and output.
-pub fn plugin(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Result<std::process::Output> {
-    let bin = plugin_bin();
-    std::process::Command::new(&bin)
-        .args(args)
-        .envs(envs.iter().copied())
-        .output()
-        .with_context(|| {
-            format!(
-                "running {} (build it with `cargo build -p singleton-controller --bins`)",
-                bin.display()
-            )
-        })
-}
-
-/// What a finished command printed on stdout.
-pub fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// What a finished command printed on stderr.
-pub fn stderr(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 /// The Events of the test namespace with `reason`, oldest first.
 pub async fn events_with_reason(env: &Env, reason: &str) -> Result<Vec<Event>> {
     let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
@@ -467,53 +432,6 @@ pub async fn events_with_reason(env: &Env, reason: &str) -> Result<Vec<Event>> {
     Ok(evs)
 }
 
-// ---- Helm chart and ServiceAccount helpers (tests/chart.rs, tests/chart_render.rs) ----
-
-/// `helm`: `HELM` (set by `make e2e` and `make chart` to the cached build), else the one on PATH.
-pub fn helm() -> std::process::Command {
-    std::process::Command::new(std::env::var_os("HELM").unwrap_or_else(|| "helm".into()))
-}
-
-/// The Helm chart, `charts/singleton-controller`.
-pub fn chart_dir() -> PathBuf {
-    repo_root().join("charts/singleton-controller")
-}
-
-/// A file of the repository, by its path from the root.
-pub fn repo_file(path: &str) -> PathBuf {
-    repo_root().join(path)
-}
-
-/// Runs `cmd` to completion; its stdout when it exits 0, else an error with its stderr.
-pub fn run_ok(cmd: &mut std::process::Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} {:?} failed ({}): {}{}",
-            cmd.get_program(),
-            cmd.get_args().collect::<Vec<_>>(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The documents of a multi-document YAML stream (`helm template` output), empty ones skipped.
-pub fn yaml_docs(text: &str) -> Result<Vec<serde_yaml::Value>> {
-    let mut docs = Vec::new();
-    for de in serde_yaml::Deserializer::from_str(text) {
-        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(de)?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
-}
-
 impl Env {
     /// Where this test's controller logs (and other files) go: `.cache/e2e-logs/<namespace>`.
     pub fn log_dir(&self) -> &std::path::Path {
@@ -524,85 +442,7 @@ impl Env {
     /// token from the TokenRequest API (`kubectl create token`, one hour), against the server
     /// and CA of the current kubeconfig; returns its path (mode 0600, in [`Env::log_dir`]).
     pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
-        let token =
-            run_ok(kubectl().args(["create", "token", name, "-n", namespace, "--duration=1h"]))?;
-        let view = run_ok(kubectl().args(["config", "view", "--raw", "--minify", "-o", "json"]))?;
-        let view: serde_json::Value = serde_json::from_str(&view)?;
-        let cluster = &view["clusters"][0]["cluster"];
-        let server = cluster["server"]
-            .as_str()
-            .context("current kubeconfig has no server")?;
-        let ca = match (
-            cluster["certificate-authority-data"].as_str(),
-            cluster["certificate-authority"].as_str(),
-        ) {
-            (Some(data), _) => format!("certificate-authority-data: {data}"),
-            (None, Some(path)) => format!("certificate-authority: {path}"),
-            (None, None) => bail!("current kubeconfig has no certificate authority"),
-        };
-        let text = format!(
-            "apiVersion: v1
-kind: Config
-clusters:
-- name: cluster
-  cluster:
-    server: {server}
-    {ca}
-users:
-- name: {namespace}-{name}
-  user:
-    token: {token}
-contexts:
-- name: sa
-  context:
-    cluster: cluster
-    user: {namespace}-{name}
-    namespace: {namespace}
-current-context: sa
-",
-            token = token.trim()
-        );
-        let path = self.log_dir.join(format!("{namespace}-{name}.kubeconfig"));
-        {
-            use std::io::Write as _;
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&path)?;
-            f.write_all(text.as_bytes())?;
-        }
-        Ok(path)
-    }
-}
-
-/// A client authenticated by the kubeconfig at `path` (e.g. a ServiceAccount's).
-pub async fn client_from_kubeconfig(path: &std::path::Path) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(path)?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await?;
-    Ok(Client::try_from(cfg)?)
-}
-
-/// `kubectl auth can-i ARGS` as the kubeconfig at `path`: Ok(true) for "yes", Ok(false) for
-/// "no", an error for anything else.
-pub fn can_i(kubeconfig: &std::path::Path, args: &[&str]) -> Result<bool> {
-    let out = kubectl()
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["auth", "can-i"])
-        .args(args)
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    match text.trim() {
-        "yes" => Ok(true),
-        "no" => Ok(false),
-        other => bail!(
-            "kubectl auth can-i {args:?}: {other:?} ({})",
-            String::from_utf8_lossy(&out.stderr)
-        ),
+        service_account::write_kubeconfig(&self.log_dir, namespace, name)
     }
 }
 
@@ -639,4 +479,3 @@ pub fn never_scheduled(yaml: String) -> String {
         "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
     )
 }
-
