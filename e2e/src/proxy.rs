@@ -13,7 +13,7 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Forwards 127.0.0.1:<port> to `target` while up.
+    /// Forwards `127.0.0.1:<port>` to `target` while up.
     pub async fn start(target: std::net::SocketAddr) -> Result<Proxy> {
         use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
