@@ -1,7 +1,7 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
 use singleton::decide::ops::OperationKind;
-use singleton::plugin::{self, Conn, Output, PluginError, Wait};
+use singleton::plugin::{self, Cluster, Output, PluginError, Wait};
 use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule, preview};
 
 #[derive(Parser, Debug)]
@@ -220,10 +220,10 @@ fn main() -> std::process::ExitCode {
 
 /// The commands that talk to the API server; returns what to print.
 async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
-    let conn = Conn::infer().await?;
+    let cluster = Cluster::infer().await?;
     let ns = |n: Namespace| {
         n.namespace
-            .unwrap_or_else(|| conn.default_namespace.clone())
+            .unwrap_or_else(|| cluster.default_namespace.clone())
     };
     let now = jiff::Timestamp::now();
     match cmd {
@@ -234,7 +234,7 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
             output,
         } => {
             let scope = (!all_namespaces).then(|| ns(n));
-            let sjs = conn.list(scope.as_deref()).await?;
+            let sjs = cluster.list(scope.as_deref()).await?;
             plugin::format_list(&sjs, all_namespaces, output, now)
         }
         Cmd::Status {
@@ -242,7 +242,7 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
             ns: n,
             output,
         } => {
-            let sj = conn.get(&ns(n), &name).await?;
+            let sj = cluster.get(&ns(n), &name).await?;
             plugin::format_status(&sj, output, now)
         }
         Cmd::History {
@@ -250,14 +250,23 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
             ns: n,
             output,
         } => {
-            let sj = conn.get(&ns(n), &name).await?;
+            let sj = cluster.get(&ns(n), &name).await?;
             plugin::format_history(&sj, output)
         }
-        Cmd::Suspend { name, ns: n } => conn.set_suspend(&ns(n), &name, true).await,
-        Cmd::Resume { name, ns: n } => conn.set_suspend(&ns(n), &name, false).await,
+        Cmd::Suspend { name, ns: n } => cluster.set_suspend(&ns(n), &name, true).await,
+        Cmd::Resume { name, ns: n } => cluster.set_suspend(&ns(n), &name, false).await,
         Cmd::Trigger { name, ns: n, op } => {
-            let req = plugin::new_request(conn.whoami().await, now);
-            operate(&conn, &ns(n), &name, OperationKind::Trigger, req, op, false).await
+            let req = plugin::new_request(cluster.whoami().await, now);
+            operate(
+                &cluster,
+                &ns(n),
+                &name,
+                OperationKind::Trigger,
+                req,
+                op,
+                false,
+            )
+            .await
         }
         Cmd::Backfill {
             name,
@@ -272,10 +281,19 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
                     "--from {from} is after --to {to}"
                 )));
             }
-            let mut req = plugin::new_request(conn.whoami().await, now);
+            let mut req = plugin::new_request(cluster.whoami().await, now);
             req.from = Some(from);
             req.to = Some(to);
-            operate(&conn, &ns(n), &name, OperationKind::Backfill, req, op, wait).await
+            operate(
+                &cluster,
+                &ns(n),
+                &name,
+                OperationKind::Backfill,
+                req,
+                op,
+                wait,
+            )
+            .await
         }
         Cmd::BreakLock {
             name,
@@ -288,10 +306,10 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
                     "--reason must say why the lock is broken".into(),
                 ));
             }
-            let mut req = plugin::new_request(conn.whoami().await, now);
+            let mut req = plugin::new_request(cluster.whoami().await, now);
             req.reason = Some(reason);
             operate(
-                &conn,
+                &cluster,
                 &ns(n),
                 &name,
                 OperationKind::BreakLock,
@@ -305,7 +323,7 @@ async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
 }
 
 async fn operate(
-    conn: &Conn,
+    cluster: &Cluster,
     ns: &str,
     name: &str,
     kind: OperationKind,
@@ -317,6 +335,6 @@ async fn operate(
         timeout: op.timeout,
         until_done,
     };
-    let record = conn.operate(ns, name, kind, req, wait).await?;
+    let record = cluster.operate(ns, name, kind, req, wait).await?;
     plugin::format_operation(kind, ns, name, &record, op.output)
 }

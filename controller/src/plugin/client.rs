@@ -9,31 +9,34 @@ use kube::{Client, ResourceExt};
 use super::error::PluginError;
 use crate::api::SingletonJob;
 
-/// A client and the namespace the kubeconfig's context selects.
-pub struct Conn {
+/// The cluster the kubeconfig selects: a client, and the namespace its context names.
+pub struct Cluster {
     pub client: Client,
     /// The context's namespace (`default` if it names none).
     pub default_namespace: String,
+    /// ` at <URL>`, for the error that says the API server cannot be reached.
     server: String,
 }
 
-impl Conn {
+impl Cluster {
     /// From KUBECONFIG / ~/.kube/config / in-cluster, as kubectl does.
-    pub async fn infer() -> Result<Conn, PluginError> {
+    pub async fn infer() -> Result<Cluster, PluginError> {
         let config = kube::Config::infer()
             .await
             .map_err(|e| PluginError::NoConfig(e.to_string()))?;
         let server = format!(" at {}", config.cluster_url);
         let default_namespace = config.default_namespace.clone();
         let client = Client::try_from(config).map_err(|e| PluginError::NoConfig(e.to_string()))?;
-        Ok(Conn {
+        Ok(Cluster {
             client,
             default_namespace,
             server,
         })
     }
 
-    pub(super) fn err(&self, e: kube::Error, verb: &str, ns: Option<&str>) -> PluginError {
+    /// A failed request as the user should read it: which verb RBAC refused and where, or an
+    /// API server that cannot be reached; anything else as the API said it.
+    pub(super) fn api_error(&self, e: kube::Error, verb: &str, ns: Option<&str>) -> PluginError {
         match e {
             kube::Error::Api(s) if s.code == 403 => PluginError::Forbidden {
                 verb: verb.into(),
@@ -59,7 +62,7 @@ impl Conn {
         match api.list_metadata(&ListParams::default().limit(1)).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-            Err(e) => Err(self.err(e, "list", Some(ns))),
+            Err(e) => Err(self.api_error(e, "list", Some(ns))),
         }
     }
 
@@ -78,7 +81,7 @@ impl Conn {
                     Err(PluginError::CrdMissing)
                 }
             }
-            Err(e) => Err(self.err(e, "get", Some(ns))),
+            Err(e) => Err(self.api_error(e, "get", Some(ns))),
         }
     }
 
@@ -91,7 +94,7 @@ impl Conn {
         let mut items = match api.list(&ListParams::default()).await {
             Ok(l) => l.items,
             Err(kube::Error::Api(s)) if s.code == 404 => return Err(PluginError::CrdMissing),
-            Err(e) => return Err(self.err(e, "list", ns)),
+            Err(e) => return Err(self.api_error(e, "list", ns)),
         };
         items.sort_by_key(|s| (s.namespace().unwrap_or_default(), s.name_any()));
         Ok(items)
@@ -125,7 +128,7 @@ impl Conn {
                 namespace: ns.into(),
                 name: name.into(),
             }),
-            Err(e) => Err(self.err(e, "patch", Some(ns))),
+            Err(e) => Err(self.api_error(e, "patch", Some(ns))),
         }
     }
 
@@ -160,7 +163,7 @@ mod tests {
     use super::*;
 
     /// A client against a fake API server that answers every request with `reply(method, path)`.
-    fn fake(reply: fn(&http::Method, &str) -> (u16, String)) -> Conn {
+    fn fake(reply: fn(&http::Method, &str) -> (u16, String)) -> Cluster {
         use http::{Request, Response};
         use kube::client::Body;
         let server = tower::service_fn(move |req: Request<Body>| async move {
@@ -172,7 +175,7 @@ mod tests {
                     .unwrap(),
             )
         });
-        Conn {
+        Cluster {
             client: Client::new(server, "default"),
             default_namespace: "default".into(),
             server: " at https://fake".into(),
@@ -190,23 +193,23 @@ mod tests {
     #[tokio::test]
     async fn a_missing_object_is_told_from_a_missing_crd() {
         // The resource is served, the object is not there.
-        let conn = fake(|m, path| match (m, path) {
+        let cluster = fake(|m, path| match (m, path) {
             (&http::Method::GET, "/apis/singleton.dev/v1alpha1/namespaces/ns/singletonjobs") => {
                 (200, EMPTY_LIST.into())
             }
             _ => (404, status_body(404, "NotFound")),
         });
-        let e = conn.get("ns", "x").await.unwrap_err();
+        let e = cluster.get("ns", "x").await.unwrap_err();
         assert_eq!(e.to_string(), "SingletonJob ns/x not found");
-        let e = conn.set_suspend("ns", "x", true).await.unwrap_err();
+        let e = cluster.set_suspend("ns", "x", true).await.unwrap_err();
         assert_eq!(e.to_string(), "SingletonJob ns/x not found");
 
         // The API server does not know the resource at all (its plain-text 404).
-        let conn = fake(|_, _| (404, "404 page not found\n".into()));
+        let cluster = fake(|_, _| (404, "404 page not found\n".into()));
         for e in [
-            conn.get("ns", "x").await.unwrap_err(),
-            conn.list(Some("ns")).await.unwrap_err(),
-            conn.list(None).await.unwrap_err(),
+            cluster.get("ns", "x").await.unwrap_err(),
+            cluster.list(Some("ns")).await.unwrap_err(),
+            cluster.list(None).await.unwrap_err(),
         ] {
             assert!(matches!(e, PluginError::CrdMissing), "{e:?}");
         }
@@ -214,13 +217,13 @@ mod tests {
 
     #[tokio::test]
     async fn forbidden_names_the_verb_and_scope() {
-        let conn = fake(|_, _| (403, status_body(403, "Forbidden")));
-        let e = conn.list(None).await.unwrap_err();
+        let cluster = fake(|_, _| (403, status_body(403, "Forbidden")));
+        let e = cluster.list(None).await.unwrap_err();
         assert_eq!(
             e.to_string(),
             "forbidden: you may not list singletonjobs.singleton.dev in all namespaces: Forbidden by the fake"
         );
-        let e = conn.get("ns", "x").await.unwrap_err();
+        let e = cluster.get("ns", "x").await.unwrap_err();
         assert!(
             e.to_string().starts_with(
                 "forbidden: you may not get singletonjobs.singleton.dev in namespace ns"
@@ -228,7 +231,7 @@ mod tests {
             "{e}"
         );
         // Reading is allowed, patching is not.
-        let conn = fake(|m, _| match *m {
+        let cluster = fake(|m, _| match *m {
             http::Method::PATCH => (403, status_body(403, "Forbidden")),
             _ => (
                 200,
@@ -238,7 +241,7 @@ mod tests {
                 .to_string(),
             ),
         });
-        let e = conn.set_suspend("ns", "x", true).await.unwrap_err();
+        let e = cluster.set_suspend("ns", "x", true).await.unwrap_err();
         assert!(
             e.to_string().starts_with(
                 "forbidden: you may not patch singletonjobs.singleton.dev in namespace ns"
@@ -246,7 +249,7 @@ mod tests {
             "{e}"
         );
         // Already in the wanted state: nothing is patched.
-        let msg = conn.set_suspend("ns", "x", false).await.unwrap();
+        let msg = cluster.set_suspend("ns", "x", false).await.unwrap();
         assert_eq!(
             msg,
             "singletonjob ns/x already resumed (spec.suspend is false)\n"

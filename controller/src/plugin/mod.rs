@@ -13,7 +13,7 @@ pub mod error;
 pub mod operate;
 pub mod render;
 
-pub use client::Conn;
+pub use client::Cluster;
 pub use error::PluginError;
 pub use operate::{Wait, new_request};
 pub use render::{

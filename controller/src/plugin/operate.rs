@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
-use super::client::Conn;
+use super::client::Cluster;
 use super::error::PluginError;
 use crate::api::{OperationPhase, OperationStatus, SingletonJob};
 use crate::decide::ops::{self, OperationKind, Request};
@@ -20,7 +20,7 @@ pub struct Wait {
     pub until_done: bool,
 }
 
-impl Conn {
+impl Cluster {
     /// Asks the controller for an operation: writes `req` into its annotation (guarded by the
     /// object's resourceVersion, so a concurrent request is never overwritten unseen), then polls
     /// `status.operations` until the controller records it. Returns the record.
@@ -64,7 +64,7 @@ impl Conn {
                         name: name.into(),
                     });
                 }
-                Err(e) => return Err(self.err(e, "patch", Some(ns))),
+                Err(e) => return Err(self.api_error(e, "patch", Some(ns))),
             }
         }
 
