@@ -9,7 +9,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use kube::ResourceExt;
 
 use super::error::PluginError;
-use crate::api::{HistoryEntry, OperationPhase, OperationStatus, Outcome, SingletonJob};
+use crate::api::{
+    HistoryEntry, OperationPhase, OperationStatus, Operations, Outcome, RunRef, SingletonJob,
+    SingletonJobSpec, SingletonJobStatus,
+};
 use crate::decide::ops::OperationKind;
 
 /// How `list`, `status` and `history` print.
@@ -239,34 +242,41 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
-fn conditions_table(conditions: &[Condition], now: Timestamp) -> String {
-    let rows: Vec<Vec<String>> = conditions
-        .iter()
-        .map(|c| {
-            vec![
-                c.type_.clone(),
-                c.status.clone(),
-                dash(Some(&c.reason)),
-                age(c.last_transition_time.0, now),
-                dash(Some(&c.message)),
-            ]
-        })
-        .collect();
-    table(&["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], &rows)
+/// A titled section of `status`: its body indented under the title, or `<none>`.
+fn section(title: &str, body: Option<String>) -> String {
+    match body {
+        Some(body) => format!("{title}:\n{}", indent(&body)),
+        None => format!("{title}:\n  <none>\n"),
+    }
+}
+
+/// A section of `status` that is a table (`<none>` when there are no rows).
+fn table_section(title: &str, headers: &[&str], rows: &[Vec<String>]) -> String {
+    section(title, (!rows.is_empty()).then(|| table(headers, rows)))
 }
 
 /// How many history entries `status` shows.
 pub const STATUS_HISTORY: usize = 10;
 
-/// The `status` summary: spec, conditions, active runs, next times, recent history.
+/// The `status` summary: spec, conditions, active runs, next times, recent history, and the
+/// operations users asked for.
 pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
-    let spec = &sj.spec;
     let st = sj.status.clone().unwrap_or_default();
-    let mut out = String::new();
-    let backstop = match spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) {
-        Some(pg) => format!("on (postgres, secret {})", pg.secret_ref.name),
-        None => "off".into(),
-    };
+    [
+        summary(sj, &st),
+        conditions_section(&st.conditions, now),
+        active_runs_section(&st.active),
+        next_times_section(&st.next_schedule_times),
+        history_section(&st.history),
+        operations_section(&st.operations),
+    ]
+    .concat()
+}
+
+/// The head of `status`: what the spec asks for and where the status stands, one aligned
+/// `Key: value` line each.
+fn summary(sj: &SingletonJob, st: &SingletonJobStatus) -> String {
+    let spec = &sj.spec;
     let fields = [
         ("Name", sj.name_any()),
         ("Namespace", sj.namespace().unwrap_or_default()),
@@ -297,7 +307,7 @@ pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
                 spec.lock.as_ref().map(|l| l.purpose).unwrap_or_default()
             ),
         ),
-        ("Backstop", backstop),
+        ("Backstop", backstop(spec)),
         ("Suspend", spec.suspend.unwrap_or(false).to_string()),
         ("Fencing Token", st.fencing_token.to_string()),
         (
@@ -308,90 +318,112 @@ pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
         ("Last Success", opt_ts(st.last_successful_time.as_ref())),
     ];
     let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    let mut out = String::new();
     for (k, v) in fields {
         let _ = writeln!(out, "{:<width$} {v}", format!("{k}:"));
     }
-
-    out.push_str("Conditions:\n");
-    if st.conditions.is_empty() {
-        out.push_str("  <none>\n");
-    } else {
-        out += &indent(&conditions_table(&st.conditions, now));
-    }
-
-    out.push_str("Active Runs:\n");
-    if st.active.is_empty() {
-        out.push_str("  <none>\n");
-    } else {
-        let rows: Vec<Vec<String>> = st
-            .active
-            .iter()
-            .map(|r| vec![r.job_name.clone(), period(&r.period), r.token.to_string()])
-            .collect();
-        out += &indent(&table(&["JOB", "PERIOD", "TOKEN"], &rows));
-    }
-
-    out.push_str("Next Schedule Times:\n");
-    if st.next_schedule_times.is_empty() {
-        out.push_str("  <none>\n");
-    } else {
-        for t in st.next_schedule_times.iter().take(3) {
-            let _ = writeln!(out, "  {}", ts(t));
-        }
-    }
-
-    let shown = st.history.len().min(STATUS_HISTORY);
-    let _ = writeln!(
-        out,
-        "History (last {shown} of {}, newest first):",
-        st.history.len()
-    );
-    if st.history.is_empty() {
-        out.push_str("  <none>\n");
-    } else {
-        let rows: Vec<Vec<String>> = st
-            .history
-            .iter()
-            .take(STATUS_HISTORY)
-            .map(|h| {
-                vec![
-                    period(&h.period),
-                    count(h),
-                    outcome(h.outcome),
-                    dash(h.reason.as_deref()),
-                    dash(h.job_name.as_deref()),
-                    token(h),
-                ]
-            })
-            .collect();
-        out += &indent(&table(
-            &["PERIOD", "COUNT", "OUTCOME", "REASON", "JOB", "TOKEN"],
-            &rows,
-        ));
-    }
-
-    let ops = &st.operations;
-    if !ops.is_empty() {
-        out.push_str("Operations:\n");
-        let rows: Vec<Vec<String>> = OperationKind::ALL
-            .iter()
-            .filter_map(|k| k.slot(ops).map(|o| (k, o)))
-            .map(|(k, o)| {
-                vec![
-                    k.command().to_string(),
-                    format!("{:?}", o.phase),
-                    dash(o.requested_by.as_deref()),
-                    opt_ts(o.updated.as_ref()),
-                    o.message.clone(),
-                ]
-            })
-            .collect();
-        out += &indent(&table(
-            &["OPERATION", "PHASE", "BY", "UPDATED", "MESSAGE"],
-            &rows,
-        ));
-    }
     out
+}
+
+/// Whether the backstop is on, and the Secret it connects with.
+fn backstop(spec: &SingletonJobSpec) -> String {
+    match spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) {
+        Some(pg) => format!("on (postgres, secret {})", pg.secret_ref.name),
+        None => "off".into(),
+    }
+}
+
+fn conditions_section(conditions: &[Condition], now: Timestamp) -> String {
+    let rows: Vec<Vec<String>> = conditions
+        .iter()
+        .map(|c| {
+            vec![
+                c.type_.clone(),
+                c.status.clone(),
+                dash(Some(&c.reason)),
+                age(c.last_transition_time.0, now),
+                dash(Some(&c.message)),
+            ]
+        })
+        .collect();
+    table_section(
+        "Conditions",
+        &["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"],
+        &rows,
+    )
+}
+
+fn active_runs_section(active: &[RunRef]) -> String {
+    let rows: Vec<Vec<String>> = active
+        .iter()
+        .map(|r| vec![r.job_name.clone(), period(&r.period), r.token.to_string()])
+        .collect();
+    table_section("Active Runs", &["JOB", "PERIOD", "TOKEN"], &rows)
+}
+
+/// The next three instants (status keeps a few more).
+fn next_times_section(times: &[Time]) -> String {
+    let lines = (!times.is_empty()).then(|| {
+        times
+            .iter()
+            .take(3)
+            .map(|t| format!("{}\n", ts(t)))
+            .collect()
+    });
+    section("Next Schedule Times", lines)
+}
+
+/// The newest [`STATUS_HISTORY`] entries; `history` shows them all.
+fn history_section(history: &[HistoryEntry]) -> String {
+    let rows: Vec<Vec<String>> = history
+        .iter()
+        .take(STATUS_HISTORY)
+        .map(|h| {
+            vec![
+                period(&h.period),
+                count(h),
+                outcome(h.outcome),
+                dash(h.reason.as_deref()),
+                dash(h.job_name.as_deref()),
+                token(h),
+            ]
+        })
+        .collect();
+    let title = format!(
+        "History (last {} of {}, newest first)",
+        rows.len(),
+        history.len()
+    );
+    table_section(
+        &title,
+        &["PERIOD", "COUNT", "OUTCOME", "REASON", "JOB", "TOKEN"],
+        &rows,
+    )
+}
+
+/// The latest request of each kind and what became of it; nothing at all when none was made.
+fn operations_section(ops: &Operations) -> String {
+    if ops.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = OperationKind::ALL
+        .iter()
+        .filter_map(|k| k.slot(ops).map(|o| (k, o)))
+        .map(|(k, o)| {
+            vec![
+                k.command().to_string(),
+                format!("{:?}", o.phase),
+                dash(o.requested_by.as_deref()),
+                opt_ts(o.updated.as_ref()),
+                o.message.clone(),
+            ]
+        })
+        .collect();
+    table_section(
+        "Operations",
+        &["OPERATION", "PHASE", "BY", "UPDATED", "MESSAGE"],
+        &rows,
+    )
 }
 
 fn count(h: &HistoryEntry) -> String {
