@@ -2,6 +2,8 @@
 //! request into the SingletonJob's annotation and waits for the controller to record what it did
 //! in `status.operations` (the controller's side is [`crate::decide::ops`]).
 
+use std::time::Duration;
+
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -15,10 +17,17 @@ use crate::decide::ops::{self, OperationKind, Request};
 #[derive(Clone, Copy, Debug)]
 pub struct Wait {
     /// Give up after this long.
-    pub timeout: std::time::Duration,
+    pub timeout: Duration,
     /// Backfill: wait until the whole range is done, not only until it is accepted.
     pub until_done: bool,
 }
+
+/// How often a request is written before a conflict is given up on: the controller writes the
+/// status all the time, which changes the resourceVersion the write is guarded by.
+const WRITE_TRIES: u32 = 5;
+
+/// How often the status is read while waiting for the controller's record.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Cluster {
     /// Asks the controller for an operation: writes `req` into its annotation (guarded by the
@@ -32,32 +41,32 @@ impl Cluster {
         req: Request,
         wait: Wait,
     ) -> Result<OperationStatus, PluginError> {
+        self.write_request(ns, name, kind, &req).await?;
+        self.wait_for_record(ns, name, kind, &req.id, wait).await
+    }
+
+    /// Writes `req` into `kind`'s annotation if it may be asked (see [`check_may_ask`]); after a
+    /// conflict, reads, checks and writes again.
+    async fn write_request(
+        &self,
+        ns: &str,
+        name: &str,
+        kind: OperationKind,
+        req: &Request,
+    ) -> Result<(), PluginError> {
         let api: Api<SingletonJob> = Api::namespaced(self.client.clone(), ns);
-        // A few tries: the controller writes the status all the time, which changes the
-        // resourceVersion the patch is guarded by.
         let mut tries = 0;
         loop {
             tries += 1;
             let sj = self.get(ns, name).await?;
-            check_not_busy(&sj, kind)?;
-            if kind == OperationKind::Backfill && sj.spec.backstop.is_none() {
-                return Err(PluginError::Rejected {
-                    command: kind.command(),
-                    message: "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran".into(),
-                });
-            }
-            let value =
-                serde_json::to_string(&req).map_err(|e| PluginError::Encode(e.to_string()))?;
-            let patch = serde_json::json!({"metadata": {
-                "resourceVersion": sj.resource_version(),
-                "annotations": {kind.annotation(): value},
-            }});
+            check_may_ask(&sj, kind)?;
+            let patch = request_patch(&sj, kind, req)?;
             match api
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => break,
-                Err(kube::Error::Api(s)) if s.code == 409 && tries < 5 => continue,
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 && tries < WRITE_TRIES => continue,
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     return Err(PluginError::NotFound {
                         namespace: ns.into(),
@@ -67,51 +76,97 @@ impl Cluster {
                 Err(e) => return Err(self.api_error(e, "patch", Some(ns))),
             }
         }
+    }
 
+    /// Reads the status until the controller's record of request `id` ends the wait (see
+    /// [`finished`]). At the deadline: the record as it stands, or that nobody acted.
+    async fn wait_for_record(
+        &self,
+        ns: &str,
+        name: &str,
+        kind: OperationKind,
+        id: &str,
+        wait: Wait,
+    ) -> Result<OperationStatus, PluginError> {
         let deadline = tokio::time::Instant::now() + wait.timeout;
         let mut seen: Option<OperationStatus> = None;
         loop {
             let sj = self.get(ns, name).await?;
-            let op = sj
-                .status
-                .as_ref()
-                .and_then(|s| kind.slot(&s.operations))
-                .filter(|o| o.id == req.id)
-                .cloned();
-            if let Some(op) = &op {
-                let finished = match op.phase {
-                    OperationPhase::Done => true,
-                    OperationPhase::Rejected => {
-                        return Err(PluginError::Rejected {
-                            command: kind.command(),
-                            message: op.message.clone(),
-                        });
-                    }
-                    // A backfill under way has been accepted: enough unless asked to wait.
-                    OperationPhase::Running => !wait.until_done,
-                    OperationPhase::Pending => false,
-                };
-                if finished {
-                    return Ok(op.clone());
-                }
+            let op = record_of(&sj, kind, id);
+            if let Some(op) = &op
+                && finished(op, kind, wait)?
+            {
+                return Ok(op.clone());
             }
             seen = op.or(seen);
             if tokio::time::Instant::now() >= deadline {
-                return match seen {
-                    // Accepted and waiting (for a run to finish, the clock, the backstop): the
-                    // controller carries it out; say what it waits for.
-                    Some(op) => Ok(op),
-                    None => Err(PluginError::NoController(format!(
-                        "no controller acted on the {cmd} request within {secs}s: is singleton-controller running, and does it watch namespace {ns}? The request stays in annotation {key} and is carried out when a controller sees it; withdraw it with: kubectl annotate singletonjob {name} -n {ns} {key}-",
-                        cmd = kind.command(),
-                        secs = wait.timeout.as_secs(),
-                        key = kind.annotation(),
-                    ))),
-                };
+                // Accepted and waiting (for a run to finish, the clock, the backstop): the
+                // controller carries it out; the record says what it waits for.
+                return seen.ok_or_else(|| no_controller(kind, ns, name, wait.timeout));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
+}
+
+/// Whether `kind` may be asked of `sj` now: no unfinished request of its kind is overwritten, and
+/// a backfill has the backstop it needs.
+fn check_may_ask(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
+    check_not_busy(sj, kind)?;
+    if kind == OperationKind::Backfill && sj.spec.backstop.is_none() {
+        return Err(PluginError::Rejected {
+            command: kind.command(),
+            message: "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The merge patch that writes `req` into `kind`'s annotation, guarded by the resourceVersion
+/// `sj` was checked at: a request written since makes it fail with a conflict.
+fn request_patch(
+    sj: &SingletonJob,
+    kind: OperationKind,
+    req: &Request,
+) -> Result<serde_json::Value, PluginError> {
+    let value = serde_json::to_string(req).map_err(|e| PluginError::Encode(e.to_string()))?;
+    Ok(serde_json::json!({"metadata": {
+        "resourceVersion": sj.resource_version(),
+        "annotations": {kind.annotation(): value},
+    }}))
+}
+
+/// The controller's record of request `id`, once it has made one.
+fn record_of(sj: &SingletonJob, kind: OperationKind, id: &str) -> Option<OperationStatus> {
+    sj.status
+        .as_ref()
+        .and_then(|s| kind.slot(&s.operations))
+        .filter(|o| o.id == id)
+        .cloned()
+}
+
+/// Whether the record ends the wait: done, or for a backfill under way, accepted (enough unless
+/// asked to wait for the whole range). A rejection is the command's error.
+fn finished(op: &OperationStatus, kind: OperationKind, wait: Wait) -> Result<bool, PluginError> {
+    match op.phase {
+        OperationPhase::Done => Ok(true),
+        OperationPhase::Rejected => Err(PluginError::Rejected {
+            command: kind.command(),
+            message: op.message.clone(),
+        }),
+        OperationPhase::Running => Ok(!wait.until_done),
+        OperationPhase::Pending => Ok(false),
+    }
+}
+
+/// Nobody recorded the request in time: what to check, and how to withdraw the request.
+fn no_controller(kind: OperationKind, ns: &str, name: &str, timeout: Duration) -> PluginError {
+    PluginError::NoController(format!(
+        "no controller acted on the {cmd} request within {secs}s: is singleton-controller running, and does it watch namespace {ns}? The request stays in annotation {key} and is carried out when a controller sees it; withdraw it with: kubectl annotate singletonjob {name} -n {ns} {key}-",
+        cmd = kind.command(),
+        secs = timeout.as_secs(),
+        key = kind.annotation(),
+    ))
 }
 
 /// Refuses to overwrite a request of the same kind the controller has not finished with.
