@@ -109,6 +109,49 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// A trigger, asked by whoever the API server says we are.
+    pub async fn trigger_request(&self, now: Timestamp) -> Request {
+        new_request(self.whoami().await, now)
+    }
+
+    /// A backfill of the periods from `from` to `to`, inclusive. A range that ends before it
+    /// starts is a usage error, found before the cluster is asked anything.
+    pub async fn backfill_request(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+        now: Timestamp,
+    ) -> Result<Request, PluginError> {
+        if from > to {
+            return Err(PluginError::Usage(format!(
+                "--from {from} is after --to {to}"
+            )));
+        }
+        let mut req = new_request(self.whoami().await, now);
+        req.from = Some(from);
+        req.to = Some(to);
+        Ok(req)
+    }
+
+    /// A break-lock. It must say why: the reason is recorded in status and in the LockBroken
+    /// Event, for whoever finds the run stopped.
+    pub async fn break_lock_request(
+        &self,
+        reason: String,
+        now: Timestamp,
+    ) -> Result<Request, PluginError> {
+        if reason.trim().is_empty() {
+            return Err(PluginError::Usage(
+                "--reason must say why the lock is broken".into(),
+            ));
+        }
+        let mut req = new_request(self.whoami().await, now);
+        req.reason = Some(reason);
+        Ok(req)
+    }
+}
+
 /// Whether `kind` may be asked of `sj` now: no unfinished request of its kind is overwritten, and
 /// a backfill has the backstop it needs.
 fn check_may_ask(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
