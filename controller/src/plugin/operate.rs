@@ -1,6 +1,6 @@
-//! Asking for an operation (trigger, backfill, break-lock): the plugin only asks. It writes the
-//! request into the SingletonJob's annotation and waits for the controller to record what it did
-//! in `status.operations` (the controller's side is [`crate::decide::ops`]).
+//! Asking for an operation (trigger, backfill, break-lock): the plugin only asks. It builds the
+//! request, writes it into the SingletonJob's annotation and waits for the controller to record
+//! what it did in `status.operations` (the controller's side is [`crate::decide::ops`]).
 
 use std::time::Duration;
 
@@ -20,6 +20,58 @@ pub struct Wait {
     pub timeout: Duration,
     /// Backfill: wait until the whole range is done, not only until it is accepted.
     pub until_done: bool,
+}
+
+/// A new request: its id is the time of asking, with microseconds.
+pub fn new_request(by: Option<String>, now: Timestamp) -> Request {
+    Request {
+        id: crate::naming::period_rfc3339(crate::naming::manual_period(now)),
+        by,
+        ..Request::default()
+    }
+}
+
+impl Cluster {
+    /// A trigger, asked by whoever the API server says we are.
+    pub async fn trigger_request(&self, now: Timestamp) -> Request {
+        new_request(self.whoami().await, now)
+    }
+
+    /// A backfill of the periods from `from` to `to`, inclusive. A range that ends before it
+    /// starts is a usage error, found before the cluster is asked anything.
+    pub async fn backfill_request(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+        now: Timestamp,
+    ) -> Result<Request, PluginError> {
+        if from > to {
+            return Err(PluginError::Usage(format!(
+                "--from {from} is after --to {to}"
+            )));
+        }
+        let mut req = new_request(self.whoami().await, now);
+        req.from = Some(from);
+        req.to = Some(to);
+        Ok(req)
+    }
+
+    /// A break-lock. It must say why: the reason is recorded in status and in the LockBroken
+    /// Event, for whoever finds the run stopped.
+    pub async fn break_lock_request(
+        &self,
+        reason: String,
+        now: Timestamp,
+    ) -> Result<Request, PluginError> {
+        if reason.trim().is_empty() {
+            return Err(PluginError::Usage(
+                "--reason must say why the lock is broken".into(),
+            ));
+        }
+        let mut req = new_request(self.whoami().await, now);
+        req.reason = Some(reason);
+        Ok(req)
+    }
 }
 
 /// How often a request is written before a conflict is given up on: the controller writes the
@@ -109,49 +161,6 @@ impl Cluster {
     }
 }
 
-impl Cluster {
-    /// A trigger, asked by whoever the API server says we are.
-    pub async fn trigger_request(&self, now: Timestamp) -> Request {
-        new_request(self.whoami().await, now)
-    }
-
-    /// A backfill of the periods from `from` to `to`, inclusive. A range that ends before it
-    /// starts is a usage error, found before the cluster is asked anything.
-    pub async fn backfill_request(
-        &self,
-        from: Timestamp,
-        to: Timestamp,
-        now: Timestamp,
-    ) -> Result<Request, PluginError> {
-        if from > to {
-            return Err(PluginError::Usage(format!(
-                "--from {from} is after --to {to}"
-            )));
-        }
-        let mut req = new_request(self.whoami().await, now);
-        req.from = Some(from);
-        req.to = Some(to);
-        Ok(req)
-    }
-
-    /// A break-lock. It must say why: the reason is recorded in status and in the LockBroken
-    /// Event, for whoever finds the run stopped.
-    pub async fn break_lock_request(
-        &self,
-        reason: String,
-        now: Timestamp,
-    ) -> Result<Request, PluginError> {
-        if reason.trim().is_empty() {
-            return Err(PluginError::Usage(
-                "--reason must say why the lock is broken".into(),
-            ));
-        }
-        let mut req = new_request(self.whoami().await, now);
-        req.reason = Some(reason);
-        Ok(req)
-    }
-}
-
 /// Whether `kind` may be asked of `sj` now: no unfinished request of its kind is overwritten, and
 /// a backfill has the backstop it needs.
 fn check_may_ask(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
@@ -161,6 +170,31 @@ fn check_may_ask(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginErr
             command: kind.command(),
             message: "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran".into(),
         });
+    }
+    Ok(())
+}
+
+/// Refuses to overwrite a request of the same kind the controller has not finished with.
+fn check_not_busy(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
+    let ns = sj.namespace().unwrap_or_default();
+    let name = sj.name_any();
+    let busy = |id: String, state: String| {
+        PluginError::Busy(format!(
+            "a {cmd} request ({id}) on {ns}/{name} is not finished: {state}; wait for it (kubectl singleton status {name} -n {ns}) or withdraw it: kubectl annotate singletonjob {name} -n {ns} {key}-",
+            cmd = kind.command(),
+            key = kind.annotation(),
+        ))
+    };
+    let recorded = sj.status.as_ref().and_then(|s| kind.slot(&s.operations));
+    if let Some(Ok(req)) = ops::pending(sj, kind) {
+        let state = match recorded.filter(|o| o.id == req.id) {
+            Some(o) => format!("accepted, {}", o.message),
+            None => "not yet seen by a controller".into(),
+        };
+        return Err(busy(req.id, state));
+    }
+    if let Some(o) = recorded.filter(|o| o.phase == OperationPhase::Running) {
+        return Err(busy(o.id.clone(), format!("in progress, {}", o.message)));
     }
     Ok(())
 }
@@ -210,40 +244,6 @@ fn no_controller(kind: OperationKind, ns: &str, name: &str, timeout: Duration) -
         secs = timeout.as_secs(),
         key = kind.annotation(),
     ))
-}
-
-/// Refuses to overwrite a request of the same kind the controller has not finished with.
-fn check_not_busy(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
-    let ns = sj.namespace().unwrap_or_default();
-    let name = sj.name_any();
-    let busy = |id: String, state: String| {
-        PluginError::Busy(format!(
-            "a {cmd} request ({id}) on {ns}/{name} is not finished: {state}; wait for it (kubectl singleton status {name} -n {ns}) or withdraw it: kubectl annotate singletonjob {name} -n {ns} {key}-",
-            cmd = kind.command(),
-            key = kind.annotation(),
-        ))
-    };
-    let recorded = sj.status.as_ref().and_then(|s| kind.slot(&s.operations));
-    if let Some(Ok(req)) = ops::pending(sj, kind) {
-        let state = match recorded.filter(|o| o.id == req.id) {
-            Some(o) => format!("accepted, {}", o.message),
-            None => "not yet seen by a controller".into(),
-        };
-        return Err(busy(req.id, state));
-    }
-    if let Some(o) = recorded.filter(|o| o.phase == OperationPhase::Running) {
-        return Err(busy(o.id.clone(), format!("in progress, {}", o.message)));
-    }
-    Ok(())
-}
-
-/// A new request: its id is the time of asking, with microseconds.
-pub fn new_request(by: Option<String>, now: Timestamp) -> Request {
-    Request {
-        id: crate::naming::period_rfc3339(crate::naming::manual_period(now)),
-        by,
-        ..Request::default()
-    }
 }
 
 #[cfg(test)]
