@@ -39,49 +39,6 @@ impl std::str::FromStr for Output {
     }
 }
 
-/// What an operation command prints: one line for humans, or the record.
-pub fn format_operation(
-    kind: OperationKind,
-    ns: &str,
-    name: &str,
-    op: &OperationStatus,
-    output: Output,
-) -> Result<String, PluginError> {
-    if output != Output::Table {
-        return encode(op, output);
-    }
-    let head = match (kind, op.phase) {
-        (OperationKind::Trigger, OperationPhase::Done) => {
-            format!("singletonjob {ns}/{name} triggered")
-        }
-        (OperationKind::BreakLock, OperationPhase::Done) => {
-            format!("singletonjob {ns}/{name}: lock broken")
-        }
-        (OperationKind::Backfill, OperationPhase::Done) => {
-            format!("singletonjob {ns}/{name}: backfill done")
-        }
-        (OperationKind::Backfill, OperationPhase::Running) => {
-            format!("singletonjob {ns}/{name}: backfill accepted")
-        }
-        (_, _) => format!(
-            "singletonjob {ns}/{name}: {} accepted, not done yet",
-            kind.command()
-        ),
-    };
-    Ok(format!("{head}: {} (request {})\n", op.message, op.id))
-}
-fn encode<T: serde::Serialize>(value: &T, output: Output) -> Result<String, PluginError> {
-    match output {
-        Output::Json => serde_json::to_string_pretty(value)
-            .map(|s| s + "\n")
-            .map_err(|e| PluginError::Encode(e.to_string())),
-        Output::Yaml => {
-            serde_yaml::to_string(value).map_err(|e| PluginError::Encode(e.to_string()))
-        }
-        Output::Table => Err(PluginError::Encode("not a structured format".into())),
-    }
-}
-
 /// `list` output: a table, or a kubectl-style `List` of the objects.
 pub fn format_list(
     sjs: &[SingletonJob],
@@ -123,74 +80,48 @@ pub fn format_history(sj: &SingletonJob, output: Output) -> Result<String, Plugi
     }
 }
 
-/// Left-aligned columns separated by three spaces, as kubectl prints them.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if let Some(w) = widths.get_mut(i) {
-                *w = (*w).max(cell.chars().count());
-            }
+/// What an operation command prints: one line for humans, or the record.
+pub fn format_operation(
+    kind: OperationKind,
+    ns: &str,
+    name: &str,
+    op: &OperationStatus,
+    output: Output,
+) -> Result<String, PluginError> {
+    if output != Output::Table {
+        return encode(op, output);
+    }
+    let head = match (kind, op.phase) {
+        (OperationKind::Trigger, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name} triggered")
         }
-    }
-    let mut out = String::new();
-    let header_row: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
-    for row in std::iter::once(&header_row).chain(rows) {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i + 1 < row.len() {
-                let pad = widths.get(i).copied().unwrap_or(0);
-                let _ = write!(line, "{cell:<pad$}   ");
-            } else {
-                line.push_str(cell);
-            }
+        (OperationKind::BreakLock, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name}: lock broken")
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+        (OperationKind::Backfill, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name}: backfill done")
+        }
+        (OperationKind::Backfill, OperationPhase::Running) => {
+            format!("singletonjob {ns}/{name}: backfill accepted")
+        }
+        (_, _) => format!(
+            "singletonjob {ns}/{name}: {} accepted, not done yet",
+            kind.command()
+        ),
+    };
+    Ok(format!("{head}: {} (request {})\n", op.message, op.id))
 }
 
-/// A short age such as `45s`, `3m12s`, `2h5m`, `4d3h` (kubectl's style); `<unknown>` when in
-/// the future by more than a second.
-pub fn age(then: Timestamp, now: Timestamp) -> String {
-    let secs = now.as_second() - then.as_second();
-    if secs < -1 {
-        return "<unknown>".into();
-    }
-    let secs = secs.max(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 600 => format!("{}m{}s", s / 60, s % 60),
-        s if s < 3 * 3600 => format!("{}m", s / 60),
-        s if s < 8 * 3600 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
-        s if s < 2 * 86400 => format!("{}h", s / 3600),
-        s if s < 8 * 86400 => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
-        s => format!("{}d", s / 86400),
-    }
-}
-
-fn ts(t: &Time) -> String {
-    t.0.to_string()
-}
-
-/// A period: seconds for a scheduled one, microseconds for a manual one.
-fn period(t: &MicroTime) -> String {
-    crate::naming::period_rfc3339(t.0)
-}
-
-fn opt_ts(t: Option<&Time>) -> String {
-    t.map(ts).unwrap_or_else(|| "-".into())
-}
-
-fn outcome(o: Outcome) -> String {
-    format!("{o:?}")
-}
-
-fn dash(s: Option<&str>) -> String {
-    match s {
-        Some(s) if !s.is_empty() => s.to_string(),
-        _ => "-".into(),
+/// `output` as JSON or YAML; a table is not one of them.
+fn encode<T: serde::Serialize>(value: &T, output: Output) -> Result<String, PluginError> {
+    match output {
+        Output::Json => serde_json::to_string_pretty(value)
+            .map(|s| s + "\n")
+            .map_err(|e| PluginError::Encode(e.to_string())),
+        Output::Yaml => {
+            serde_yaml::to_string(value).map_err(|e| PluginError::Encode(e.to_string()))
+        }
+        Output::Table => Err(PluginError::Encode("not a structured format".into())),
     }
 }
 
@@ -236,23 +167,6 @@ pub fn render_list(sjs: &[SingletonJob], all_namespaces: bool, now: Timestamp) -
         })
         .collect();
     table(&headers, &rows)
-}
-
-fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("  {l}\n")).collect()
-}
-
-/// A titled section of `status`: its body indented under the title, or `<none>`.
-fn section(title: &str, body: Option<String>) -> String {
-    match body {
-        Some(body) => format!("{title}:\n{}", indent(&body)),
-        None => format!("{title}:\n  <none>\n"),
-    }
-}
-
-/// A section of `status` that is a table (`<none>` when there are no rows).
-fn table_section(title: &str, headers: &[&str], rows: &[Vec<String>]) -> String {
-    section(title, (!rows.is_empty()).then(|| table(headers, rows)))
 }
 
 /// How many history entries `status` shows.
@@ -426,14 +340,6 @@ fn operations_section(ops: &Operations) -> String {
     )
 }
 
-fn count(h: &HistoryEntry) -> String {
-    h.count.to_string()
-}
-
-fn token(h: &HistoryEntry) -> String {
-    h.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into())
-}
-
 /// The `history` table: every entry, newest first.
 pub fn render_history(history: &[HistoryEntry]) -> String {
     if history.is_empty() {
@@ -469,6 +375,104 @@ pub fn render_history(history: &[HistoryEntry]) -> String {
         ],
         &rows,
     )
+}
+
+/// Left-aligned columns separated by three spaces, as kubectl prints them.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let header_row: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header_row).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 < row.len() {
+                let pad = widths.get(i).copied().unwrap_or(0);
+                let _ = write!(line, "{cell:<pad$}   ");
+            } else {
+                line.push_str(cell);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// A titled section of `status`: its body indented under the title, or `<none>`.
+fn section(title: &str, body: Option<String>) -> String {
+    match body {
+        Some(body) => format!("{title}:\n{}", indent(&body)),
+        None => format!("{title}:\n  <none>\n"),
+    }
+}
+
+/// A section of `status` that is a table (`<none>` when there are no rows).
+fn table_section(title: &str, headers: &[&str], rows: &[Vec<String>]) -> String {
+    section(title, (!rows.is_empty()).then(|| table(headers, rows)))
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+// The cells: each value as a table shows it, `-` for none.
+
+/// A short age such as `45s`, `3m12s`, `2h5m`, `4d3h` (kubectl's style); `<unknown>` when in
+/// the future by more than a second.
+pub fn age(then: Timestamp, now: Timestamp) -> String {
+    let secs = now.as_second() - then.as_second();
+    if secs < -1 {
+        return "<unknown>".into();
+    }
+    let secs = secs.max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 600 => format!("{}m{}s", s / 60, s % 60),
+        s if s < 3 * 3600 => format!("{}m", s / 60),
+        s if s < 8 * 3600 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        s if s < 2 * 86400 => format!("{}h", s / 3600),
+        s if s < 8 * 86400 => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn ts(t: &Time) -> String {
+    t.0.to_string()
+}
+
+fn opt_ts(t: Option<&Time>) -> String {
+    t.map(ts).unwrap_or_else(|| "-".into())
+}
+
+/// A period: seconds for a scheduled one, microseconds for a manual one.
+fn period(t: &MicroTime) -> String {
+    crate::naming::period_rfc3339(t.0)
+}
+
+fn outcome(o: Outcome) -> String {
+    format!("{o:?}")
+}
+
+fn dash(s: Option<&str>) -> String {
+    match s {
+        Some(s) if !s.is_empty() => s.to_string(),
+        _ => "-".into(),
+    }
+}
+
+fn count(h: &HistoryEntry) -> String {
+    h.count.to_string()
+}
+
+fn token(h: &HistoryEntry) -> String {
+    h.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into())
 }
 
 #[cfg(test)]
