@@ -21,10 +21,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use super::elector::{Acquired, ElectionConfig, Elector, Held};
-use super::health::{self, HealthSource};
-use super::lock::{KubeLock, watch_lease};
+use crate::endpoints::{self, HealthSource};
 use crate::gate::Gate;
+use crate::lease::{Acquired, ElectionConfig, Elector, Held, KubeLock, watch_lease};
 use crate::watch;
 use crate::{Error, Result};
 
@@ -55,7 +54,7 @@ pub async fn run_replica(
     let Some(election) = opts.election else {
         // Single-replica mode: this process always acts.
         crate::metrics::global().leader.set(1);
-        health::serve(opts.health_addr, HealthSource::Always).await?;
+        endpoints::serve(opts.health_addr, HealthSource::Always).await?;
         return watch::run(client, cfg, Gate::always(), shutdown).await;
     };
     let ElectionOptions {
@@ -67,7 +66,7 @@ pub async fn run_replica(
     let lock = KubeLock::new(client.clone(), &lease_namespace, &lease_name);
     let events = watch_lease(client.clone(), &lease_namespace, &lease_name).boxed();
     let mut elector = Elector::new(lock, config.clone(), events)?;
-    health::serve(
+    endpoints::serve(
         opts.health_addr,
         HealthSource::Election {
             state: elector.state(),
