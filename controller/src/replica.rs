@@ -20,6 +20,7 @@ use futures::future::{Either, select};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::task::JoinHandle;
 
 use crate::endpoints::{self, HealthSource};
 use crate::gate::Gate;
@@ -57,111 +58,189 @@ pub async fn run_replica(
         endpoints::serve(opts.health_addr, HealthSource::Always).await?;
         return watch::run(client, cfg, Gate::always(), shutdown).await;
     };
-    let ElectionOptions {
-        lease_namespace,
-        lease_name,
-        config,
-    } = election;
-    config.validate()?;
-    let lock = KubeLock::new(client.clone(), &lease_namespace, &lease_name);
-    let events = watch_lease(client.clone(), &lease_namespace, &lease_name).boxed();
-    let mut elector = Elector::new(lock, config.clone(), events)?;
-    endpoints::serve(
-        opts.health_addr,
-        HealthSource::Election {
-            state: elector.state(),
-            stale_after: config.lease_duration + config.renew_deadline,
-        },
-    )
-    .await?;
-    let lease = format!("{lease_namespace}/{lease_name}");
-    tracing::info!(%lease, identity = %config.identity, "standing by for the lease");
-    let events = LeaseEvents::new(
-        &client,
-        &cfg,
-        &lease_namespace,
-        &lease_name,
-        &config.identity,
-    );
-
-    // Standby and leader alike run the controller behind the elector's gate, so a standby's
-    // caches are warm when it takes over. While the gate is closed a reconcile does nothing;
-    // opening it re-reconciles every SingletonJob at once.
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let mut ctrl = tokio::spawn(watch::run(client, cfg, elector.gate(), async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    }));
-
+    let mut replica = Replica::start(client, cfg, election, opts.health_addr).await?;
     let mut shutdown = Box::pin(shutdown);
-    if let Acquired::Until(()) = elector.acquire(&mut shutdown).await {
-        elector.stop();
-        let _ = stop_tx.send(true);
-        let _ = ctrl.await;
+    if let Acquired::Until(()) = replica.stand_by(&mut shutdown).await {
+        replica.leave_as_standby().await;
         return Ok(());
     }
-    let epoch = elector.state().borrow().epoch;
-    events
-        .publish(
-            EventType::Normal,
-            "LeaderElected",
-            format!("leads with epoch {epoch}"),
-        )
-        .await;
+    replica.lead(&mut shutdown).await?;
+    replica.hand_over().await
+}
 
-    match elector.hold(select(&mut shutdown, &mut ctrl)).await {
-        Held::Lost(reason) => {
-            // The gate is closed already. Stop every in-flight reconcile now, before anything
-            // else (the Event below may take seconds): dropping the controller's future drops
-            // them, and the confirms running in tasks of their own end with the gate.
-            ctrl.abort();
-            tracing::error!(%lease, %reason, "lost leadership; exiting to restart as a standby");
-            events
-                .publish(
-                    EventType::Warning,
-                    "LeaderLost",
-                    format!("lost the lease ({reason}); exiting"),
-                )
-                .await;
-            return Err(Error::LeadershipLost(lease));
-        }
-        Held::Until(Either::Right((ended, _))) => {
-            // The controller stopped by itself (e.g. the CRD is missing): hand over and report.
-            elector.begin_drain();
-            release(&mut elector, &lease).await;
-            return match ended {
-                Ok(Ok(())) => Err(Error::Config("the controller stopped unexpectedly".into())),
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(Error::Config(format!("the controller task failed: {e}"))),
-            };
-        }
-        Held::Until(Either::Left(((), _))) => {}
+/// A replica in the election, its controller running behind the elector's gate.
+struct Replica {
+    elector: Elector<KubeLock>,
+    /// `watch::run` behind the gate, from start-up to the end of this replica.
+    controller: JoinHandle<Result<()>>,
+    /// Sending `true` stops the controller (its shutdown future).
+    stop_controller: tokio::sync::watch::Sender<bool>,
+    events: LeaseEvents,
+    /// `namespace/name` of the Lease, for the logs and [`Error::LeadershipLost`].
+    lease: String,
+}
+
+impl Replica {
+    /// Joins the election as a standby: the elector, the probes, and the controller behind the
+    /// still closed gate.
+    async fn start(
+        client: Client,
+        cfg: watch::Config,
+        election: ElectionOptions,
+        health_addr: SocketAddr,
+    ) -> Result<Self> {
+        let ElectionOptions {
+            lease_namespace,
+            lease_name,
+            config,
+        } = election;
+        config.validate()?;
+        let lock = KubeLock::new(client.clone(), &lease_namespace, &lease_name);
+        let lease_watch = watch_lease(client.clone(), &lease_namespace, &lease_name).boxed();
+        let elector = Elector::new(lock, config.clone(), lease_watch)?;
+        endpoints::serve(
+            health_addr,
+            HealthSource::Election {
+                state: elector.state(),
+                stale_after: config.lease_duration + config.renew_deadline,
+            },
+        )
+        .await?;
+        let lease = format!("{lease_namespace}/{lease_name}");
+        tracing::info!(%lease, identity = %config.identity, "standing by for the lease");
+        let events = LeaseEvents::new(
+            &client,
+            &cfg,
+            &lease_namespace,
+            &lease_name,
+            &config.identity,
+        );
+
+        // Standby and leader alike run the controller behind the elector's gate, so a standby's
+        // caches are warm when it takes over. While the gate is closed a reconcile does nothing;
+        // opening it re-reconciles every SingletonJob at once.
+        let (stop_controller, mut stop_rx) = tokio::sync::watch::channel(false);
+        let controller = tokio::spawn(watch::run(client, cfg, elector.gate(), async move {
+            let _ = stop_rx.wait_for(|stop| *stop).await;
+        }));
+        Ok(Replica {
+            elector,
+            controller,
+            stop_controller,
+            events,
+            lease,
+        })
     }
 
-    // Graceful shutdown: stop starting writes, let in-flight reconciles finish while still
-    // renewing (bounded by the renew deadline), then release so a standby takes over at once.
-    elector.begin_drain();
-    let _ = stop_tx.send(true);
-    let drain = tokio::time::timeout(config.renew_deadline, &mut ctrl);
-    match elector.hold(drain).await {
-        Held::Lost(reason) => {
-            ctrl.abort();
-            tracing::error!(%lease, %reason, "lost leadership while draining");
-            return Err(Error::LeadershipLost(lease));
-        }
-        Held::Until(Err(_)) => {
-            tracing::warn!(%lease, "in-flight reconciles did not finish within the renew deadline; releasing anyway (their writes are fenced by resourceVersion)")
-        }
-        Held::Until(Ok(_)) => {}
+    /// Waits for the lease (the gate opens with it), or for `shutdown`, whichever comes first.
+    async fn stand_by(
+        &mut self,
+        shutdown: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Acquired<()> {
+        self.elector.acquire(shutdown).await
     }
-    release(&mut elector, &lease).await;
-    events
-        .publish(
-            EventType::Normal,
-            "LeaderReleased",
-            "released the lease on shutdown".into(),
-        )
-        .await;
-    Ok(())
+
+    /// Shut down before ever leading: nothing to hand over.
+    async fn leave_as_standby(mut self) {
+        self.elector.stop();
+        let _ = self.stop_controller.send(true);
+        let _ = self.controller.await;
+    }
+
+    /// Leads until `shutdown` (Ok: hand over next). Losing the lease, or the controller stopping
+    /// by itself, ends this replica with an error: the process exits.
+    async fn lead(&mut self, shutdown: &mut (impl Future<Output = ()> + Unpin)) -> Result<()> {
+        let epoch = self.elector.state().borrow().epoch;
+        self.events
+            .publish(
+                EventType::Normal,
+                "LeaderElected",
+                format!("leads with epoch {epoch}"),
+            )
+            .await;
+
+        match self
+            .elector
+            .hold(select(shutdown, &mut self.controller))
+            .await
+        {
+            Held::Lost(reason) => {
+                // The gate is closed already. Stop every in-flight reconcile now, before anything
+                // else (the Event below may take seconds): dropping the controller's future drops
+                // them, and the confirms running in tasks of their own end with the gate.
+                self.controller.abort();
+                let lease = &self.lease;
+                tracing::error!(%lease, %reason, "lost leadership; exiting to restart as a standby");
+                self.events
+                    .publish(
+                        EventType::Warning,
+                        "LeaderLost",
+                        format!("lost the lease ({reason}); exiting"),
+                    )
+                    .await;
+                Err(Error::LeadershipLost(self.lease.clone()))
+            }
+            Held::Until(Either::Right((ended, _))) => {
+                // The controller stopped by itself (e.g. the CRD is missing): hand over and report.
+                self.elector.begin_drain();
+                self.release().await;
+                Err(match ended {
+                    Ok(Ok(())) => Error::Config("the controller stopped unexpectedly".into()),
+                    Ok(Err(e)) => e,
+                    Err(e) => Error::Config(format!("the controller task failed: {e}")),
+                })
+            }
+            Held::Until(Either::Left(((), _))) => Ok(()),
+        }
+    }
+
+    /// Graceful shutdown: stop starting writes, let in-flight reconciles finish while still
+    /// renewing (bounded by the renew deadline), then release so a standby takes over at once.
+    async fn hand_over(mut self) -> Result<()> {
+        self.elector.begin_drain();
+        let _ = self.stop_controller.send(true);
+        let renew_deadline = self.elector.config().renew_deadline;
+        let drain = tokio::time::timeout(renew_deadline, &mut self.controller);
+        let lease = &self.lease;
+        match self.elector.hold(drain).await {
+            Held::Lost(reason) => {
+                self.controller.abort();
+                tracing::error!(%lease, %reason, "lost leadership while draining");
+                return Err(Error::LeadershipLost(self.lease.clone()));
+            }
+            Held::Until(Err(_)) => {
+                tracing::warn!(%lease, "in-flight reconciles did not finish within the renew deadline; releasing anyway (their writes are fenced by resourceVersion)")
+            }
+            Held::Until(Ok(_)) => {}
+        }
+        self.release().await;
+        self.events
+            .publish(
+                EventType::Normal,
+                "LeaderReleased",
+                "released the lease on shutdown".into(),
+            )
+            .await;
+        Ok(())
+    }
+
+    /// Releases the lease, bounded so a dead API server cannot hold up the exit (the lease then
+    /// simply expires).
+    async fn release(&mut self) {
+        let lease = &self.lease;
+        let limit = self
+            .elector
+            .config()
+            .renew_deadline
+            .max(Duration::from_secs(1));
+        match tokio::time::timeout(limit, self.elector.release()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(%lease, error = %e, "could not release the lease; it will expire")
+            }
+            Err(_) => tracing::warn!(%lease, "releasing the lease timed out; it will expire"),
+        }
+    }
 }
 
 /// Events on the Lease for the changes a human cares about: who leads, who let go, who lost it.
@@ -215,18 +294,5 @@ impl LeaseEvents {
             Ok(Err(e)) => tracing::warn!(error = %e, reason, "could not publish a Lease event"),
             Err(_) => tracing::warn!(reason, "publishing a Lease event timed out"),
         }
-    }
-}
-
-/// Releases the lease, bounded so a dead API server cannot hold up the exit (the lease then
-/// simply expires).
-async fn release(elector: &mut Elector<KubeLock>, lease: &str) {
-    let limit = elector.config().renew_deadline.max(Duration::from_secs(1));
-    match tokio::time::timeout(limit, elector.release()).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(%lease, error = %e, "could not release the lease; it will expire")
-        }
-        Err(_) => tracing::warn!(%lease, "releasing the lease timed out; it will expire"),
     }
 }
