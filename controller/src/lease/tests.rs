@@ -477,6 +477,30 @@ async fn draining_keeps_renewing_but_never_reopens_the_gate() {
     assert_eq!(a.state().borrow().role, Role::SteppingDown);
 }
 
+/// Draining is for good: a draining leader that loses the lease and wins it again holds it
+/// without acting.
+#[tokio::test(start_paused = true)]
+async fn a_draining_leader_never_acts_again_even_after_a_new_grant() {
+    let server = Server::default();
+    let (mut a, _) = candidate(&server, "a");
+    lead(&mut a).await;
+    a.begin_drain();
+    let rival = server.clone();
+    tokio::spawn(async move {
+        sleep(Duration::from_secs(1)).await;
+        rival.put(other_holder(2, Timestamp::now()));
+    });
+    assert!(matches!(
+        a.hold(std::future::pending::<()>()).await,
+        Held::Lost(_)
+    ));
+    assert!(!a.is_leading());
+    lead(&mut a).await;
+    assert!(a.is_leading(), "holds the lease again");
+    assert!(a.gate().check().is_err(), "but never acts");
+    assert_eq!(a.state().borrow().role, Role::SteppingDown);
+}
+
 #[tokio::test(start_paused = true)]
 async fn many_candidates_never_lead_at_once() {
     let server = Server::default();
