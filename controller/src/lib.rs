@@ -47,9 +47,11 @@ pub mod run;
 pub mod operate;
 pub mod reconcile;
 
-// Wiring: the watches, leader election and one replica's life.
+// Wiring: the watches, leader election, the probes and one replica's life.
 pub mod watch;
 pub mod lease;
+pub mod endpoints;
+pub mod replica;
 
 // The kubectl plugin's library side.
 pub mod plugin;

@@ -2,7 +2,8 @@
 use std::time::Duration;
 
 use clap::Parser;
-use singleton::lease::{self, ElectionConfig, ElectionOptions, ReplicaOptions};
+use singleton::lease::{self, ElectionConfig};
+use singleton::replica::{self, ElectionOptions, ReplicaOptions};
 use singleton::watch;
 
 #[derive(Parser, Debug)]
@@ -97,6 +98,6 @@ async fn main() -> anyhow::Result<()> {
         health_addr: args.health_addr,
     };
     // Err(LeadershipLost) exits non-zero: the Deployment restarts this pod as a standby.
-    lease::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
+    replica::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
     Ok(())
 }
