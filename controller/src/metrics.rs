@@ -1,5 +1,5 @@
 //! Prometheus metrics, served as OpenMetrics text on `/metrics` of the health server
-//! ([`crate::lease::health`]). Every name starts with `singleton_`; docs/observability.md says what
+//! ([`crate::endpoints`]). Every name starts with `singleton_`; docs/observability.md says what
 //! each one means and what to do when it moves.
 //!
 //! One process-wide registry ([`global`]), created on first use. Not an `Arc<Metrics>` in the

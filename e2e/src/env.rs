@@ -18,6 +18,9 @@ use crate::commands::{kubectl, repo_root};
 use crate::http::{health_addr_in, http_get};
 use crate::service_account;
 
+/// The Events' reportingComponent of every singleton-controller (the binary's reporter name).
+const REPORTER: &str = "singleton-controller";
+
 /// One test's world: a namespace, a client, and controller processes.
 pub struct Env {
     pub client: Client,
@@ -298,6 +301,7 @@ impl Env {
                 Err(e) => last_err = Some(e),
             }
             if start.elapsed() > timeout {
+                self.no_foreign_controller().await?;
                 let dump = self.dump().await;
                 bail!(
                     "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{dump}"
@@ -305,6 +309,51 @@ impl Env {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Fails, naming it, when a singleton-controller that this test did not start has published
+    /// Events in its namespace, e.g. a `make demo` controller or a `make run` left watching every
+    /// namespace. Such a controller serves the test's "controller down" or "wrong clock" scenarios
+    /// behind its back, and the test would otherwise fail on a timing assertion that says nothing
+    /// about why. Called before a failure is reported ([`Env::wait_for`], [`ensure`]).
+    pub async fn no_foreign_controller(&self) -> Result<()> {
+        let mine: Vec<String> = (0..self.controllers.len())
+            .map(|i| format!("e2e-{i}"))
+            .collect();
+        let Ok(events) = self.events().list(&ListParams::default()).await else {
+            return Ok(());
+        };
+        // Each foreign instance once, with the first thing it did.
+        let mut foreign = std::collections::BTreeMap::new();
+        for e in &events.items {
+            let instance = e.reporting_instance.as_deref().unwrap_or("");
+            if e.reporting_component.as_deref() == Some(REPORTER)
+                && !mine.iter().any(|m| m == instance)
+            {
+                foreign.entry(instance.to_string()).or_insert_with(|| {
+                    format!(
+                        "{} on {}",
+                        e.reason.as_deref().unwrap_or(""),
+                        e.involved_object.name.as_deref().unwrap_or("")
+                    )
+                });
+            }
+        }
+        let foreign: Vec<String> = foreign
+            .into_iter()
+            .map(|(instance, first)| format!("instance {instance:?} ({first})"))
+            .collect();
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "another singleton-controller is acting on this test's namespace {}: {}. This test \
+             needs its own controllers only (instances e2e-0..). Stop the other one (`make \
+             demo-stop` for the demo's, or a `make run` left running), or have it watch only \
+             its own namespace (--namespace).",
+            self.ns,
+            foreign.join(", ")
+        )
     }
 
     /// What a human would look at when a test fails.
@@ -411,6 +460,7 @@ fn rand_u32() -> u32 {
 /// Asserts with the cluster dump on failure.
 pub async fn ensure(env: &Env, ok: bool, what: impl Debug) -> Result<()> {
     if !ok {
+        env.no_foreign_controller().await?;
         bail!("assertion failed: {what:?}\n{}", env.dump().await);
     }
     Ok(())
