@@ -26,7 +26,7 @@ help:
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, clippy and the CRD drift check'
+	echo 'make lint     rustfmt, clippy, rustdoc links and the CRD drift check'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
@@ -61,6 +61,7 @@ crds:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps -q
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT
 	$(CARGO) run -q -p singleton-controller --bin crdgen > "$$tmp"
 	if ! diff -u --label $(CRD_FILE) --label 'crdgen output' $(CRD_FILE) "$$tmp"; then

@@ -525,8 +525,8 @@ impl Clock {
     /// it, makes sure the verdict is fresh: otherwise the first run after a quiet spell would ask
     /// for one at its instant, and, the idle connection to the API server having been closed
     /// meanwhile, pay a TLS handshake as well (docs/performance.md). Before that,
-    /// from [`PROBE_LEAD`] on, narrows the interval when it would delay the run by more than
-    /// [`PROBE_GOAL`] (see [`Clock::tighten`]). One task per instant however many runs share it;
+    /// from `PROBE_LEAD` on, narrows the interval when it would delay the run by more than
+    /// `PROBE_GOAL` (see `Clock::tighten`). One task per instant however many runs share it;
     /// nothing sent when a recent response already gave a narrow enough verdict.
     pub fn prepare(self: &Arc<Self>, at: Timestamp) {
         let ahead = at.duration_since(self.samples.wall_now());
@@ -588,7 +588,7 @@ impl Clock {
         });
     }
 
-    /// Narrows the interval now, in the background (see [`Clock::tighten`]): at start-up, so that
+    /// Narrows the interval now, in the background (see `Clock::tighten`): at start-up, so that
     /// a replica that takes over soon after it started (a standby, a restarted pod) judges its
     /// first runs on a narrow interval rather than a coarse one. A handful of requests, once.
     pub fn narrow_in_background(self: &Arc<Self>) {

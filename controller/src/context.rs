@@ -105,7 +105,7 @@ impl OwnWrites {
     }
 }
 
-/// Keys seen lately (at most [`Recent::TTL`] ago), bounded by what a minute can bring.
+/// Keys seen lately (at most `Recent::TTL` ago), bounded by what a minute can bring.
 #[derive(Default)]
 pub struct Recent(Mutex<HashMap<String, Instant>>);
 
@@ -134,7 +134,7 @@ impl Recent {
 /// about to change, and acting on it would complete the claim a second time. When the confirm is
 /// done (written, lost or failed), the SingletonJob is reconciled again, by a request on the
 /// channel the controller listens to ([`InFlight::new`]); after a failure other than a lost
-/// compare-and-swap, only after [`RETRY_AFTER_FAILURE`], like a failed reconcile.
+/// compare-and-swap, only after `RETRY_AFTER_FAILURE`, like a failed reconcile.
 pub struct InFlight {
     uids: Mutex<HashSet<String>>,
     done: mpsc::UnboundedSender<ObjectRef<SingletonJob>>,

@@ -239,7 +239,7 @@ impl Operations<'_> {
     }
 }
 
-/// Handles a break-lock request (see [`run::break_lock`]).
+/// Handles a break-lock request (see [`run::break_lock()`]).
 pub async fn break_lock(
     ctx: &Context,
     sj: &SingletonJob,

@@ -1,5 +1,5 @@
 //! Observe: what is, before anything is decided. The SingletonJob's own Jobs held against its
-//! status ([`owned`], pure), the state of its active runs' Jobs ([`runs`]), and its backstop
+//! status ([`owned()`], pure), the state of its active runs' Jobs ([`runs`]), and its backstop
 //! database ([`backstop`]).
 
 pub mod backstop;

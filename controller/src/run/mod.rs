@@ -47,11 +47,11 @@
 //! The steps are in the files of this module, in order: [`claim`] (steps 2 to 4), [`create`]
 //! (5 and 6), [`confirm`] (7 and 8); [`decided`] decides a claimed period without a Job;
 //! [`sweep`] removes the Jobs no claim knows and resumes the confirmed runs whose resume was
-//! lost; [`break_lock`] breaks a stuck lock.
+//! lost; [`mod@break_lock`] breaks a stuck lock.
 //!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::decide::ops`]) take the same
 //! steps ([`Cause::Manual`]); their claim write also marks the request handled, so a request is
-//! claimed once. Breaking a lock ([`break_lock`]) has its own numbered steps below.
+//! claimed once. Breaking a lock ([`break_lock()`]) has its own numbered steps below.
 
 pub mod break_lock;
 pub mod claim;

@@ -1,5 +1,5 @@
 //! The last line of defence against a second run, and the completion of a lost resume: held
-//! against the status, the SingletonJob's own Jobs (see [`crate::observe::owned`]) that no claim
+//! against the status, the SingletonJob's own Jobs (see [`crate::observe::owned()`]) that no claim
 //! knows are removed by uid, with an Event; confirmed runs whose Job is still suspended are
 //! resumed.
 

@@ -1,7 +1,7 @@
 //! The world a chaos scenario runs in: a namespace, three controller replicas with leader election
 //! (restarted when they exit, as a Deployment's pods would be), SingletonJobs with seconds-level
 //! schedules and (most of them) the PostgreSQL backstop, an outside observer of the Jobs
-//! ([`super::observer`]), and a workload that performs a fenced write with each run's token.
+//! ([`crate::observer`]), and a workload that performs a fenced write with each run's token.
 //! Afterwards [`World::observe`] reads the external truth for the checker.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
