@@ -18,36 +18,29 @@ pub(crate) fn write_kubeconfig(dir: &Path, namespace: &str, name: &str) -> Resul
     let server = cluster["server"]
         .as_str()
         .context("current kubeconfig has no server")?;
-    let ca = match (
+    let mut cluster_entry = serde_json::json!({ "server": server });
+    match (
         cluster["certificate-authority-data"].as_str(),
         cluster["certificate-authority"].as_str(),
     ) {
-        (Some(data), _) => format!("certificate-authority-data: {data}"),
-        (None, Some(path)) => format!("certificate-authority: {path}"),
+        (Some(data), _) => cluster_entry["certificate-authority-data"] = data.into(),
+        (None, Some(path)) => cluster_entry["certificate-authority"] = path.into(),
         (None, None) => bail!("current kubeconfig has no certificate authority"),
-    };
-    let text = format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: cluster
-  cluster:
-server: {server}
-{ca}
-users:
-- name: {namespace}-{name}
-  user:
-token: {token}
-contexts:
-- name: sa
-  context:
-cluster: cluster
-user: {namespace}-{name}
-namespace: {namespace}
-current-context: sa
-",
-        token = token.trim()
-    );
+    }
+    // Built as data, not text: a YAML template's indentation is too easy to lose.
+    let user = format!("{namespace}-{name}");
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "cluster", "cluster": cluster_entry }],
+        "users": [{ "name": user, "user": { "token": token.trim() } }],
+        "contexts": [{
+            "name": "sa",
+            "context": { "cluster": "cluster", "user": user, "namespace": namespace },
+        }],
+        "current-context": "sa",
+    });
+    let text = serde_yaml::to_string(&config)?;
     let path = dir.join(format!("{namespace}-{name}.kubeconfig"));
     {
         use std::io::Write as _;
