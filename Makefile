@@ -17,22 +17,23 @@ CHART_DIR ?= charts/singleton-controller
 CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo bench
+.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries (cached in ~/.cache/singleton-controller)'
 	echo 'make up       start the local cluster and PostgreSQL (no-op when already up)'
 	echo 'make down     stop them and delete their state'
 	echo 'make status   show what runs'
-	echo 'make env      print exports for: eval "$$(make -s env)"'
+	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, clippy and the CRD drift check'
+	echo 'make lint     rustfmt, clippy, rustdoc links and the CRD drift check'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
 	echo 'make test     lint + unit + e2e (what CI runs)'
-	echo 'make demo     run the controller against the local cluster with examples/hello.yaml'
+	echo 'make demo     run the controller against the local cluster with examples/hello.yaml (namespace singleton-demo)'
+	echo 'make demo-stop  stop the demo controller (make down stops everything)'
 	echo 'make bench    SingletonJob against CronJob on its own local cluster (~25 min; BENCH=quick ~8 min): bench/results/'
 
 tools:
@@ -60,6 +61,7 @@ crds:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps -q
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT
 	$(CARGO) run -q -p singleton-controller --bin crdgen > "$$tmp"
 	if ! diff -u --label $(CRD_FILE) --label 'crdgen output' $(CRD_FILE) "$$tmp"; then
@@ -131,6 +133,9 @@ test:
 
 demo:
 	hack/demo.sh
+
+demo-stop:
+	hack/demo.sh stop
 
 # Refuses a running cluster not started with its flags; starts and stops its own otherwise.
 bench:

@@ -9,7 +9,8 @@
 #           it is torn down and started fresh, so `up` always yields a known state.
 #   down    stop exactly the processes `up` started and delete the cluster and database state.
 #   status  say what runs; exit 0 only if everything is healthy.
-#   env     print `export KUBECONFIG=...` and `export DATABASE_URL=...` for eval.
+#   env     print `export KUBECONFIG=...`, `export DATABASE_URL=...` and `export PATH=...` (the
+#           project's kubectl and helm, and target/debug with kubectl-singleton) for eval.
 #   stop|start|restart|pause|resume COMPONENT: fault injection (the chaos suite, `make chaos`) on a
 #           running cluster, keeping its state. COMPONENT: etcd, kube-apiserver or postgres (stop,
 #           start, restart only). pause is SIGSTOP, resume SIGCONT. Idempotent: stopping what is
@@ -367,6 +368,9 @@ cmd_status() {
 cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
   echo "export DATABASE_URL=$("$REPO/hack/postgres.sh" url)"
+  # The project's kubectl and helm (built for this cluster, cached outside the repo) and the
+  # controller's binaries, kubectl-singleton among them (so `kubectl singleton ...` works).
+  echo "export PATH=\"$K8S_BIN:$TOOLS_DIR/helm-$HELM_VERSION:${CARGO_TARGET_DIR:-$REPO/target}/debug:\$PATH\""
 }
 
 # stop|start|restart|pause|resume COMPONENT, reusing the pid files of `up`.

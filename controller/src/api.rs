@@ -14,6 +14,109 @@ pub use crate::schedule::{DstPolicy, FoldPolicy, GapPolicy};
 /// API group of every resource this project defines.
 pub const GROUP: &str = "singleton.dev";
 
+/// The CRD as it is installed (`crds/singletonjob.yaml`, written by `crdgen`): the schema
+/// generated from these types, with every description reflowed ([`reflow`]) so that
+/// `kubectl explain` wraps whole sentences rather than the doc comments' source lines.
+pub fn crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let crd = SingletonJob::crd();
+    let mut value = serde_json::to_value(&crd).unwrap_or_default();
+    reflow_descriptions(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// The places in `text` where a line ends inside a paragraph (the next line is neither blank, a
+/// list item nor code): for `kubectl explain`, which wraps text itself, a sentence cut in two.
+pub fn broken_sentences(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| {
+            let next = w[1].trim_start();
+            let kept = next.is_empty()
+                || is_item(next)
+                || next.starts_with("```")
+                || w[1].starts_with("    ");
+            !w[0].trim().is_empty() && !kept && !w[0].trim_start().starts_with("```")
+        })
+        .map(|w| format!("{:?} / {:?}", w[0], w[1]))
+        .collect()
+}
+
+/// Whether a (trimmed) line is a list item: `- `, `* ` or `1. `.
+fn is_item(s: &str) -> bool {
+    s.starts_with("- ")
+        || s.starts_with("* ")
+        || s.split_once(". ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// Every `description` in a JSON schema (or a whole CRD as JSON), for checks like
+/// [`broken_sentences`].
+pub fn descriptions(node: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![node];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, child) in map {
+                    match (k.as_str(), child) {
+                        ("description", serde_json::Value::String(s)) => out.push(s.clone()),
+                        _ => stack.push(child),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn reflow_descriptions(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                match (k.as_str(), child) {
+                    ("description", serde_json::Value::String(text)) => *text = reflow(text),
+                    (_, child) => reflow_descriptions(child),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(reflow_descriptions),
+        _ => {}
+    }
+}
+
+/// Joins the lines of each paragraph of a doc comment into one, as Kubernetes' own types and
+/// controller-gen's CRDs do, keeping paragraph breaks, list items (`- `, `* `, `1. `) and code
+/// (fenced, or indented by four spaces) on lines of their own.
+pub fn reflow(text: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut fenced = false;
+    // Whether the last line taken may have the next one joined to it.
+    let mut open = false;
+    for line in text.lines() {
+        let t = line.trim_end();
+        let fence = t.trim_start().starts_with("```");
+        let kept = fenced || fence || t.starts_with("    ") || t.is_empty();
+        let item = is_item(t.trim_start());
+        if fence {
+            fenced = !fenced;
+        }
+        match out.last_mut() {
+            Some(last) if open && !kept && !item => {
+                last.push(' ');
+                last.push_str(t.trim_start());
+            }
+            _ => out.push(t.to_string()),
+        }
+        open = !kept;
+    }
+    out.join("\n")
+}
+
 // clippy reads the repeated `type_` keys of separate printcolumn(...) groups as duplicates.
 #[allow(clippy::duplicated_attributes)]
 /// Runs a Job from `jobTemplate` at most once per scheduled period, and hands every run a fencing
@@ -154,9 +257,8 @@ pub const ANNOTATION_BREAK_LOCK: &str = "singleton.dev/break-lock";
 /// that would fail every list of SingletonJobs and stall the controller for all of them. It is
 /// decoded when a Job is built, and a bad one is reported as `JobTemplateValid=False`.
 ///
-/// Held as compact JSON text rather than a `serde_json::Value`: a decoded value allocates a
-/// B-tree node (over half a KiB) per JSON object, which made the template the largest part of a
-/// cached SingletonJob (a heap profile at 10,000 objects: about 2.4 KiB of 8 each). The text is
+/// Held as compact JSON text rather than a `serde_json::Value`, which allocates a node per JSON
+/// object and was the largest part of a cached SingletonJob (docs/performance.md). The text is
 /// shared, so cloning a SingletonJob does not copy it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobTemplate(std::sync::Arc<str>);
@@ -383,8 +485,7 @@ pub struct SingletonJobStatus {
     /// `singleton.dev/trigger`, `singleton.dev/backfill` and `singleton.dev/break-lock` (which
     /// `kubectl singleton trigger|backfill|break-lock` set).
     #[serde(default, skip_serializing_if = "Operations::is_empty")]
-    // Boxed: three operation records are 0.75 KiB inline and almost always empty, and every
-    // cached SingletonJob carries its status (a heap profile at 10,000 objects).
+    // Boxed: almost always empty, and every cached SingletonJob carries its status.
     pub operations: Box<Operations>,
 
     /// Since when the backstop has recorded a claim for every run of this SingletonJob, and in
@@ -588,6 +689,21 @@ pub enum Outcome {
     Deduplicated,
 }
 
+impl Outcome {
+    /// The variant's name, as in the API (and in metric labels and Event reasons).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Running => "Running",
+            Outcome::Succeeded => "Succeeded",
+            Outcome::Failed => "Failed",
+            Outcome::Skipped => "Skipped",
+            Outcome::Missed => "Missed",
+            Outcome::Replaced => "Replaced",
+            Outcome::Deduplicated => "Deduplicated",
+        }
+    }
+}
+
 /// A period and its outcome. Consecutive periods with the same outcome and reason that were never
 /// started are folded into one entry with `count` > 1 (from `period` to `lastPeriod`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -627,6 +743,15 @@ fn one() -> u64 {
 }
 
 impl SingletonJob {
+    /// What the lock is for (`spec.lock.purpose`, default Correctness).
+    pub fn purpose(&self) -> LockPurpose {
+        self.spec
+            .lock
+            .as_ref()
+            .map(|l| l.purpose)
+            .unwrap_or_default()
+    }
+
     /// `namespace/name`, the value of SINGLETON_JOB.
     pub fn key(&self) -> String {
         format!(

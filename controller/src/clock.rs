@@ -13,7 +13,7 @@
 //! run is never decided on a verdict older than `--clock-check-seconds`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -151,6 +151,16 @@ pub struct ClockState {
 }
 
 impl ClockState {
+    /// A verdict of clocks that agree, for tests of what reads one.
+    #[cfg(test)]
+    pub(crate) fn agreeing() -> ClockState {
+        ClockState {
+            offset: Some(SignedDuration::ZERO),
+            trusted: true,
+            interval: None,
+        }
+    }
+
     /// Before the first measurement, trust nothing.
     pub const UNKNOWN: ClockState = ClockState {
         offset: None,
@@ -514,14 +524,17 @@ impl Clock {
     /// Prepares for a due instant `at`, the wake-up a reconcile just computed. A second before
     /// it, makes sure the verdict is fresh: otherwise the first run after a quiet spell would ask
     /// for one at its instant, and, the idle connection to the API server having been closed
-    /// meanwhile, pay a TLS handshake as well (60 ms instead of 15 in `make bench`). Before that,
-    /// from [`PROBE_LEAD`] on, narrows the interval when it would delay the run by more than
-    /// [`PROBE_GOAL`] (see [`Clock::tighten`]). One task per instant however many runs share it;
+    /// meanwhile, pay a TLS handshake as well (docs/performance.md). Before that,
+    /// from `PROBE_LEAD` on, narrows the interval when it would delay the run by more than
+    /// `PROBE_GOAL` (see `Clock::tighten`). One task per instant however many runs share it;
     /// nothing sent when a recent response already gave a narrow enough verdict.
     pub fn prepare(self: &Arc<Self>, at: Timestamp) {
         let ahead = at.duration_since(self.samples.wall_now());
-        let lead = ahead - PREPARE_LEAD;
-        if lead <= SignedDuration::ZERO || lead > PREPARE_HORIZON {
+        // An instant less than a second away (an every-second schedule) is prepared for too: the
+        // verdict is then fresh already, but the interval may still be coarse, and a run judged
+        // on a coarse one is late by it, as is every later run made at the same phase (their
+        // responses' Dates fall at that phase and never narrow it).
+        if ahead <= SignedDuration::ZERO || ahead - PREPARE_LEAD > PREPARE_HORIZON {
             return;
         }
         let relied = self
@@ -531,7 +544,7 @@ impl Clock {
             .map(|b| b.0);
         let second = at.as_second();
         {
-            let mut prepared = self.prepared.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut prepared = crate::sync::lock(&self.prepared);
             match prepared.entry(second) {
                 std::collections::btree_map::Entry::Occupied(mut e) => {
                     let lowest = e.get_mut();
@@ -552,11 +565,8 @@ impl Clock {
             if probe_in > SignedDuration::ZERO {
                 tokio::time::sleep(probe_in.unsigned_abs()).await;
             }
-            clock.tighten(at).await;
-            let relied = clock
-                .prepared
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+            clock.tighten().await;
+            let relied = crate::sync::lock(&clock.prepared)
                 .get_mut(&second)
                 .and_then(Option::take);
             let now = clock.samples.current().bounds_at(Instant::now());
@@ -573,29 +583,33 @@ impl Clock {
             if lead > SignedDuration::ZERO {
                 tokio::time::sleep(lead.unsigned_abs()).await;
             }
-            clock
-                .prepared
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&second);
+            crate::sync::lock(&clock.prepared).remove(&second);
             clock.fresh().await;
         });
     }
 
-    /// Narrows the interval before `at` with at most [`MAX_PROBES`] `GET /version`, as long as
-    /// its part below zero is wider than [`PROBE_GOAL`] (and than a round trip or two, below which
-    /// probes cannot go). A binary search on the phase of the server's second: a request whose
-    /// middle falls when, by the interval's midpoint `mid`, the server's clock passes a whole
-    /// second `k` gets a `Date` of at least `k` (the offset is then at least about `mid`) or not
-    /// (at most about `mid`), halving the interval down to about the round trip.
-    async fn tighten(&self, at: Timestamp) {
-        let _one = self.probing.lock().await;
+    /// Narrows the interval now, in the background (see `Clock::tighten`): at start-up, so that
+    /// a replica that takes over soon after it started (a standby, a restarted pod) judges its
+    /// first runs on a narrow interval rather than a coarse one. A handful of requests, once.
+    pub fn narrow_in_background(self: &Arc<Self>) {
+        let clock = Arc::clone(self);
+        tokio::spawn(async move { clock.tighten().await });
+    }
+
+    /// Narrows the interval with at most [`MAX_PROBES`] `GET /version`, as long as its part below
+    /// zero is wider than [`PROBE_GOAL`] (and than a round trip or two, below which probes cannot
+    /// go). A binary search on the phase of the server's second: a request whose middle falls
+    /// when, by the interval's midpoint `mid`, the server's clock passes a whole second `k` gets a
+    /// `Date` of at least `k` (the offset is then at least about `mid`) or not (at most about
+    /// `mid`), halving the interval down to about the round trip. Each probe waits for the next
+    /// such second, so narrowing may go on past the instant it was started for: the runs after it
+    /// are then on time. One narrowing at a time; another that finds one under way leaves it be.
+    async fn tighten(&self) {
+        let Ok(_one) = self.probing.try_lock() else {
+            return;
+        };
         for _ in 0..MAX_PROBES {
             let (now, mono) = (self.samples.wall_now(), Instant::now());
-            let to_go = at.duration_since(now);
-            if to_go <= SignedDuration::ZERO {
-                return;
-            }
             if self.samples.stepped() {
                 // Aim with a verdict formed since the step.
                 if !self.timed_check().await {
@@ -604,18 +618,12 @@ impl Clock {
                 continue;
             }
             let state = self.samples.current();
-            let when = mono + to_go.unsigned_abs();
             // Nothing measured yet: fresh() asks a second before the instant.
-            let (Some((lo, hi)), Some(slack)) = (state.bounds_at(when), state.slack_at(when))
+            let (Some((lo, hi)), Some(slack)) = (state.bounds_at(mono), state.slack_at(mono))
             else {
                 return;
             };
-            let rtt = signed(
-                self.rtt
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .unwrap_or_default(),
-            );
+            let rtt = signed(crate::sync::lock(&self.rtt).unwrap_or_default());
             if slack <= PROBE_GOAL.max(rtt * 3 / 2) {
                 return;
             }
@@ -624,9 +632,6 @@ impl Clock {
             // the request leaves half a round trip before.
             let k = ceil_second(shift(now, aim + SignedDuration::from_millis(1)));
             let send = shift(k, -aim);
-            if send >= at {
-                return;
-            }
             tokio::time::sleep(send.duration_since(now).unsigned_abs()).await;
             if !self.timed_check().await {
                 return;
@@ -648,8 +653,7 @@ impl Clock {
             return false;
         };
         let (received, at) = (self.samples.wall_now(), Instant::now());
-        *self.rtt.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(at.saturating_duration_since(sent));
+        *crate::sync::lock(&self.rtt) = Some(at.saturating_duration_since(sent));
         resp.headers()
             .get(http::header::DATE)
             .is_some_and(|date| self.samples.observe(date, sent, received, at))
@@ -1145,6 +1149,44 @@ mod tests {
             assert!(sent <= 1 + MAX_PROBES, "{sent} requests");
             assert!(sent >= 4, "{sent} requests: a lucky first sample?");
         }
+    }
+
+    /// An every-second schedule: the next instant is always less than a second away, and the
+    /// runs' own requests (and so their `Date`s) come at the phase the coarse first verdict
+    /// delays them to, which keeps the interval as coarse. Preparing for such an instant narrows
+    /// it anyway, so that the runs after it are on time.
+    #[tokio::test(start_paused = true)]
+    async fn an_instant_less_than_a_second_away_still_gets_the_interval_narrowed() {
+        // The clocks agree; the first sample comes 600 ms into the server's second, so the lower
+        // bound starts 600 ms below the truth: a run would be late by that.
+        let world = World::new(SignedDuration::ZERO);
+        let (client, samples, paths) = fake_server(&world, true, Duration::from_millis(4));
+        let clock = Arc::new(Clock::new(samples.clone(), client, Duration::from_secs(30)));
+        clock.fresh().await;
+        let late = |st: ClockState| world.server_now().duration_since(st.due_now(world.local()));
+        assert!(
+            late(samples.current()) > ms(500),
+            "{:?}",
+            late(samples.current())
+        );
+        // Every reconcile prepares for the next second, 400 ms away.
+        for _ in 0..5 {
+            let at = ceil_second(world.local() + ms(1));
+            clock.prepare(at);
+            tokio::time::sleep(at.duration_since(world.local()).unsigned_abs()).await;
+        }
+        let st = samples.current();
+        assert!(
+            st.due_now(world.local()) <= world.server_now(),
+            "never early"
+        );
+        let goal = PROBE_GOAL.max(ms(6));
+        assert!(late(st) <= goal + ms(1), "still late by {:?}", late(st));
+        assert!(
+            versions(&paths) <= 1 + MAX_PROBES,
+            "{} requests",
+            versions(&paths)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -46,7 +46,7 @@ pub use armed::hit;
 #[cfg(feature = "failpoints")]
 mod armed {
     use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock, PoisonError};
+    use std::sync::{Mutex, OnceLock};
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum Action {
@@ -84,10 +84,7 @@ mod armed {
     }
 
     pub fn hit(point: &'static str) {
-        let action = armed()
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(point);
+        let action = crate::sync::lock(&armed()).remove(point);
         match action {
             None => {}
             Some(Action::Stop) => {

@@ -1,17 +1,18 @@
 //! The controller's writes to the API server, each gated: a write waits for a slot in its lane
 //! ([`crate::lanes`]), and only then, immediately before it is sent, checks that this replica may
-//! still act ([`crate::controller::Gate`], whose renew deadline closes it by itself). A replica
+//! still act ([`crate::gate::Gate`], whose renew deadline closes it by itself). A replica
 //! that lost the Lease while its request waited sends nothing (G4).
 //!
 //! What a check cannot close, a pause between the check and the send, the run protocol closes
 //! another way: every Job is created suspended and only the Job a compare-and-swap confirmed is
 //! ever resumed ([`crate::run`]).
 
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 
 use crate::api::{SingletonJob, SingletonJobStatus};
-use crate::controller::Context;
+use crate::context::Context;
 use crate::failpoint;
 use crate::lanes::Lane;
 use crate::{Error, Result};
@@ -236,4 +237,40 @@ pub async fn get_job(ctx: &Context, ns: &str, name: &str, lane: Lane) -> Result<
 pub async fn get_sj(ctx: &Context, ns: &str, name: &str) -> Result<SingletonJob> {
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
     Ok(ctx.lanes.run(Lane::Create, || sjs.get(name)).await?)
+}
+
+/// Asks the API server whether it would accept this SingletonJob's Job (a dry-run create, which
+/// runs validation and admission but stores nothing). `Ok(Err(message))` when it would not.
+pub async fn dry_run_job(
+    ctx: &Context,
+    sj: &SingletonJob,
+    now: Timestamp,
+) -> Result<std::result::Result<(), String>> {
+    let job = match crate::job::build(sj, now, 0) {
+        Ok(job) => job,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    // Only the verdict matters: the response (the Job as it would be) is skipped unparsed.
+    let dry_run = || async {
+        let body = serde_json::to_vec(&job).map_err(kube::Error::SerdeError)?;
+        let req = kube::core::Request::new(jobs.resource_url())
+            .create(&pp, body)
+            .map_err(kube::Error::BuildRequest)?;
+        ctx.client.request::<serde::de::IgnoredAny>(req).await
+    };
+    match ctx.lanes.run(Lane::Background, dry_run).await {
+        // 409: a Job of that name exists, so the template itself was not the problem; nor is
+        // it with 403 (a quota with no room, or no permission): creating the run's Job will say
+        // so, and the claim is decided by its deadline.
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 403 => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => Ok(Err(s.message)),
+        Err(e) => Err(e.into()),
+    }
 }

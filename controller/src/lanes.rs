@@ -13,7 +13,7 @@
 //! semaphore with priorities; it is a queue per lane and a counter.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, oneshot};
 
@@ -94,7 +94,7 @@ impl Lanes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     /// Waits for a slot in `lane`.
@@ -135,7 +135,7 @@ impl Lanes {
 impl Drop for Permit {
     fn drop(&mut self) {
         let next = {
-            let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut s = crate::sync::lock(&self.state);
             match s.waiting.iter_mut().find_map(VecDeque::pop_front) {
                 Some(tx) => tx,
                 None => {

@@ -1,28 +1,59 @@
 //! singleton-controller: scheduled Kubernetes Jobs that run at most once per period, each with a
-//! fencing token. Binaries are thin; everything lives here.
+//! fencing token. Binaries are thin; everything lives here. docs/architecture.md has the same
+//! map with where each guarantee (G1 to G5) is kept.
 //!
-//! Where to look first: [`run`] is the run protocol (claim, create Job) top to bottom; [`decide`]
-//! decides which periods are due; [`schedule`] turns cron + time zone + DST policy into instants.
+//! The flow of a run, and the modules in its order (each imports only those before it):
+//!
+//! ```text
+//! replica  → watch      → reconcile → observe → decide → run: claim → create → confirm → record
+//! (lease)    (caches)     (one pass)  (what is)  (pure)        (the run protocol)          (status)
+//! ```
+//!
+//! Where to look first: [`run`] is the run protocol top to bottom; [`decide`] decides which
+//! periods are due; [`reconcile`] is one pass over a SingletonJob in the order above.
 
+// The vocabulary: schedules, the API, errors, names. No I/O.
+pub mod schedule;
 pub mod api;
-pub mod backstop;
-pub mod clock;
-pub mod conditions;
-pub mod controller;
-pub mod decide;
 pub mod error;
+pub mod naming;
+pub mod sync;
+
+// Plumbing every step may use.
 pub mod failpoint;
-pub mod kube_io;
 pub mod lanes;
-pub mod lease;
 pub mod memory;
 pub mod metrics;
-pub mod naming;
-pub mod observe;
-pub mod ops;
-pub mod plugin;
-pub mod run;
-pub mod schedule;
 pub mod telemetry;
+
+// Pure decisions and what a Job is.
+pub mod decide;
+pub mod job;
+
+// The world outside: the API server's clock, the gate, the backstop database, Events.
+pub mod backstop;
+pub mod clock;
+pub mod events;
+pub mod gate;
+
+// What a reconcile shares, and its gated writes.
+pub mod context;
+pub mod kube_io;
+
+// One reconcile, in the order of the flow.
+pub mod observe;
+pub mod record;
+pub mod run;
+pub mod operate;
+pub mod reconcile;
+
+// Wiring: the watches, leader election, the probes and one replica's life.
+pub mod watch;
+pub mod lease;
+pub mod endpoints;
+pub mod replica;
+
+// The kubectl plugin's library side.
+pub mod plugin;
 
 pub use error::{Error, Result};

@@ -1,10 +1,9 @@
 //! Giving memory back after a burst of work.
 //!
-//! glibc's malloc keeps freed memory inside its heaps and on its own returns only a heap's top.
-//! After a start-up that reconciled 10,000 SingletonJobs (a dry run and a status write each), the
-//! process stayed at 125 MiB resident, of which `malloc_trim` returned 40: free pages scattered
-//! among live data. So when the controller's API requests fall quiet after a burst of them, it
-//! asks glibc to return its free pages. It costs milliseconds once per burst and nothing at rest.
+//! glibc's malloc keeps freed memory inside its heaps and on its own returns only a heap's top:
+//! after a start-up with thousands of SingletonJobs, free pages stay scattered among live data
+//! (figures in docs/performance.md). So when the controller's API requests fall quiet after a
+//! burst of them, it asks glibc to return its free pages. It costs milliseconds once per burst and nothing at rest.
 //! Other allocators need no help (the image's musl returns memory on its own): there it does
 //! nothing.
 
@@ -37,8 +36,7 @@ pub async fn give_back_after_bursts(lanes: Lanes) {
 }
 
 /// Two malloc arenas, one per core of the usual request, rather than glibc's eight per core: each
-/// arena keeps its own free memory (a restart at 10,000 objects: 75 MiB with the default, 72 with
-/// one arena). Called once, early.
+/// arena keeps its own free memory (docs/performance.md). Called once, early.
 pub fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -1,5 +1,5 @@
 //! Prometheus metrics, served as OpenMetrics text on `/metrics` of the health server
-//! ([`crate::lease::health`]). Every name starts with `singleton_`; docs/observability.md says what
+//! ([`crate::endpoints`]). Every name starts with `singleton_`; docs/observability.md says what
 //! each one means and what to do when it moves.
 //!
 //! One process-wide registry ([`global`]), created on first use. Not an `Arc<Metrics>` in the
@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -29,7 +29,6 @@ use tokio::time::Instant;
 
 use crate::Error;
 use crate::api::{HistoryEntry, Outcome, SingletonJob};
-use crate::backstop::Backstop;
 
 /// The `Content-Type` of `/metrics`.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -146,6 +145,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    // One piece: every metric is registered here, so the registry reads as one list of names
+    // and help texts.
     pub fn new() -> Self {
         let mut m = Metrics {
             registry: Registry::with_prefix("singleton"),
@@ -305,19 +306,12 @@ impl Metrics {
         self.leader_transitions.inc();
         self.lease_acquire_seconds
             .observe(now.duration_since(standby_since).as_secs_f64());
-        *self
-            .leading_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(now);
+        *crate::sync::lock(&self.leading_since) = Some(now);
     }
 
     /// This replica stopped leading (lost, released or shut down); once per term.
     pub fn stopped_leading(&self) {
-        let since = self
-            .leading_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let since = crate::sync::lock(&self.leading_since).take();
         if let Some(t) = since {
             self.leader_hold_seconds.observe(t.elapsed().as_secs_f64());
         }
@@ -360,7 +354,7 @@ impl Metrics {
             .get_or_create(&OutcomeLabels {
                 namespace,
                 name,
-                outcome: format!("{outcome:?}"),
+                outcome: outcome.name().to_string(),
             })
             .inc();
     }
@@ -399,11 +393,7 @@ impl Metrics {
     /// The next scheduled instant of `sj` (None: none, or suspended).
     pub fn next_run(&self, sj: &SingletonJob, next: Option<Timestamp>) {
         let next = next.filter(|_| !sj.spec.suspend.unwrap_or(false));
-        let mut map = self
-            .next_runs
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = crate::sync::lock(&self.next_runs.0);
         match next {
             Some(t) => map.insert(job(sj), t),
             None => map.remove(&job(sj)),
@@ -421,20 +411,16 @@ impl Metrics {
         }
     }
 
-    /// Samples the backstop's count of stale tokens refused by workloads. The database's
+    /// The backstop's count of stale tokens refused by workloads, as read from it. The database's
     /// counter never decreases and survives controller restarts, so it is exported as the
     /// counter's value (not added to it): a restarted controller continues the same series.
-    /// Reads the backstop's count of refused stale writes, exports it, and returns it (None when
-    /// the database did not answer).
-    pub async fn sample_rejections(&self, sj: &SingletonJob, db: &Backstop) -> Option<u64> {
-        let n = db.rejections().await.ok()?;
-        if n > 0 {
+    pub fn rejections(&self, sj: &SingletonJob, total: u64) {
+        if total > 0 {
             self.stale_writes_refused
                 .get_or_create(&source(sj, "workload"))
                 .inner()
-                .fetch_max(n, Ordering::Relaxed);
+                .fetch_max(total, Ordering::Relaxed);
         }
-        Some(n)
     }
 
     // --- Backstop, clock, reconcile -----------------------------------------------------------
@@ -520,7 +506,7 @@ struct NextRuns(Mutex<HashMap<JobLabels, Timestamp>>);
 
 impl Collector for NextRuns {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = crate::sync::lock(&self.0);
         if map.is_empty() {
             return Ok(());
         }

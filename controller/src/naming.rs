@@ -1,18 +1,9 @@
-//! Names, labels and the Job built for a run. Deterministic: the same SingletonJob and period always
-//! give the same Job name, so the API server's name uniqueness refuses a second Job for a period
-//! (layer 3 of the defence, G1).
-
-use std::collections::BTreeMap;
+//! Names and labels. Deterministic: the same SingletonJob and period always give the same Job
+//! name, so the API server's name uniqueness refuses a second Job for a period (layer 3 of the
+//! defence, G1).
 
 use jiff::Timestamp;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::EnvVar;
-use kube::Resource;
-use kube::api::ObjectMeta;
 use sha2::{Digest, Sha256};
-
-use crate::api::SingletonJob;
-use crate::{Error, Result};
 
 pub const LABEL_JOB: &str = "singleton.dev/job";
 pub const LABEL_PERIOD: &str = "singleton.dev/period";
@@ -123,73 +114,6 @@ pub fn job_name(sj_name: &str, period: Timestamp) -> String {
 /// characters fit every idempotency-key field we know of (Stripe allows 255).
 pub fn idempotency_key(sj_key: &str, period: Timestamp) -> String {
     short_hash(&format!("{sj_key}@{}", period_rfc3339(period)), 64)
-}
-
-/// Builds the Job for a run from the SingletonJob's template.
-pub fn build_job(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
-    let name = sj.metadata.name.clone().unwrap_or_default();
-    let template = sj.spec.job_template.decode().map_err(Error::JobTemplate)?;
-    let mut spec = template
-        .spec
-        .clone()
-        .ok_or_else(|| Error::JobTemplate("jobTemplate.spec is required".into()))?;
-    // History limits prune finished Jobs only after their outcome is recorded; a TTL could delete a
-    // Job before any controller saw it finish, and then its period would look unrun.
-    spec.ttl_seconds_after_finished = None;
-
-    let env = [
-        (ENV_JOB, sj.key()),
-        (ENV_PERIOD, period_rfc3339(period)),
-        (ENV_TOKEN, token.to_string()),
-        (ENV_IDEMPOTENCY_KEY, idempotency_key(&sj.key(), period)),
-    ];
-    let pod = spec.template.spec.get_or_insert_with(Default::default);
-    for c in pod
-        .containers
-        .iter_mut()
-        .chain(pod.init_containers.iter_mut().flatten())
-    {
-        let vars = c.env.get_or_insert_with(Vec::new);
-        vars.retain(|v| !env.iter().any(|(k, _)| v.name == *k));
-        vars.extend(env.iter().map(|(k, v)| EnvVar {
-            name: k.to_string(),
-            value: Some(v.clone()),
-            value_from: None,
-        }));
-    }
-
-    let tmeta = template.metadata.clone().unwrap_or_default();
-    let mut labels: BTreeMap<String, String> = tmeta.labels.unwrap_or_default();
-    labels.insert(LABEL_JOB.into(), job_label(&name));
-    labels.insert(LABEL_PERIOD.into(), period_label(period));
-    labels.insert(LABEL_TOKEN.into(), token.to_string());
-    let mut annotations = tmeta.annotations.unwrap_or_default();
-    annotations.insert(LABEL_JOB.into(), name.clone());
-    annotations.insert(LABEL_PERIOD.into(), period_rfc3339(period));
-    annotations.insert(LABEL_TOKEN.into(), token.to_string());
-
-    Ok(Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(&name, period)),
-            namespace: sj.metadata.namespace.clone(),
-            labels: Some(labels),
-            annotations: Some(annotations),
-            owner_references: sj.controller_owner_ref(&()).map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(spec),
-        status: None,
-    })
-}
-
-/// The fencing token a Job was created with, from its annotation.
-pub fn job_token(job: &Job) -> Option<u64> {
-    job.metadata
-        .annotations
-        .as_ref()?
-        .get(LABEL_TOKEN)?
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! `kubectl explain singletonjob.<field>` shows the CRD's OpenAPI descriptions, which come from the
 //! doc comments on the Rust types: every field must have one, or `explain` prints an empty line.
 
-use kube::CustomResourceExt;
 use serde_json::Value;
 
 /// Paths (`spec.backstop.postgres.table`, ...) of the schema's properties without a description.
@@ -30,7 +29,7 @@ fn undescribed(node: &Value, path: &str, out: &mut Vec<String>) {
 
 #[test]
 fn every_field_has_a_description_for_kubectl_explain() {
-    let crd = serde_json::to_value(singleton::api::SingletonJob::crd()).expect("crd as json");
+    let crd = serde_json::to_value(singleton::api::crd()).expect("crd as json");
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
     let mut missing = Vec::new();
     undescribed(schema, "", &mut missing);
@@ -54,4 +53,40 @@ fn the_check_sees_a_missing_description() {
     let mut missing = Vec::new();
     undescribed(&schema, "", &mut missing);
     assert_eq!(missing, ["spec.b", "spec.c", "spec.c.d"]);
+}
+
+#[test]
+fn descriptions_keep_whole_sentences_on_one_line() {
+    let crd = serde_json::to_value(singleton::api::crd()).expect("crd as json");
+    let all = singleton::api::descriptions(&crd);
+    assert!(all.len() > 20, "the walk found {} descriptions", all.len());
+    let broken: Vec<String> = all
+        .iter()
+        .flat_map(|d| singleton::api::broken_sentences(d))
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "descriptions with a line break inside a paragraph:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_check_sees_a_sentence_cut_in_two_and_reflow_mends_it() {
+    let doc = "Runs a Job at most once per period, and hands\nevery run a fencing token.\n\nLists:\n- one\n- two, which\n  goes on\n\n    code stays";
+    assert_eq!(
+        singleton::api::broken_sentences(doc).len(),
+        2,
+        "{:?}",
+        singleton::api::broken_sentences(doc)
+    );
+    let mended = singleton::api::reflow(doc);
+    assert_eq!(
+        mended,
+        "Runs a Job at most once per period, and hands every run a fencing token.\n\nLists:\n- one\n- two, which goes on\n\n    code stays"
+    );
+    assert!(
+        singleton::api::broken_sentences(&mended).is_empty(),
+        "{mended}"
+    );
 }

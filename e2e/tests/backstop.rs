@@ -51,7 +51,7 @@ async fn billing_runs_are_claimed_in_the_database_and_a_stale_token_is_refused()
     let status = sj.status.unwrap_or_default();
     ensure(
         &env,
-        singleton::conditions::is_true(&status.conditions, "BackstopReady"),
+        singleton::record::conditions::is_true(&status.conditions, "BackstopReady"),
         ("BackstopReady", &status.conditions),
     )
     .await?;
@@ -185,7 +185,7 @@ async fn a_period_claimed_before_recreation_is_deduplicated_and_tokens_keep_incr
     env.create_sj(&sj_yaml("d", "0 0 1 1 *", &spec)).await?; // creates the schema, runs nothing
     env.wait_for("BackstopReady", Duration::from_secs(30), || async {
         let s = env.get_sj("d").await?.status.unwrap_or_default();
-        Ok(singleton::conditions::is_true(&s.conditions, "BackstopReady").then_some(()))
+        Ok(singleton::record::conditions::is_true(&s.conditions, "BackstopReady").then_some(()))
     })
     .await?;
     env.sjs().delete("d", &Default::default()).await?;
@@ -358,7 +358,7 @@ async fn a_database_outage_starts_nothing_without_a_claim_and_loses_nothing() ->
         .filter(|h| h.job_name.is_none())
         .map(|h| h.count)
         .sum();
-    if s.history.len() < singleton::controller::HISTORY_LIMIT {
+    if s.history.len() < singleton::record::HISTORY_LIMIT {
         ensure(
             &env,
             claims as u64 + recorded >= due,

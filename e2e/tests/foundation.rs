@@ -110,7 +110,7 @@ async fn a_due_period_gets_one_job_that_completes() -> Result<()> {
     .await?;
     ensure(
         &env,
-        singleton::conditions::is_true(&status.conditions, "Ready"),
+        singleton::record::conditions::is_true(&status.conditions, "Ready"),
         ("Ready", &status.conditions),
     )
     .await?;
@@ -172,5 +172,56 @@ async fn a_due_period_gets_one_job_that_completes() -> Result<()> {
     let n = periods.len();
     periods.dedup();
     ensure(&env, periods.len() == n, ("one Job per period", &periods)).await?;
+    Ok(())
+}
+
+/// Issue 23: a controller this test did not start (here one started by hand, as `make demo`
+/// or a forgotten `make run` would be) acting on the test's namespace makes a failing wait say
+/// so, naming that controller, instead of failing on a timing assertion.
+#[tokio::test]
+async fn a_foreign_controller_in_the_test_namespace_is_named_when_a_wait_fails() -> Result<()> {
+    let env = Env::new("foreign").await?;
+    env.create_sj(&sj_yaml("hello", "*/2 * * * * *", ""))
+        .await?;
+    env.no_foreign_controller().await?;
+
+    let log = std::fs::File::create(env.log_dir().join("foreign.log"))?;
+    let _foreign = tokio::process::Command::new(e2e::controller_bin())
+        .args(["--namespace", &env.ns, "--instance", "not-this-test"])
+        .env("SINGLETON_HEALTH_ADDR", "127.0.0.1:0")
+        .env("SINGLETON_LEADER_ELECT", "false")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()?;
+    // The foreign controller has acted once it has published an Event.
+    env.wait_for(
+        "the foreign controller's RunStarted",
+        Duration::from_secs(30),
+        || async {
+            let started = e2e::events_with_reason(&env, "RunStarted").await?;
+            Ok(started.into_iter().next())
+        },
+    )
+    .await?;
+
+    let direct = env.no_foreign_controller().await;
+    let waited = env
+        .wait_for(
+            "something that never comes",
+            Duration::from_millis(300),
+            || async { Ok(None::<()>) },
+        )
+        .await;
+    // Plain asserts: `ensure` would itself report the foreign controller.
+    for (what, result) in [("no_foreign_controller", direct), ("wait_for", waited)] {
+        let message = result.err().map(|e| e.to_string()).unwrap_or_default();
+        anyhow::ensure!(
+            message.contains("another singleton-controller")
+                && message.contains("\"not-this-test\"")
+                && message.contains("RunStarted on hello"),
+            "{what} did not name the foreign controller: {message:?}"
+        );
+    }
     Ok(())
 }

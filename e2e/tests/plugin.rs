@@ -8,7 +8,7 @@ use e2e::{Env, ensure, plugin, sj_yaml, stderr, stdout};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use singleton::api::{HistoryEntry, Outcome, SingletonJob};
-use singleton::conditions;
+use singleton::record::conditions;
 
 fn succeeded(sj: &SingletonJob) -> usize {
     sj.status.as_ref().map_or(0, |s| {

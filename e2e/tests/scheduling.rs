@@ -226,7 +226,7 @@ async fn suspend_and_resume_with_catch_up_none_fires_nothing_old() -> Result<()>
     let sj = env.get_sj("p").await?;
     ensure(
         &env,
-        singleton::conditions::is_true(
+        singleton::record::conditions::is_true(
             &sj.status.clone().unwrap_or_default().conditions,
             "Suspended",
         ),

@@ -140,68 +140,17 @@ impl ConnectionConfig {
     /// password and the PEM root certificate live in keys of their own. `sslrootcert` is the PEM
     /// text of the CA certificate(s), never a file path. Unknown keys are ignored.
     pub fn from_secret(data: &BTreeMap<String, ByteString>, keys: &SecretKeys) -> Result<Self> {
-        let get = |key: &str| -> Result<Option<String>> {
-            match data.get(key) {
-                None => Ok(None),
-                Some(ByteString(bytes)) => String::from_utf8(bytes.clone())
-                    .map(Some)
-                    .map_err(|_| Error::BackstopConfig(format!("key `{key}` is not valid UTF-8"))),
-            }
-        };
-        // Values written with `kubectl create secret --from-file` often end in a newline; the
-        // password is taken verbatim because any byte may be part of it.
-        let get_trimmed = |key: &str| -> Result<Option<String>> {
-            Ok(get(key)?
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty()))
-        };
+        let (parts, root_certs) = read_secret(data, keys)?;
+        Self::from_parts(parts, root_certs, keys)
+    }
 
-        let mut parts = match get_trimmed(&keys.url)? {
-            Some(url) => parse_url(&url).map_err(|what| {
-                Error::BackstopConfig(format!(
-                    "key `{}` is not a valid postgres:// URL: {what}",
-                    keys.url
-                ))
-            })?,
-            None => UrlParts::default(),
-        };
-        if let Some(host) = get_trimmed(&keys.host)? {
-            parts.host = Some(host);
-        }
-        if let Some(port) = get_trimmed(&keys.port)? {
-            parts.port =
-                Some(parse_port(&port).map_err(|what| {
-                    Error::BackstopConfig(format!("key `{}`: {what}", keys.port))
-                })?);
-        }
-        if let Some(hostaddr) = get_trimmed(&keys.hostaddr)? {
-            parts.hostaddr = Some(hostaddr.parse().map_err(|_| {
-                Error::BackstopConfig(format!("key `{}` is not an IP address", keys.hostaddr))
-            })?);
-        }
-        if let Some(dbname) = get_trimmed(&keys.dbname)? {
-            parts.dbname = Some(dbname);
-        }
-        if let Some(user) = get_trimmed(&keys.user)? {
-            parts.user = Some(user);
-        }
-        if let Some(password) = get(&keys.password)? {
-            parts.password = Some(password);
-        }
-        if let Some(mode) = get_trimmed(&keys.sslmode)? {
-            parts.sslmode = Some(SslMode::parse(&mode).map_err(|what| {
-                Error::BackstopConfig(format!("key `{}`: {what}", keys.sslmode))
-            })?);
-        }
-        let root_certs = match get(&keys.sslrootcert)? {
-            Some(pem) if !pem.trim().is_empty() => {
-                parse_root_certs(pem.as_bytes()).map_err(|what| {
-                    Error::BackstopConfig(format!("key `{}`: {what}", keys.sslrootcert))
-                })?
-            }
-            _ => Vec::new(),
-        };
-
+    /// The settings from what the Secret said, with the defaults and the rules between them
+    /// (host and user required; `require` with a CA verifies it, as in libpq).
+    fn from_parts(
+        parts: UrlParts,
+        root_certs: Vec<CertificateDer<'static>>,
+        keys: &SecretKeys,
+    ) -> Result<Self> {
         let host = parts.host.ok_or_else(|| {
             Error::BackstopConfig(format!(
                 "no host: set key `{}` or key `{}`",
@@ -297,6 +246,74 @@ struct UrlParts {
     connect_timeout: Option<Duration>,
 }
 
+/// What a Secret's keys say: the URL's parts, each overridden by a discrete key, and the root
+/// certificates.
+fn read_secret(
+    data: &BTreeMap<String, ByteString>,
+    keys: &SecretKeys,
+) -> Result<(UrlParts, Vec<CertificateDer<'static>>)> {
+    let get = |key: &str| -> Result<Option<String>> {
+        match data.get(key) {
+            None => Ok(None),
+            Some(ByteString(bytes)) => String::from_utf8(bytes.clone())
+                .map(Some)
+                .map_err(|_| Error::BackstopConfig(format!("key `{key}` is not valid UTF-8"))),
+        }
+    };
+    // Values written with `kubectl create secret --from-file` often end in a newline; the
+    // password is taken verbatim because any byte may be part of it.
+    let get_trimmed = |key: &str| -> Result<Option<String>> {
+        Ok(get(key)?
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty()))
+    };
+
+    let mut parts = match get_trimmed(&keys.url)? {
+        Some(url) => parse_url(&url).map_err(|what| {
+            Error::BackstopConfig(format!(
+                "key `{}` is not a valid postgres:// URL: {what}",
+                keys.url
+            ))
+        })?,
+        None => UrlParts::default(),
+    };
+    if let Some(host) = get_trimmed(&keys.host)? {
+        parts.host = Some(host);
+    }
+    if let Some(port) = get_trimmed(&keys.port)? {
+        parts.port = Some(
+            parse_port(&port)
+                .map_err(|what| Error::BackstopConfig(format!("key `{}`: {what}", keys.port)))?,
+        );
+    }
+    if let Some(hostaddr) = get_trimmed(&keys.hostaddr)? {
+        parts.hostaddr = Some(hostaddr.parse().map_err(|_| {
+            Error::BackstopConfig(format!("key `{}` is not an IP address", keys.hostaddr))
+        })?);
+    }
+    if let Some(dbname) = get_trimmed(&keys.dbname)? {
+        parts.dbname = Some(dbname);
+    }
+    if let Some(user) = get_trimmed(&keys.user)? {
+        parts.user = Some(user);
+    }
+    if let Some(password) = get(&keys.password)? {
+        parts.password = Some(password);
+    }
+    if let Some(mode) = get_trimmed(&keys.sslmode)? {
+        parts.sslmode =
+            Some(SslMode::parse(&mode).map_err(|what| {
+                Error::BackstopConfig(format!("key `{}`: {what}", keys.sslmode))
+            })?);
+    }
+    let root_certs = match get(&keys.sslrootcert)? {
+        Some(pem) if !pem.trim().is_empty() => parse_root_certs(pem.as_bytes())
+            .map_err(|what| Error::BackstopConfig(format!("key `{}`: {what}", keys.sslrootcert)))?,
+        _ => Vec::new(),
+    };
+    Ok((parts, root_certs))
+}
+
 /// Parses `postgres[ql]://[user[:password]@]host[:port][/dbname][?param=value&...]` (one host;
 /// IPv6 in brackets). Parsed here rather than by tokio-postgres so that no error can quote the
 /// URL, and so that libpq's `sslmode=verify-ca|verify-full` are understood.
@@ -320,17 +337,33 @@ fn parse_url(url: &str) -> Result<UrlParts, &'static str> {
     };
     let mut parts = UrlParts::default();
     if let Some(userinfo) = userinfo {
-        let (user, password) = match userinfo.split_once(':') {
-            Some((u, p)) => (u, Some(p)),
-            None => (userinfo, None),
-        };
-        if !user.is_empty() {
-            parts.user = Some(decode(user).ok_or("invalid percent-encoding in the user")?);
-        }
-        if let Some(p) = password {
-            parts.password = Some(decode(p).ok_or("invalid percent-encoding in the password")?);
-        }
+        parse_userinfo(userinfo, &mut parts)?;
     }
+    parse_hostport(hostport, &mut parts)?;
+    if let Some(path) = path.filter(|p| !p.is_empty()) {
+        parts.dbname = Some(decode(path).ok_or("invalid percent-encoding in the database name")?);
+    }
+    parse_query(query.unwrap_or_default(), &mut parts)?;
+    Ok(parts)
+}
+
+/// `user[:password]` of a URL.
+fn parse_userinfo(userinfo: &str, parts: &mut UrlParts) -> Result<(), &'static str> {
+    let (user, password) = match userinfo.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (userinfo, None),
+    };
+    if !user.is_empty() {
+        parts.user = Some(decode(user).ok_or("invalid percent-encoding in the user")?);
+    }
+    if let Some(p) = password {
+        parts.password = Some(decode(p).ok_or("invalid percent-encoding in the password")?);
+    }
+    Ok(())
+}
+
+/// `host[:port]` of a URL (IPv6 in brackets; one host; no unix socket).
+fn parse_hostport(hostport: &str, parts: &mut UrlParts) -> Result<(), &'static str> {
     if hostport.contains(',') {
         return Err("several hosts are not supported");
     }
@@ -365,14 +398,13 @@ fn parse_url(url: &str) -> Result<UrlParts, &'static str> {
     if let Some(p) = port.filter(|p| !p.is_empty()) {
         parts.port = Some(parse_port(p)?);
     }
-    if let Some(path) = path.filter(|p| !p.is_empty()) {
-        parts.dbname = Some(decode(path).ok_or("invalid percent-encoding in the database name")?);
-    }
-    for pair in query
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
+    Ok(())
+}
+
+/// The `?param=value&...` of a URL. Never names an unknown parameter: a malformed URL can put a
+/// secret in that position.
+fn parse_query(query: &str, parts: &mut UrlParts) -> Result<(), &'static str> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or("a query parameter has no '='")?;
         let v = decode(v).ok_or("invalid percent-encoding in a query parameter")?;
         match k {
@@ -397,11 +429,10 @@ fn parse_url(url: &str) -> Result<UrlParts, &'static str> {
                     "sslrootcert in the URL would be a file path: put the PEM in the Secret's sslrootcert key",
                 );
             }
-            // Never name an unknown parameter: a malformed URL can put a secret in that position.
             _ => return Err("unsupported query parameter"),
         }
     }
-    Ok(parts)
+    Ok(())
 }
 
 /// Percent-decoding; `None` on a bad escape or a result that is not UTF-8.

@@ -55,6 +55,27 @@ use schema::Tables;
 /// Secret of the namespace.
 pub const SECRET_OPT_IN_LABEL: &str = "singleton.dev/backstop";
 
+/// A SingletonJob's backstop as a reconcile found it.
+#[derive(Clone, Debug)]
+pub enum Availability {
+    /// The SingletonJob has no backstop.
+    NotConfigured,
+    /// Reachable, schema in place.
+    Ready(Arc<Backstop>),
+    /// Configured but unusable now; the reason names no secret value.
+    Unavailable(String),
+}
+
+impl Availability {
+    /// The backstop, if it is ready.
+    pub fn ready(&self) -> Option<&Backstop> {
+        match self {
+            Availability::Ready(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
 /// The result of [`Backstop::claim`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClaimOutcome {
@@ -647,10 +668,7 @@ impl BackstopCache {
         prefix: &TablePrefix,
     ) -> Result<Arc<Backstop>> {
         let fp = fingerprint(data, keys, prefix);
-        let mut entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut entries = crate::sync::lock(&self.entries);
         if let Some((seen, b)) = entries.get(sj_key)
             && *seen == fp
         {
@@ -665,10 +683,7 @@ impl BackstopCache {
     /// Drops the backstop of a deleted SingletonJob (its connection closes when the last user
     /// lets go).
     pub fn forget(&self, sj_key: &str) {
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(sj_key);
+        crate::sync::lock(&self.entries).remove(sj_key);
     }
 }
 

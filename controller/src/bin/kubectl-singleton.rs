@@ -1,7 +1,7 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
-use singleton::ops::Kind;
-use singleton::plugin::{self, Conn, Output, PluginError, Wait};
+use singleton::decide::ops::{OperationKind, Request};
+use singleton::plugin::{self, Cluster, Output, PluginError, Wait};
 use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule, preview};
 
 #[derive(Parser, Debug)]
@@ -204,7 +204,7 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::FAILURE;
                 }
             };
-            match rt.block_on(cluster(cmd)) {
+            match rt.block_on(on_cluster(cmd)) {
                 Ok(text) => {
                     print!("{text}");
                     std::process::ExitCode::SUCCESS
@@ -219,88 +219,72 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The commands that talk to the API server; returns what to print.
-async fn cluster(cmd: Cmd) -> Result<String, PluginError> {
-    let conn = Conn::infer().await?;
-    let ns = |n: Namespace| {
+async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
+    let cluster = Cluster::infer().await?;
+    let namespace = |n: Namespace| {
         n.namespace
-            .unwrap_or_else(|| conn.default_namespace.clone())
+            .unwrap_or_else(|| cluster.default_namespace.clone())
     };
     let now = jiff::Timestamp::now();
     match cmd {
+        // Runs without a cluster, in main.
         Cmd::Schedule { .. } => Ok(String::new()),
         Cmd::List {
-            ns: n,
+            ns,
             all_namespaces,
             output,
         } => {
-            let scope = (!all_namespaces).then(|| ns(n));
-            let sjs = conn.list(scope.as_deref()).await?;
+            let scope = (!all_namespaces).then(|| namespace(ns));
+            let sjs = cluster.list(scope.as_deref()).await?;
             plugin::format_list(&sjs, all_namespaces, output, now)
         }
-        Cmd::Status {
-            name,
-            ns: n,
-            output,
-        } => {
-            let sj = conn.get(&ns(n), &name).await?;
+        Cmd::Status { name, ns, output } => {
+            let sj = cluster.get(&namespace(ns), &name).await?;
             plugin::format_status(&sj, output, now)
         }
-        Cmd::History {
-            name,
-            ns: n,
-            output,
-        } => {
-            let sj = conn.get(&ns(n), &name).await?;
+        Cmd::History { name, ns, output } => {
+            let sj = cluster.get(&namespace(ns), &name).await?;
             plugin::format_history(&sj, output)
         }
-        Cmd::Suspend { name, ns: n } => conn.set_suspend(&ns(n), &name, true).await,
-        Cmd::Resume { name, ns: n } => conn.set_suspend(&ns(n), &name, false).await,
-        Cmd::Trigger { name, ns: n, op } => {
-            let req = plugin::new_request(conn.whoami().await, now);
-            operate(&conn, &ns(n), &name, Kind::Trigger, req, op, false).await
+        Cmd::Suspend { name, ns } => cluster.set_suspend(&namespace(ns), &name, true).await,
+        Cmd::Resume { name, ns } => cluster.set_suspend(&namespace(ns), &name, false).await,
+        Cmd::Trigger { name, ns, op } => {
+            let req = cluster.trigger_request(now).await;
+            let kind = OperationKind::Trigger;
+            operate(&cluster, &namespace(ns), &name, kind, req, op, false).await
         }
         Cmd::Backfill {
             name,
             from,
             to,
             wait,
-            ns: n,
+            ns,
             op,
         } => {
-            if from > to {
-                return Err(PluginError::Usage(format!(
-                    "--from {from} is after --to {to}"
-                )));
-            }
-            let mut req = plugin::new_request(conn.whoami().await, now);
-            req.from = Some(from);
-            req.to = Some(to);
-            operate(&conn, &ns(n), &name, Kind::Backfill, req, op, wait).await
+            let req = cluster.backfill_request(from, to, now).await?;
+            let kind = OperationKind::Backfill;
+            operate(&cluster, &namespace(ns), &name, kind, req, op, wait).await
         }
         Cmd::BreakLock {
             name,
             reason,
-            ns: n,
+            ns,
             op,
         } => {
-            if reason.trim().is_empty() {
-                return Err(PluginError::Usage(
-                    "--reason must say why the lock is broken".into(),
-                ));
-            }
-            let mut req = plugin::new_request(conn.whoami().await, now);
-            req.reason = Some(reason);
-            operate(&conn, &ns(n), &name, Kind::BreakLock, req, op, false).await
+            let req = cluster.break_lock_request(reason, now).await?;
+            let kind = OperationKind::BreakLock;
+            operate(&cluster, &namespace(ns), &name, kind, req, op, false).await
         }
     }
 }
 
+/// Asks for the operation, waits for the controller as `op` says, and formats its record.
 async fn operate(
-    conn: &Conn,
+    cluster: &Cluster,
     ns: &str,
     name: &str,
-    kind: Kind,
-    req: singleton::ops::Request,
+    kind: OperationKind,
+    req: Request,
     op: OpArgs,
     until_done: bool,
 ) -> Result<String, PluginError> {
@@ -308,6 +292,6 @@ async fn operate(
         timeout: op.timeout,
         until_done,
     };
-    let record = conn.operate(ns, name, kind, req, wait).await?;
+    let record = cluster.operate(ns, name, kind, req, wait).await?;
     plugin::format_operation(kind, ns, name, &record, op.output)
 }

@@ -2,8 +2,9 @@
 use std::time::Duration;
 
 use clap::Parser;
-use singleton::controller;
-use singleton::lease::{self, ElectionConfig, ElectionOptions, ReplicaOptions};
+use singleton::lease::{self, ElectionConfig};
+use singleton::replica::{self, ElectionOptions, ReplicaOptions};
+use singleton::watch;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -85,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
         args.max_clock_skew_seconds.into(),
     ));
     let client = clock.client().await?;
-    let cfg = controller::Config {
+    let cfg = watch::Config {
         namespace: args.namespace,
         reporter: "singleton-controller".into(),
         instance: args.instance,
@@ -97,6 +98,6 @@ async fn main() -> anyhow::Result<()> {
         health_addr: args.health_addr,
     };
     // Err(LeadershipLost) exits non-zero: the Deployment restarts this pod as a standby.
-    lease::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
+    replica::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
     Ok(())
 }

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::lock::{LeaderRecord, LeaseEvent, Lock, Versioned};
-use crate::controller::{Gate, GateState};
+use crate::gate::{Gate, GateState};
 use crate::{Error, Result};
 
 /// Retry waits are stretched by up to this factor, so candidates do not retry in lockstep.
@@ -147,23 +147,122 @@ pub enum Acquired<T> {
     Until(T),
 }
 
+/// Where this replica is in the election: one value, so that no impossible combination (leading
+/// while stopped, acting while draining) can be represented. [`Phase::role`] is what it publishes.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// Not holding the lease; a grant makes it the leader.
+    Standby,
+    /// Holding the lease and acting. `renewed_at`: the start of the last successful acquire or
+    /// renew attempt, from which the renew deadline counts.
+    Leading { renewed_at: Instant },
+    /// Holding the lease but never acting again: in-flight work drains before the release. It
+    /// keeps renewing.
+    Draining { renewed_at: Instant },
+    /// Draining without the lease (lost it while draining, or told to drain as a standby): a
+    /// grant makes it `Draining`, never `Leading`. Published as a standby, the closest [`Role`];
+    /// a replica leaves the election right after.
+    DrainingWithoutLease,
+    /// Out of the election: released or stopped.
+    Stopped,
+}
+
+impl Phase {
+    fn role(self) -> Role {
+        match self {
+            Phase::Standby | Phase::DrainingWithoutLease => Role::Standby,
+            Phase::Leading { .. } => Role::Leader,
+            Phase::Draining { .. } => Role::SteppingDown,
+            Phase::Stopped => Role::Stopped,
+        }
+    }
+
+    /// When our hold of the lease was last renewed; None when we do not hold it.
+    fn renewed_at(self) -> Option<Instant> {
+        match self {
+            Phase::Leading { renewed_at } | Phase::Draining { renewed_at } => Some(renewed_at),
+            Phase::Standby | Phase::DrainingWithoutLease | Phase::Stopped => None,
+        }
+    }
+
+    fn holds_lease(self) -> bool {
+        self.renewed_at().is_some()
+    }
+
+    /// After our write, started at `renewed_at`, succeeded. Only a standby starts acting: a
+    /// replica that began to leave never acts again, it only holds the lease until it releases.
+    fn granted(self, renewed_at: Instant) -> Phase {
+        match self {
+            Phase::Standby | Phase::Leading { .. } => Phase::Leading { renewed_at },
+            Phase::Draining { .. } | Phase::DrainingWithoutLease | Phase::Stopped => {
+                Phase::Draining { renewed_at }
+            }
+        }
+    }
+
+    /// After the lease is lost.
+    fn lost(self) -> Phase {
+        match self {
+            Phase::Leading { .. } => Phase::Standby,
+            Phase::Draining { .. } => Phase::DrainingWithoutLease,
+            not_held @ (Phase::Standby | Phase::DrainingWithoutLease | Phase::Stopped) => not_held,
+        }
+    }
+
+    /// After being told to drain.
+    fn draining(self) -> Phase {
+        match self {
+            Phase::Leading { renewed_at } => Phase::Draining { renewed_at },
+            Phase::Standby => Phase::DrainingWithoutLease,
+            leaving @ (Phase::Draining { .. } | Phase::DrainingWithoutLease | Phase::Stopped) => {
+                leaving
+            }
+        }
+    }
+}
+
+/// The Lease watch, and whether it works.
+enum LeaseWatch {
+    /// Not listed yet, or failing (it retries by itself).
+    Starting(BoxStream<'static, LeaseEvent>),
+    /// Has listed the Lease and is not failing.
+    Watching(BoxStream<'static, LeaseEvent>),
+    /// Ended (not expected: the watch retries forever); polling at the retry period still works.
+    Ended,
+}
+
+impl LeaseWatch {
+    fn is_watching(&self) -> bool {
+        matches!(self, LeaseWatch::Watching(_))
+    }
+
+    /// After an event: whether the watch works now.
+    fn set_working(&mut self, working: bool) {
+        *self = match std::mem::replace(self, LeaseWatch::Ended) {
+            LeaseWatch::Starting(s) | LeaseWatch::Watching(s) if working => LeaseWatch::Watching(s),
+            LeaseWatch::Starting(s) | LeaseWatch::Watching(s) => LeaseWatch::Starting(s),
+            LeaseWatch::Ended => LeaseWatch::Ended,
+        };
+    }
+
+    /// The next event; pending forever once the watch has ended.
+    async fn next(&mut self) -> Option<LeaseEvent> {
+        match self {
+            LeaseWatch::Starting(s) | LeaseWatch::Watching(s) => s.next().await,
+            LeaseWatch::Ended => std::future::pending().await,
+        }
+    }
+}
+
 /// One candidate for the lease.
 pub struct Elector<L: Lock> {
     lock: L,
     cfg: ElectionConfig,
-    /// Lease watch; None when it ended (then polling at the retry period still works).
-    events: Option<BoxStream<'static, LeaseEvent>>,
+    watch: LeaseWatch,
     /// The record as last read, watched or written, and when (locally) it last changed.
     observed: Option<Versioned>,
     observed_at: Instant,
-    /// We hold the lease: our last write of it succeeded and the renew deadline has not passed.
-    leading: bool,
-    /// Start of the last successful acquire or renew attempt.
-    renewed_at: Instant,
-    /// Shutting down: keep renewing, but never reopen the gate.
-    draining: bool,
-    watching: bool,
-    stopped: bool,
+    phase: Phase,
     gate: watch::Sender<GateState>,
     state: watch::Sender<ElectionState>,
     rng: u64,
@@ -200,14 +299,10 @@ impl<L: Lock> Elector<L> {
         Ok(Elector {
             lock,
             cfg,
-            events: Some(events),
+            watch: LeaseWatch::Starting(events),
             observed: None,
             observed_at: now,
-            leading: false,
-            renewed_at: now,
-            draining: false,
-            watching: false,
-            stopped: false,
+            phase: Phase::Standby,
             gate,
             state,
             rng,
@@ -227,8 +322,9 @@ impl<L: Lock> Elector<L> {
         &self.cfg
     }
 
+    /// Whether this replica holds the lease (acting, or draining before its release).
     pub fn is_leading(&self) -> bool {
-        self.leading
+        self.phase.holds_lease()
     }
 
     /// Takes note of the record as read or watched. Only a change (another resourceVersion)
@@ -246,7 +342,7 @@ impl<L: Lock> Elector<L> {
             self.observed_at = now;
         }
         // A leader that sees someone else's record has lost, whatever its deadline says.
-        if self.leading && self.held_by_other(now) {
+        if self.phase.holds_lease() && self.held_by_other(now) {
             self.step_down("another candidate holds the lease");
         }
         self.publish();
@@ -308,7 +404,7 @@ impl<L: Lock> Elector<L> {
 
         // 6. The new record. A renewal keeps the acquire time and the epoch; any other grant
         //    (a free, expired, or our own stale record) starts a new epoch.
-        let renewing = self.leading && current.record.holder == me;
+        let renewing = self.phase.holds_lease() && current.record.holder == me;
         let record = if renewing {
             LeaderRecord {
                 renew_time: Some(wall),
@@ -336,11 +432,10 @@ impl<L: Lock> Elector<L> {
     /// Our write `v`, started at `started`, succeeded.
     fn granted(&mut self, v: Versioned, started: Instant) -> bool {
         let epoch = v.record.transitions;
-        let new_term = !self.leading;
+        let new_term = !self.phase.holds_lease();
         self.observed = Some(v);
         self.observed_at = started;
-        self.leading = true;
-        self.renewed_at = started;
+        self.phase = self.phase.granted(started);
         if new_term {
             tracing::info!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch, "became leader");
         }
@@ -348,18 +443,24 @@ impl<L: Lock> Elector<L> {
         true
     }
 
-    /// Stops acting at once: the gate closes before anything else happens.
+    /// The lease is lost: stops acting at once, the gate closed before anything else happens.
     fn step_down(&mut self, why: &str) {
+        let next = self.phase.lost();
+        self.step_down_to(next, why);
+    }
+
+    /// Closes the gate, then moves on to `next`.
+    fn step_down_to(&mut self, next: Phase, why: &str) {
         self.gate.send_replace(GateState {
             may_act: false,
             epoch: self.epoch(),
             valid_until: None,
         });
-        if self.leading {
+        if self.phase.holds_lease() {
             tracing::warn!(lease = %self.lock.describe(), identity = %self.cfg.identity, epoch = self.epoch(), reason = why, "stopped leading");
             crate::metrics::global().stopped_leading();
         }
-        self.leading = false;
+        self.phase = next;
         self.publish();
     }
 
@@ -373,13 +474,17 @@ impl<L: Lock> Elector<L> {
     /// Publishes the gate and the state. The gate only ever opens here, for a leader that is
     /// not draining.
     fn publish(&mut self) {
-        let may_act = self.leading && !self.draining && !self.stopped;
+        let deadline = self
+            .phase
+            .renewed_at()
+            .map(|renewed_at| renewed_at + self.cfg.renew_deadline);
+        let may_act = matches!(self.phase, Phase::Leading { .. });
         let gate = GateState {
             may_act,
             epoch: self.epoch(),
             // The gate closes by itself at the renew deadline, even if this loop is not scheduled
             // then (a paused process resumes with work that checks the gate before we run).
-            valid_until: may_act.then(|| self.renewed_at + self.cfg.renew_deadline),
+            valid_until: deadline.filter(|_| may_act),
         };
         crate::metrics::global().leader.set(i64::from(may_act));
         crate::metrics::global()
@@ -390,26 +495,16 @@ impl<L: Lock> Elector<L> {
             *g = gate;
             changed
         });
-        let role = match (self.stopped, self.leading, self.draining) {
-            (true, _, _) => Role::Stopped,
-            (false, true, false) => Role::Leader,
-            (false, true, true) => Role::SteppingDown,
-            (false, false, _) => Role::Standby,
-        };
         let state = ElectionState {
-            role,
+            role: self.phase.role(),
             holder: self
                 .observed
                 .as_ref()
                 .map(|v| v.record.holder.clone())
                 .unwrap_or_default(),
             epoch: self.epoch(),
-            expires: if self.leading {
-                Some(self.renewed_at + self.cfg.renew_deadline)
-            } else {
-                self.other_expiry()
-            },
-            watching: self.watching,
+            expires: deadline.or_else(|| self.other_expiry()),
+            watching: self.watch.is_watching(),
             heartbeat: Instant::now(),
         };
         self.state.send_replace(state);
@@ -418,21 +513,19 @@ impl<L: Lock> Elector<L> {
     fn handle_event(&mut self, ev: Option<LeaseEvent>) {
         match ev {
             Some(LeaseEvent::Observed(v)) => {
-                self.watching = true;
+                self.watch.set_working(true);
                 self.observe(v, Instant::now());
             }
             Some(LeaseEvent::WatchError(e)) => {
-                if self.watching {
+                if self.watch.is_watching() {
                     tracing::warn!(lease = %self.lock.describe(), error = %e, "lease watch failed; retrying");
                 }
-                self.watching = false;
+                self.watch.set_working(false);
                 self.publish();
             }
             None => {
-                // Not expected (the watch retries forever); polling still works without it.
                 tracing::warn!(lease = %self.lock.describe(), "lease watch ended");
-                self.events = None;
-                self.watching = false;
+                self.watch = LeaseWatch::Ended;
                 self.publish();
             }
         }
@@ -467,7 +560,7 @@ impl<L: Lock> Elector<L> {
             let wake = tokio::select! {
                 biased;
                 v = &mut until => Wake::Until(v),
-                ev = next_event(&mut self.events) => Wake::Event(ev),
+                ev = self.watch.next() => Wake::Event(ev),
                 _ = sleep_until(next_try) => Wake::Try,
             };
             match wake {
@@ -522,16 +615,16 @@ impl<L: Lock> Elector<L> {
     /// `until` resolves (still leading).
     pub async fn hold<T>(&mut self, until: impl Future<Output = T>) -> Held<T> {
         tokio::pin!(until);
-        if !self.leading {
+        let Some(renewed_at) = self.phase.renewed_at() else {
             return Held::Lost("not leading".into());
-        }
-        let mut next_try = self.renewed_at + self.cfg.renew_interval();
+        };
+        let mut next_try = renewed_at + self.cfg.renew_interval();
         loop {
             self.publish();
-            if !self.leading {
+            let Some(renewed_at) = self.phase.renewed_at() else {
                 return Held::Lost("another candidate holds the lease".into());
-            }
-            let deadline = self.renewed_at + self.cfg.renew_deadline;
+            };
+            let deadline = renewed_at + self.cfg.renew_deadline;
             enum Wake<T> {
                 Deadline,
                 Until(T),
@@ -544,7 +637,7 @@ impl<L: Lock> Elector<L> {
                 biased;
                 _ = sleep_until(deadline) => Wake::Deadline,
                 v = &mut until => Wake::Until(v),
-                ev = next_event(&mut self.events) => Wake::Event(ev),
+                ev = self.watch.next() => Wake::Event(ev),
                 _ = sleep_until(next_try) => Wake::Try,
             };
             match wake {
@@ -563,7 +656,10 @@ impl<L: Lock> Elector<L> {
                     match attempt {
                         None => return self.lost_deadline(),
                         Some(Ok(true)) => {
-                            next_try = self.renewed_at + self.cfg.renew_interval();
+                            // Always held after a grant (Leading, or Draining).
+                            if let Some(renewed_at) = self.phase.renewed_at() {
+                                next_try = renewed_at + self.cfg.renew_interval();
+                            }
                         }
                         Some(Ok(false)) => {
                             if self.held_by_other(Instant::now()) {
@@ -593,14 +689,13 @@ impl<L: Lock> Elector<L> {
 
     /// Leaves the election without holding the lease (a standby shutting down).
     pub fn stop(&mut self) {
-        self.stopped = true;
-        self.step_down("stopped");
+        self.step_down_to(Phase::Stopped, "stopped");
     }
 
     /// Stops acting (closes the gate for good) but keeps holding the lease, so in-flight work can
     /// finish before [`Elector::release`].
     pub fn begin_drain(&mut self) {
-        self.draining = true;
+        self.phase = self.phase.draining();
         self.gate.send_replace(GateState {
             may_act: false,
             epoch: self.epoch(),
@@ -613,12 +708,11 @@ impl<L: Lock> Elector<L> {
     /// takes over at once instead of waiting for expiry. Ok(false) if it was no longer ours.
     pub async fn release(&mut self) -> Result<bool> {
         self.begin_drain();
-        let was_leading = self.leading;
+        let was_leading = self.phase.holds_lease();
         if was_leading {
             crate::metrics::global().stopped_leading();
         }
-        self.leading = false;
-        self.stopped = true;
+        self.phase = Phase::Stopped;
         self.publish();
         let Some(current) = self.observed.clone() else {
             return Ok(false);
@@ -646,13 +740,5 @@ impl<L: Lock> Elector<L> {
             Err(Error::Conflict(_)) => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// The next watch event; pending forever once the watch is gone.
-async fn next_event(events: &mut Option<BoxStream<'static, LeaseEvent>>) -> Option<LeaseEvent> {
-    match events {
-        Some(s) => s.next().await,
-        None => std::future::pending().await,
     }
 }

@@ -6,23 +6,21 @@
 //!
 //! - [`lock`]: the Lease read and written with resourceVersion preconditions; the Lease watch.
 //! - [`elector`]: try-acquire-or-renew, the standby and leader loops, the gate it drives.
-//! - [`replica`]: a replica's life (stand by, lead, hand over or exit); what the binary calls.
-//! - [`health`]: `/healthz` and `/readyz`.
+//!
+//! Only the election lives here: [`crate::replica`] runs a replica through it, and
+//! [`crate::endpoints`] serves the probes from its published state.
 //!
 //! Leadership is only an efficiency layer: a leader that pauses past its deadline may still send
 //! one write, which the resourceVersion check on the SingletonJob's status refuses (layer 2).
 
 pub mod elector;
-pub mod health;
 pub mod lock;
-pub mod replica;
 
 #[cfg(test)]
 mod tests;
 
 pub use elector::{Acquired, ElectionConfig, ElectionState, Elector, Held, Role};
 pub use lock::{KubeLock, LeaderRecord, LeaseEvent, Lock, Versioned, watch_lease};
-pub use replica::{ElectionOptions, ReplicaOptions, run_replica};
 
 use std::hash::{BuildHasher, Hasher};
 

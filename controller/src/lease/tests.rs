@@ -1,7 +1,7 @@
 //! Unit tests of the elector on paused Tokio time, against an in-memory lock with resourceVersion
 //! semantics. One test per transition: acquire, renew, lose a race, expiry observed, renew
-//! deadline passed, release; plus the health verdicts. The Kubernetes lock is tested end to end
-//! (e2e/tests/election.rs).
+//! deadline passed, release. The Kubernetes lock is tested against a fake API server here and end
+//! to end (e2e/tests/election.rs).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,8 +12,7 @@ use futures::stream::BoxStream;
 use jiff::Timestamp;
 use tokio::time::{Instant, sleep};
 
-use super::elector::{Acquired, ElectionConfig, ElectionState, Elector, Held, Role};
-use super::health;
+use super::elector::{Acquired, ElectionConfig, Elector, Held, Role};
 use super::lock::{LeaderRecord, LeaseEvent, Lock, Versioned};
 use crate::Error;
 
@@ -478,6 +477,30 @@ async fn draining_keeps_renewing_but_never_reopens_the_gate() {
     assert_eq!(a.state().borrow().role, Role::SteppingDown);
 }
 
+/// Draining is for good: a draining leader that loses the lease and wins it again holds it
+/// without acting.
+#[tokio::test(start_paused = true)]
+async fn a_draining_leader_never_acts_again_even_after_a_new_grant() {
+    let server = Server::default();
+    let (mut a, _) = candidate(&server, "a");
+    lead(&mut a).await;
+    a.begin_drain();
+    let rival = server.clone();
+    tokio::spawn(async move {
+        sleep(Duration::from_secs(1)).await;
+        rival.put(other_holder(2, Timestamp::now()));
+    });
+    assert!(matches!(
+        a.hold(std::future::pending::<()>()).await,
+        Held::Lost(_)
+    ));
+    assert!(!a.is_leading());
+    lead(&mut a).await;
+    assert!(a.is_leading(), "holds the lease again");
+    assert!(a.gate().check().is_err(), "but never acts");
+    assert_eq!(a.state().borrow().role, Role::SteppingDown);
+}
+
 #[tokio::test(start_paused = true)]
 async fn many_candidates_never_lead_at_once() {
     let server = Server::default();
@@ -522,84 +545,6 @@ async fn many_candidates_never_lead_at_once() {
         "epochs never go back"
     );
     assert!(total >= 5);
-}
-
-fn state(role: Role, watching: bool, heartbeat: Instant) -> ElectionState {
-    ElectionState {
-        role,
-        holder: "x".into(),
-        epoch: 3,
-        expires: None,
-        watching,
-        heartbeat,
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn health_verdicts_for_each_role() {
-    let now = Instant::now();
-    let stale = Duration::from_secs(25);
-    let check = |role, watching| {
-        let s = state(role, watching, now);
-        (
-            health::live(&s, stale, now).ok,
-            health::ready(&s, stale, now).ok,
-        )
-    };
-    assert_eq!(check(Role::Leader, true), (true, true));
-    assert_eq!(
-        check(Role::Standby, true),
-        (true, true),
-        "a watching standby is ready"
-    );
-    assert_eq!(check(Role::Standby, false), (true, false));
-    assert_eq!(check(Role::SteppingDown, true), (true, false));
-    assert_eq!(check(Role::Stopped, true), (false, false));
-    let wedged = state(Role::Leader, true, now);
-    let later = now + stale + Duration::from_millis(1);
-    assert!(
-        !health::live(&wedged, stale, later).ok,
-        "a silent loop is not alive"
-    );
-    assert!(!health::ready(&wedged, stale, later).ok);
-}
-
-/// The probes over real HTTP, following an elector's state.
-#[tokio::test]
-async fn health_server_serves_the_elector_state() {
-    let (tx, rx) = tokio::sync::watch::channel(state(Role::Standby, false, Instant::now()));
-    let addr = health::serve(
-        "127.0.0.1:0".parse().unwrap(),
-        health::HealthSource::Election {
-            state: rx,
-            stale_after: Duration::from_secs(60),
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(get(addr, "/healthz").await, 200);
-    assert_eq!(get(addr, "/readyz").await, 503, "watch not established");
-    tx.send_replace(state(Role::Standby, true, Instant::now()));
-    assert_eq!(get(addr, "/readyz").await, 200);
-    tx.send_replace(state(Role::Leader, true, Instant::now()));
-    assert_eq!(get(addr, "/readyz").await, 200);
-    tx.send_replace(state(Role::SteppingDown, true, Instant::now()));
-    assert_eq!(get(addr, "/readyz").await, 503);
-    assert_eq!(get(addr, "/healthz").await, 200);
-    tx.send_replace(state(Role::Stopped, true, Instant::now()));
-    assert_eq!(get(addr, "/healthz").await, 503);
-}
-
-/// A minimal HTTP/1.1 GET; returns the status code.
-async fn get(addr: std::net::SocketAddr, path: &str) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// The real lock against a fake API server: an update is a PUT carrying the observed

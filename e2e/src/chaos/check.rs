@@ -20,7 +20,7 @@ pub struct Claim {
 }
 
 /// A Job of a run, by uid, as the outside observer saw it over its whole life (the watch of
-/// [`super::observer`], cross-checked with the job controller's Events).
+/// [`crate::observer`], cross-checked with the job controller's Events).
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobSeen {
     pub uid: String,

@@ -1,7 +1,7 @@
 //! The world a chaos scenario runs in: a namespace, three controller replicas with leader election
 //! (restarted when they exit, as a Deployment's pods would be), SingletonJobs with seconds-level
 //! schedules and (most of them) the PostgreSQL backstop, an outside observer of the Jobs
-//! ([`super::observer`]), and a workload that performs a fenced write with each run's token.
+//! ([`crate::observer`]), and a workload that performs a fenced write with each run's token.
 //! Afterwards [`World::observe`] reads the external truth for the checker.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -14,7 +14,6 @@ use anyhow::{Context as _, Result, bail};
 use futures::{StreamExt as _, TryStreamExt as _};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use singleton::api::{Outcome, SingletonJob};
@@ -23,9 +22,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::check::{
     Claim, HungEnd, HungTx, JobSeen, Observations, Recorded, SjObservation, Write, WriteResult,
 };
+use crate::commands::repo_root;
 use crate::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{
-    Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix,
+    Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, database_url, kubectl, sj_yaml,
+    table_prefix,
 };
 
 /// The Lease the replicas elect through.
@@ -181,10 +182,6 @@ pub struct World {
     proxy_slot: Option<usize>,
 }
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// Runs `hack/cluster.sh ACTION COMPONENT` (the ports come from the environment, as for make).
 pub async fn cluster(action: &str, component: &str) -> Result<()> {
     let out = tokio::process::Command::new(repo_root().join("hack/cluster.sh"))
@@ -297,7 +294,10 @@ impl World {
                         .filter(|sj| backstopped.contains(&sj.name_any()))
                         .filter(|sj| {
                             sj.status.as_ref().is_some_and(|s| {
-                                singleton::conditions::is_true(&s.conditions, "BackstopReady")
+                                singleton::record::conditions::is_true(
+                                    &s.conditions,
+                                    "BackstopReady",
+                                )
                             })
                         })
                         .count();
@@ -566,10 +566,9 @@ impl World {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::set_permissions(&editor, std::fs::Permissions::from_mode(0o755))?;
         }
-        let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
         let out = tokio::time::timeout(
             Duration::from_secs(30),
-            tokio::process::Command::new(&kubectl)
+            tokio::process::Command::from(kubectl())
                 .args(["edit", "--subresource=status", "-o", "json", "-n"])
                 .arg(&self.env.ns)
                 .arg(format!("singletonjob/{sj}"))
@@ -650,8 +649,7 @@ impl World {
             .into_iter()
             .map(|sj| (sj.name_any(), sj))
             .collect();
-        let events: Api<Event> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        let events = events.list(&ListParams::default()).await?.items;
+        let events = self.env.events().list(&ListParams::default()).await?.items;
         let reported = job_controller_runs(&events);
         // The replicas still run: a Job created just before the Events were listed may not have
         // reached the watch yet. Give the watch a moment to catch up before taking what it saw,
@@ -1003,9 +1001,7 @@ async fn fenced_write(
     token: u64,
     held: bool,
 ) -> Result<WriteResult> {
-    let (mut client, conn) =
-        tokio_postgres::connect(&database_url()?, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
+    let mut client = crate::pg().await?;
     let tx = client.transaction().await?;
     if let Err(e) = tx
         .query(

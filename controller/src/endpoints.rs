@@ -9,8 +9,8 @@
 //!   act, and a standby once its Lease watch has listed the Lease and is not failing, so it will
 //!   see a release or an expiry at once. Standbys are ready on purpose: a rolling update waits for
 //!   new pods to be ready, and would stall if only the leader could be. 503 while stepping down
-//!   (draining before a release) and after leadership is lost. The controller's own caches start
-//!   on the leader only (see [`super::replica`]), so there is no standby cache to wait for.
+//!   (draining before a release) and after leadership is lost. Readiness does not wait for the
+//!   controller's caches: a standby's warm up behind the closed gate (see [`crate::replica`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use axum::routing::get;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::elector::{ElectionState, Role};
+use crate::lease::{ElectionState, Role};
 use crate::{Error, Result};
 
 /// Where the verdicts come from.
@@ -147,4 +147,91 @@ pub async fn serve(addr: SocketAddr, src: HealthSource) -> Result<SocketAddr> {
     });
     tracing::info!(addr = %bound, "health server listening");
     Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{HealthSource, live, ready, serve};
+    use crate::lease::{ElectionState, Role};
+
+    fn state(role: Role, watching: bool, heartbeat: Instant) -> ElectionState {
+        ElectionState {
+            role,
+            holder: "x".into(),
+            epoch: 3,
+            expires: None,
+            watching,
+            heartbeat,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn health_verdicts_for_each_role() {
+        let now = Instant::now();
+        let stale = Duration::from_secs(25);
+        let check = |role, watching| {
+            let s = state(role, watching, now);
+            (live(&s, stale, now).ok, ready(&s, stale, now).ok)
+        };
+        assert_eq!(check(Role::Leader, true), (true, true));
+        assert_eq!(
+            check(Role::Standby, true),
+            (true, true),
+            "a watching standby is ready"
+        );
+        assert_eq!(check(Role::Standby, false), (true, false));
+        assert_eq!(check(Role::SteppingDown, true), (true, false));
+        assert_eq!(check(Role::Stopped, true), (false, false));
+        let wedged = state(Role::Leader, true, now);
+        let later = now + stale + Duration::from_millis(1);
+        assert!(
+            !live(&wedged, stale, later).ok,
+            "a silent loop is not alive"
+        );
+        assert!(!ready(&wedged, stale, later).ok);
+    }
+
+    /// The probes over real HTTP, following an elector's state.
+    #[tokio::test]
+    async fn health_server_serves_the_elector_state() {
+        let (tx, rx) = tokio::sync::watch::channel(state(Role::Standby, false, Instant::now()));
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            HealthSource::Election {
+                state: rx,
+                stale_after: Duration::from_secs(60),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(get(addr, "/healthz").await, 200);
+        assert_eq!(get(addr, "/readyz").await, 503, "watch not established");
+        tx.send_replace(state(Role::Standby, true, Instant::now()));
+        assert_eq!(get(addr, "/readyz").await, 200);
+        tx.send_replace(state(Role::Leader, true, Instant::now()));
+        assert_eq!(get(addr, "/readyz").await, 200);
+        tx.send_replace(state(Role::SteppingDown, true, Instant::now()));
+        assert_eq!(get(addr, "/readyz").await, 503);
+        assert_eq!(get(addr, "/healthz").await, 200);
+        tx.send_replace(state(Role::Stopped, true, Instant::now()));
+        assert_eq!(get(addr, "/healthz").await, 503);
+    }
+
+    /// A minimal HTTP/1.1 GET; returns the status code.
+    async fn get(addr: std::net::SocketAddr, path: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
 }

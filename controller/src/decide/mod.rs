@@ -142,20 +142,62 @@ pub fn plan(
     active: &[RunRef],
     obs: &Observed<'_>,
 ) -> Plan {
-    let now = obs.now;
     let fp = fingerprint(spec);
     let mut plan = Plan {
         fingerprint: fp.clone(),
         ..Plan::default()
     };
-
     let mut records = Records::default();
+    let cursor = cursor(decided_through, status_fingerprint, &fp, obs, &mut records);
+    sort_runs(active, obs, &mut plan);
 
-    // Where pending periods begin. A new SingletonJob starts at its creation; a changed schedule
-    // starts at the time the change is seen, so an edit never fires periods retroactively. The
-    // old schedule's periods that were still waiting (Forbid, suspended, the backstop or the
-    // clock, or missed while no controller ran) never run: they are recorded as such (G2).
-    let cursor = match (decided_through, status_fingerprint) {
+    // When "now" itself is in doubt nothing is decided, not even which periods are late: a clock
+    // running ahead would otherwise record future periods as missed (or a schedule edit's
+    // waiting periods as skipped: that too waits for a trusted clock).
+    if obs.blocked == Some(Waiting::ClockUntrusted) {
+        plan.waiting = Some(Waiting::ClockUntrusted);
+        plan.decided_through = Some(decided_through.unwrap_or(obs.created));
+        plan.fingerprint = status_fingerprint.map_or(fp, str::to_string);
+        return plan;
+    }
+
+    let deadline = spec
+        .starting_deadline_seconds
+        .map(SignedDuration::from_secs)
+        .or((spec.catch_up == CatchUp::None).then_some(CATCH_UP_NONE_GRACE));
+    let mut pending = Pending {
+        spec,
+        schedule,
+        obs,
+        cursor,
+        records,
+    };
+    pending.past_deadline(deadline);
+    if let Some(candidate) = pending.candidate() {
+        pending.decide(candidate, deadline, &mut plan);
+    }
+    let Pending {
+        cursor, records, ..
+    } = pending;
+    plan.decided_through = Some(cursor);
+    plan.records = records.into_vec();
+    plan.wake_at = next_look(schedule, obs.now, cursor, &plan);
+    plan
+}
+
+/// Where pending periods begin. A new SingletonJob starts at its creation; a changed schedule
+/// starts at the time the change is seen, so an edit never fires periods retroactively. The old
+/// schedule's periods that were still waiting (Forbid, suspended, the backstop or the clock, or
+/// missed while no controller ran) never run: they are recorded as such (G2).
+fn cursor(
+    decided_through: Option<Timestamp>,
+    status_fingerprint: Option<&str>,
+    fp: &str,
+    obs: &Observed<'_>,
+    records: &mut Records,
+) -> Timestamp {
+    let now = obs.now;
+    match (decided_through, status_fingerprint) {
         (Some(c), Some(f)) if f == fp => c,
         (Some(c), f) => {
             if let Some(old) = f.and_then(fingerprinted)
@@ -169,9 +211,11 @@ pub fn plan(
             c.max(now)
         }
         (None, _) => obs.created,
-    };
+    }
+}
 
-    // Runs that finished since the last look.
+/// Runs that finished since the last look, and those still active.
+fn sort_runs(active: &[RunRef], obs: &Observed<'_>, plan: &mut Plan) {
     for run in active {
         match obs
             .job_states
@@ -182,102 +226,112 @@ pub fn plan(
             JobState::Active => plan.still_active.push(run.clone()),
             JobState::Succeeded(at) => plan.finished.push((run.clone(), Outcome::Succeeded, at)),
             JobState::Failed(at) => plan.finished.push((run.clone(), Outcome::Failed, at)),
-            JobState::Gone => plan.finished.push((run.clone(), Outcome::Failed, now)),
+            JobState::Gone => plan.finished.push((run.clone(), Outcome::Failed, obs.now)),
         }
     }
+}
 
-    // When "now" itself is in doubt nothing is decided, not even which periods are late: a clock
-    // running ahead would otherwise record future periods as missed (or a schedule edit's
-    // waiting periods as skipped: that too waits for a trusted clock).
-    if obs.blocked == Some(Waiting::ClockUntrusted) {
-        plan.waiting = Some(Waiting::ClockUntrusted);
-        plan.decided_through = Some(decided_through.unwrap_or(obs.created));
-        plan.fingerprint = status_fingerprint.map_or(fp, str::to_string);
-        return plan;
+/// The pending periods (after `cursor`, at or before now) being decided, and the records made.
+struct Pending<'a> {
+    spec: &'a SingletonJobSpec,
+    schedule: &'a Schedule,
+    obs: &'a Observed<'a>,
+    /// Every period at or before this is decided.
+    cursor: Timestamp,
+    records: Records,
+}
+
+impl Pending<'_> {
+    fn suspended(&self) -> bool {
+        self.spec.suspend.unwrap_or(false)
     }
 
-    let suspended = spec.suspend.unwrap_or(false);
-    let deadline = spec
-        .starting_deadline_seconds
-        .map(SignedDuration::from_secs)
-        .or((spec.catch_up == CatchUp::None).then_some(CATCH_UP_NONE_GRACE));
-    // Periods at or before this instant can no longer start.
-    let too_old = deadline.map(|d| now - d);
-
-    let mut cursor_out = cursor;
-
-    // 1. Periods past the deadline: one folded record, however many (no "too many missed" cliff).
-    if let Some(limit) = too_old
-        && limit > cursor
-        && let Some(last) = schedule.latest_at_or_before(limit).filter(|l| *l > cursor)
-    {
-        let first = schedule.next_after(cursor).unwrap_or(last);
-        let count = schedule.count_between(cursor, last, u64::MAX);
-        let (outcome, why) = if suspended {
+    /// Step 1: periods past the deadline, one folded record however many (no "too many missed"
+    /// cliff).
+    fn past_deadline(&mut self, deadline: Option<SignedDuration>) {
+        let now = self.obs.now;
+        // Periods at or before this instant can no longer start.
+        let Some(limit) = deadline.map(|d| now - d).filter(|l| *l > self.cursor) else {
+            return;
+        };
+        let Some(last) = self
+            .schedule
+            .latest_at_or_before(limit)
+            .filter(|l| *l > self.cursor)
+        else {
+            return;
+        };
+        let first = self.schedule.next_after(self.cursor).unwrap_or(last);
+        let count = self.schedule.count_between(self.cursor, last, u64::MAX);
+        let (outcome, why) = if self.suspended() {
             (Outcome::Skipped, reason::SUSPENDED)
-        } else if obs.blocked == Some(Waiting::BackstopUnavailable) {
+        } else if self.obs.blocked == Some(Waiting::BackstopUnavailable) {
             (Outcome::Missed, reason::BACKSTOP_UNAVAILABLE)
         } else {
             (Outcome::Missed, reason::DEADLINE_EXCEEDED)
         };
-        records.push_range(first, last, count, outcome, why, now);
-        cursor_out = last;
+        self.records
+            .push_range(first, last, count, outcome, why, now);
+        self.cursor = last;
     }
 
-    // 2. The periods still within the deadline, oldest first.
-    let newest = schedule
-        .latest_at_or_before(now)
-        .filter(|n| *n > cursor_out);
-    let oldest = newest.and_then(|_| schedule.next_after(cursor_out));
-
-    if let (Some(oldest), Some(newest)) = (oldest, newest) {
-        // Which pending period is the candidate to start now; the ones before it that the
-        // catch-up mode will never start are recorded now.
-        let candidate = match spec.catch_up {
-            CatchUp::All => oldest,
-            CatchUp::Latest | CatchUp::None => {
-                if newest > oldest {
-                    let before = newest - SignedDuration::from_nanos(1);
-                    let last_older = schedule.latest_at_or_before(before).unwrap_or(oldest);
-                    let count = schedule.count_between(cursor_out, before, u64::MAX);
-                    let (outcome, why) = match (suspended, spec.catch_up) {
-                        (true, _) => (Outcome::Skipped, reason::SUSPENDED),
-                        (false, CatchUp::None) => (Outcome::Missed, reason::CATCH_UP_NONE),
-                        (false, _) => (Outcome::Missed, reason::SUPERSEDED),
-                    };
-                    records.push_range(oldest, last_older, count, outcome, why, now);
-                    cursor_out = last_older;
-                }
+    /// Step 2: of the periods still within the deadline, the candidate to start now; the ones
+    /// before it that the catch-up mode will never start are recorded now.
+    fn candidate(&mut self) -> Option<Timestamp> {
+        let now = self.obs.now;
+        let newest = self
+            .schedule
+            .latest_at_or_before(now)
+            .filter(|n| *n > self.cursor)?;
+        let oldest = self.schedule.next_after(self.cursor)?;
+        if self.spec.catch_up == CatchUp::All || newest <= oldest {
+            return Some(if self.spec.catch_up == CatchUp::All {
+                oldest
+            } else {
                 newest
-            }
+            });
+        }
+        let before = newest - SignedDuration::from_nanos(1);
+        let last_older = self.schedule.latest_at_or_before(before).unwrap_or(oldest);
+        let count = self.schedule.count_between(self.cursor, before, u64::MAX);
+        let (outcome, why) = match (self.suspended(), self.spec.catch_up) {
+            (true, _) => (Outcome::Skipped, reason::SUSPENDED),
+            (false, CatchUp::None) => (Outcome::Missed, reason::CATCH_UP_NONE),
+            (false, _) => (Outcome::Missed, reason::SUPERSEDED),
         };
+        self.records
+            .push_range(oldest, last_older, count, outcome, why, now);
+        self.cursor = last_older;
+        Some(newest)
+    }
 
+    /// Step 3: start the candidate, or say why it waits, or decide it now when it never will
+    /// (catchUp None); look again when its deadline passes.
+    fn decide(&mut self, candidate: Timestamp, deadline: Option<SignedDuration>, plan: &mut Plan) {
+        let (spec, now) = (self.spec, self.obs.now);
         let blocked_by_forbid =
             spec.concurrency_policy == ConcurrencyPolicy::Forbid && !plan.still_active.is_empty();
-        if suspended {
-            if spec.catch_up == CatchUp::None {
+        let never = spec.catch_up == CatchUp::None;
+        if self.suspended() {
+            if never {
                 // Resuming will never start it: decide it now.
-                records.push_range(
-                    candidate,
-                    candidate,
-                    1,
-                    Outcome::Skipped,
-                    reason::SUSPENDED,
-                    now,
-                );
-                cursor_out = candidate;
+                let why = reason::SUSPENDED;
+                self.records
+                    .push_range(candidate, candidate, 1, Outcome::Skipped, why, now);
+                self.cursor = candidate;
             } else {
                 plan.waiting = Some(Waiting::Suspended);
             }
         } else if blocked_by_forbid {
-            if spec.catch_up == CatchUp::None {
+            if never {
                 let why = reason::CONCURRENCY_FORBID;
-                records.push_range(candidate, candidate, 1, Outcome::Skipped, why, now);
-                cursor_out = candidate;
+                self.records
+                    .push_range(candidate, candidate, 1, Outcome::Skipped, why, now);
+                self.cursor = candidate;
             } else {
                 plan.waiting = Some(Waiting::ConcurrencyForbid);
             }
-        } else if let Some(why) = obs.blocked {
+        } else if let Some(why) = self.obs.blocked {
             plan.waiting = Some(why);
         } else {
             // Never before its instant (G4): candidate <= latest_at_or_before(now) <= now.
@@ -287,7 +341,6 @@ pub fn plan(
                 plan.replace = plan.still_active.clone();
             }
         }
-
         // Look again when the candidate's deadline passes (it will be recorded then).
         if plan.start.is_none()
             && let Some(d) = deadline
@@ -295,22 +348,25 @@ pub fn plan(
             plan.wake_at = Some(candidate + d + SignedDuration::from_millis(1));
         }
     }
+}
 
-    plan.decided_through = Some(cursor_out);
-    plan.records = records.into_vec();
-
-    // Next look: the next scheduled instant after now (a later period may also already be pending
-    // behind a started one: then look again right away).
-    let next = schedule.next_after(now.max(cursor_out));
+/// Next look: the next scheduled instant after now, or a deadline the plan set earlier (a later
+/// period may also already be pending behind a started one: then look again right away).
+fn next_look(
+    schedule: &Schedule,
+    now: Timestamp,
+    cursor: Timestamp,
+    plan: &Plan,
+) -> Option<Timestamp> {
+    let next = schedule.next_after(now.max(cursor));
     let pending_behind_start = plan
         .start
         .is_some_and(|s| s < schedule.latest_at_or_before(now).unwrap_or(s));
-    plan.wake_at = match (plan.wake_at, next) {
+    match (plan.wake_at, next) {
         _ if pending_behind_start => Some(now),
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    };
-    plan
+    }
 }
 
 /// Folds consecutive records with the same outcome and reason into one range entry.
@@ -356,6 +412,7 @@ impl Records {
     }
 }
 
+pub mod ops;
+
 #[cfg(test)]
-#[path = "decide_tests.rs"]
 mod tests;

@@ -55,7 +55,7 @@ impl OwnedJob {
             period: annotations
                 .and_then(|a| a.get(naming::LABEL_PERIOD))
                 .and_then(|p| p.parse().ok()),
-            token: naming::job_token(job),
+            token: crate::job::token(job),
             suspended: job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false),
             finished,
             deleting: job.metadata.deletion_timestamp.is_some(),

@@ -26,54 +26,58 @@ const MAX_REASON: usize = 1024;
 
 /// The kinds of operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum OperationKind {
     Trigger,
     Backfill,
     BreakLock,
 }
 
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::BreakLock, Kind::Trigger, Kind::Backfill];
+impl OperationKind {
+    pub const ALL: [OperationKind; 3] = [
+        OperationKind::BreakLock,
+        OperationKind::Trigger,
+        OperationKind::Backfill,
+    ];
 
     pub fn annotation(self) -> &'static str {
         match self {
-            Kind::Trigger => ANNOTATION_TRIGGER,
-            Kind::Backfill => ANNOTATION_BACKFILL,
-            Kind::BreakLock => ANNOTATION_BREAK_LOCK,
+            OperationKind::Trigger => ANNOTATION_TRIGGER,
+            OperationKind::Backfill => ANNOTATION_BACKFILL,
+            OperationKind::BreakLock => ANNOTATION_BREAK_LOCK,
         }
     }
 
     /// The command, for messages.
     pub fn command(self) -> &'static str {
         match self {
-            Kind::Trigger => "trigger",
-            Kind::Backfill => "backfill",
-            Kind::BreakLock => "break-lock",
+            OperationKind::Trigger => "trigger",
+            OperationKind::Backfill => "backfill",
+            OperationKind::BreakLock => "break-lock",
         }
     }
 
     pub fn slot(self, ops: &Operations) -> Option<&OperationStatus> {
         match self {
-            Kind::Trigger => ops.trigger.as_ref(),
-            Kind::Backfill => ops.backfill.as_ref(),
-            Kind::BreakLock => ops.break_lock.as_ref(),
+            OperationKind::Trigger => ops.trigger.as_ref(),
+            OperationKind::Backfill => ops.backfill.as_ref(),
+            OperationKind::BreakLock => ops.break_lock.as_ref(),
         }
     }
 
     pub fn slot_mut(self, ops: &mut Operations) -> &mut Option<OperationStatus> {
         match self {
-            Kind::Trigger => &mut ops.trigger,
-            Kind::Backfill => &mut ops.backfill,
-            Kind::BreakLock => &mut ops.break_lock,
+            OperationKind::Trigger => &mut ops.trigger,
+            OperationKind::Backfill => &mut ops.backfill,
+            OperationKind::BreakLock => &mut ops.break_lock,
         }
     }
 }
 
-impl From<RunOrigin> for Kind {
-    fn from(origin: RunOrigin) -> Kind {
+impl From<RunOrigin> for OperationKind {
+    fn from(origin: RunOrigin) -> OperationKind {
         match origin {
-            RunOrigin::Trigger => Kind::Trigger,
-            RunOrigin::Backfill => Kind::Backfill,
+            RunOrigin::Trigger => OperationKind::Trigger,
+            RunOrigin::Backfill => OperationKind::Backfill,
         }
     }
 }
@@ -107,7 +111,7 @@ pub struct Invalid {
 }
 
 /// The request of `kind` on `sj` that has not been handled yet, if any.
-pub fn pending(sj: &SingletonJob, kind: Kind) -> Option<Result<Request, Invalid>> {
+pub fn pending(sj: &SingletonJob, kind: OperationKind) -> Option<Result<Request, Invalid>> {
     let raw = sj.metadata.annotations.as_ref()?.get(kind.annotation())?;
     // Accepted but still waiting (Pending) is not handled yet: it is looked at again.
     let handled = sj
@@ -125,7 +129,7 @@ pub fn pending(sj: &SingletonJob, kind: Kind) -> Option<Result<Request, Invalid>
 }
 
 /// Parses and checks one annotation's text.
-pub fn parse(kind: Kind, raw: &str) -> Result<Request, Invalid> {
+pub fn parse(kind: OperationKind, raw: &str) -> Result<Request, Invalid> {
     let invalid_id = || format!("invalid-{}", crate::naming::short_hash(raw, 16));
     let req: Request = serde_json::from_str(raw).map_err(|e| Invalid {
         id: invalid_id(),
@@ -156,10 +160,10 @@ pub fn parse(kind: Kind, raw: &str) -> Result<Request, Invalid> {
         return bad(format!("reason must be at most {MAX_REASON} characters"));
     }
     match kind {
-        Kind::BreakLock if req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) => {
+        OperationKind::BreakLock if req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) => {
             return bad("break-lock needs a reason: say why the lock is broken".into());
         }
-        Kind::Backfill => match (req.from, req.to) {
+        OperationKind::Backfill => match (req.from, req.to) {
             (Some(from), Some(to)) if from <= to => {}
             (Some(from), Some(to)) => {
                 return bad(format!(
@@ -168,7 +172,7 @@ pub fn parse(kind: Kind, raw: &str) -> Result<Request, Invalid> {
             }
             _ => return bad("backfill needs both from and to (RFC 3339 instants)".into()),
         },
-        Kind::Trigger | Kind::BreakLock => {
+        OperationKind::Trigger | OperationKind::BreakLock => {
             if req.from.is_some() || req.to.is_some() {
                 return bad(format!("{} takes no from/to", kind.command()));
             }
@@ -177,13 +181,13 @@ pub fn parse(kind: Kind, raw: &str) -> Result<Request, Invalid> {
     Ok(req)
 }
 
-fn example(kind: Kind) -> &'static str {
+fn example(kind: OperationKind) -> &'static str {
     match kind {
-        Kind::Trigger => r#"{"id":"2026-12-02T10:00:00.123456Z"}"#,
-        Kind::Backfill => {
+        OperationKind::Trigger => r#"{"id":"2026-12-02T10:00:00.123456Z"}"#,
+        OperationKind::Backfill => {
             r#"{"id":"2026-12-02T10:00:00.123456Z","from":"2026-11-01T00:00:00Z","to":"2026-11-30T00:00:00Z"}"#
         }
-        Kind::BreakLock => {
+        OperationKind::BreakLock => {
             r#"{"id":"2026-12-02T10:00:00.123456Z","reason":"run stuck on a dead node"}"#
         }
     }
@@ -405,17 +409,26 @@ mod tests {
     fn a_request_is_pending_until_its_id_is_recorded() {
         let raw = r#"{"id":"r1","by":"alice"}"#;
         let fresh = sj(&[(ANNOTATION_TRIGGER, raw)], Operations::default());
-        let req = pending(&fresh, Kind::Trigger).unwrap().unwrap();
+        let req = pending(&fresh, OperationKind::Trigger).unwrap().unwrap();
         assert_eq!(req.id, "r1");
         assert_eq!(req.by.as_deref(), Some("alice"));
-        assert!(pending(&fresh, Kind::Backfill).is_none(), "no annotation");
+        assert!(
+            pending(&fresh, OperationKind::Backfill).is_none(),
+            "no annotation"
+        );
 
         // Accepted but waiting (for a run to finish, the clock, the backstop): still pending.
         let waiting = Operations {
             trigger: Some(accepted(&req, ts("2026-01-01T00:00:00Z"))),
             ..Default::default()
         };
-        assert!(pending(&sj(&[(ANNOTATION_TRIGGER, raw)], waiting), Kind::Trigger).is_some());
+        assert!(
+            pending(
+                &sj(&[(ANNOTATION_TRIGGER, raw)], waiting),
+                OperationKind::Trigger
+            )
+            .is_some()
+        );
         let mut done = accepted(&req, ts("2026-01-01T00:00:00Z"));
         done.phase = OperationPhase::Done;
         let handled = Operations {
@@ -425,48 +438,51 @@ mod tests {
         assert!(
             pending(
                 &sj(&[(ANNOTATION_TRIGGER, raw)], handled.clone()),
-                Kind::Trigger
+                OperationKind::Trigger
             )
             .is_none()
         );
         // A new id is a new request.
         let again = sj(&[(ANNOTATION_TRIGGER, r#"{"id":"r2"}"#)], handled);
-        assert_eq!(pending(&again, Kind::Trigger).unwrap().unwrap().id, "r2");
+        assert_eq!(
+            pending(&again, OperationKind::Trigger).unwrap().unwrap().id,
+            "r2"
+        );
     }
 
     #[test]
     fn bad_requests_are_rejected_once_with_a_clear_message() {
         for (kind, raw, says) in [
-            (Kind::Trigger, "not json", "not a valid request"),
-            (Kind::Trigger, r#"{"id":""}"#, "id must be"),
+            (OperationKind::Trigger, "not json", "not a valid request"),
+            (OperationKind::Trigger, r#"{"id":""}"#, "id must be"),
             (
-                Kind::Trigger,
+                OperationKind::Trigger,
                 r#"{"id":"x","colour":"red"}"#,
                 "unknown field",
             ),
             (
-                Kind::Trigger,
+                OperationKind::Trigger,
                 r#"{"id":"x","from":"2026-01-01T00:00:00Z"}"#,
                 "takes no from/to",
             ),
-            (Kind::BreakLock, r#"{"id":"x"}"#, "needs a reason"),
+            (OperationKind::BreakLock, r#"{"id":"x"}"#, "needs a reason"),
             (
-                Kind::BreakLock,
+                OperationKind::BreakLock,
                 r#"{"id":"x","reason":"  "}"#,
                 "needs a reason",
             ),
             (
-                Kind::Backfill,
+                OperationKind::Backfill,
                 r#"{"id":"x","from":"2026-01-01T00:00:00Z"}"#,
                 "both from and to",
             ),
             (
-                Kind::Backfill,
+                OperationKind::Backfill,
                 r#"{"id":"x","from":"2026-02-01T00:00:00Z","to":"2026-01-01T00:00:00Z"}"#,
                 "range is empty",
             ),
             (
-                Kind::Backfill,
+                OperationKind::Backfill,
                 r#"{"id":"x","from":"yesterday","to":"today"}"#,
                 "not a valid request",
             ),
@@ -495,7 +511,7 @@ mod tests {
         }
         let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(200));
         assert!(
-            parse(Kind::Trigger, &long)
+            parse(OperationKind::Trigger, &long)
                 .unwrap_err()
                 .id
                 .starts_with("invalid-")

@@ -1,0 +1,204 @@
+//! What every reconcile shares: the API client and the lanes its requests wait in, the caches,
+//! the clock, the gate, the backstop connections, and this process's short memories that keep a
+//! reconcile from acting on a copy older than its own writes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::api::{SingletonJob, SingletonJobStatus};
+use crate::backstop::BackstopCache;
+use crate::clock::Clock;
+use crate::events::Events;
+use crate::gate::Gate;
+use crate::lanes::Lanes;
+use crate::sync::lock;
+use crate::{Error, Result};
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub events: Events,
+    /// Jobs labelled `singleton.dev/job`, kept current by a watch: metadata, status and
+    /// `spec.suspend` only (see [`crate::watch`]).
+    pub jobs: Store<Job>,
+    /// Every request of a reconcile to the API server takes a slot here (see [`crate::lanes`]).
+    pub lanes: Lanes,
+    pub clock: Arc<Clock>,
+    pub gate: Gate,
+    /// One backstop connection per SingletonJob that has one.
+    pub backstops: BackstopCache,
+    /// The backstop's refused-stale-write count last seen, per SingletonJob (for Events).
+    pub rejections_seen: Mutex<HashMap<String, u64>>,
+    /// The claims this process confirmed, until the watch delivers them.
+    pub own_writes: OwnWrites,
+    /// The confirms and resumes (steps 7 and 8) running in tasks of their own.
+    pub confirming: InFlight,
+    /// Job uids this process resumed lately (step 8): until the Job watch shows them resumed,
+    /// the cache still says suspended, and resuming them again would cost a request each.
+    pub resumed: Recent,
+}
+
+/// How long this process remembers a claim it confirmed, to recognise cached copies from before
+/// it ([`OwnWrites::predates`]); a watch that lags longer costs a re-read and a 409, as without
+/// it.
+const OWN_WRITES_TTL: Duration = Duration::from_secs(60);
+
+/// The highest token whose claim this process confirmed (step 7) and when, per SingletonJob uid
+/// (a re-created SingletonJob has a new uid, and without a backstop its tokens start again).
+/// Only needed until the watch delivers the confirm: entries expire.
+#[derive(Default)]
+pub struct OwnWrites(Mutex<HashMap<String, (u64, Instant)>>);
+
+impl OwnWrites {
+    /// Records that this process confirmed the claim with `token` (it is no longer pending).
+    pub fn remember(&self, sj: &SingletonJob, token: u64) {
+        if let Some(uid) = sj.metadata.uid.clone() {
+            let now = Instant::now();
+            let mut m = lock(&self.0);
+            // Bounded by the claims of the last minute, whatever the churn of SingletonJobs.
+            if m.len() >= 1024 {
+                m.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITES_TTL);
+            }
+            let e = m.entry(uid).or_insert((token, now));
+            *e = (e.0.max(token), now);
+        }
+    }
+
+    /// Whether `sj` (with `status`) is older than a claim this process confirmed. Tokens only
+    /// increase and the confirmed status carries its token, so a copy whose token is lower, or
+    /// whose pending claim has that token or a lower one, was read before the confirm.
+    ///
+    /// The first copy that is not older (the watch delivered the confirm, or something newer)
+    /// ends the memory: the cache never goes back, so no older copy can come any more, and a
+    /// status that later shows a lower token was wiped or restored, which must be seen (it is
+    /// raised to the Jobs, [`crate::observe::behind`]), not skipped as a stale copy.
+    pub fn predates(&self, sj: &SingletonJob, status: &SingletonJobStatus) -> bool {
+        let Some(uid) = sj.metadata.uid.as_ref() else {
+            return false;
+        };
+        let mut m = lock(&self.0);
+        let Some(&(t, at)) = m.get(uid) else {
+            return false;
+        };
+        let stale = at.elapsed() < OWN_WRITES_TTL
+            && (status.fencing_token < t
+                || status.pending_claim.as_ref().is_some_and(|c| c.token <= t));
+        if !stale {
+            m.remove(uid);
+        }
+        stale
+    }
+
+    /// Forgets a deleted SingletonJob.
+    pub fn forget(&self, sj: &SingletonJob) {
+        if let Some(uid) = &sj.metadata.uid {
+            lock(&self.0).remove(uid);
+        }
+    }
+}
+
+/// Keys seen lately (at most `Recent::TTL` ago), bounded by what a minute can bring.
+#[derive(Default)]
+pub struct Recent(Mutex<HashMap<String, Instant>>);
+
+impl Recent {
+    const TTL: Duration = Duration::from_secs(30);
+
+    pub fn note(&self, key: &str) {
+        let now = Instant::now();
+        let mut m = lock(&self.0);
+        if m.len() >= 1024 {
+            m.retain(|_, at| now.duration_since(*at) < Self::TTL);
+        }
+        m.insert(key.to_string(), now);
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        lock(&self.0)
+            .get(key)
+            .is_some_and(|at| at.elapsed() < Self::TTL)
+    }
+}
+
+/// The confirms (steps 7 and 8) in flight, each in its own task, by SingletonJob uid.
+///
+/// A reconcile of a SingletonJob whose confirm is in flight does nothing: the status it read is
+/// about to change, and acting on it would complete the claim a second time. When the confirm is
+/// done (written, lost or failed), the SingletonJob is reconciled again, by a request on the
+/// channel the controller listens to ([`InFlight::new`]); after a failure other than a lost
+/// compare-and-swap, only after `RETRY_AFTER_FAILURE`, like a failed reconcile.
+pub struct InFlight {
+    uids: Mutex<HashSet<String>>,
+    done: mpsc::UnboundedSender<ObjectRef<SingletonJob>>,
+}
+
+/// How long a confirm that failed (other than by a lost compare-and-swap) waits before its
+/// SingletonJob is reconciled again; a reconcile would then find the claim pending and complete it.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+impl InFlight {
+    /// The registry, and the stream of SingletonJobs to reconcile because their confirm is done.
+    pub fn new() -> (Self, UnboundedReceiverStream<ObjectRef<SingletonJob>>) {
+        let (done, rx) = mpsc::unbounded_channel();
+        let registry = InFlight {
+            uids: Mutex::default(),
+            done,
+        };
+        (registry, UnboundedReceiverStream::new(rx))
+    }
+
+    /// Whether a confirm of `sj` is in flight.
+    pub fn contains(&self, sj: &SingletonJob) -> bool {
+        sj.metadata
+            .uid
+            .as_ref()
+            .is_some_and(|uid| lock(&self.uids).contains(uid))
+    }
+
+    pub fn begin(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            lock(&self.uids).insert(uid.to_string());
+        }
+    }
+
+    /// The confirm of `sj` (uid `uid`) ended with `result`: asks for its next reconcile.
+    pub async fn end(&self, uid: Option<&str>, sj: ObjectRef<SingletonJob>, result: Result<()>) {
+        if let Some(uid) = uid {
+            lock(&self.uids).remove(uid);
+        }
+        if let Err(e) = &result {
+            crate::metrics::global().reconcile_error(e);
+            match e {
+                Error::Conflict(_) | Error::NotLeader => {
+                    tracing::debug!(error = %e, "confirm not written");
+                }
+                _ => {
+                    tracing::warn!(kind = e.kind(), error = %e, "confirm failed");
+                    tokio::time::sleep(RETRY_AFTER_FAILURE).await;
+                }
+            }
+        }
+        // The controller may have stopped; then there is nobody to ask.
+        let _ = self.done.send(sj);
+    }
+}
+
+/// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
+/// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
+/// subresource, where the API server ignores every change outside `status`.
+pub fn slim_sj(sj: &mut SingletonJob) {
+    sj.metadata.managed_fields = None;
+    if let Some(a) = sj.metadata.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

@@ -1,0 +1,53 @@
+//! A SingletonJob's backstop database as this reconcile finds it: connected and checked, or why
+//! not; and the workloads' refused stale writes it counted since the last look.
+
+use kube::ResourceExt;
+
+use crate::api::SingletonJob;
+use crate::backstop::{Availability, Backstop, SecretKeys, TablePrefix, load_secret};
+use crate::context::Context;
+use crate::sync::lock;
+
+/// The SingletonJob's backstop, connected and checked (the schema is ensured on connect). Every
+/// failure becomes a reason that names no secret value.
+pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Availability {
+    let Some(pg) = sj.spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) else {
+        ctx.backstops.forget(&sj.key());
+        return Availability::NotConfigured;
+    };
+    let ns = sj.namespace().unwrap_or_default();
+    let data = match load_secret(&ctx.client, &ns, &pg.secret_ref.name).await {
+        Ok(d) => d,
+        Err(e) => return Availability::Unavailable(e.to_string()),
+    };
+    let prefix = match pg.table_prefix.as_deref().map(TablePrefix::new).transpose() {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => return Availability::Unavailable(e.to_string()),
+    };
+    let db = match ctx
+        .backstops
+        .get(&sj.key(), &data, &SecretKeys::default(), &prefix)
+    {
+        Ok(db) => db,
+        Err(e) => return Availability::Unavailable(e.to_string()),
+    };
+    match db.ping().await {
+        Ok(()) => Availability::Ready(db),
+        Err(e) => Availability::Unavailable(e.to_string()),
+    }
+}
+
+/// How many more stale writes the backstop refused since the last look (the first look after
+/// start-up is the baseline), and the total, which also goes to the metric.
+pub async fn new_rejections(ctx: &Context, sj: &SingletonJob, b: &Backstop) -> Option<(u64, u64)> {
+    let total = match b.rejections().await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!(sj = %sj.key(), error = %e, "could not read the backstop's refusal count");
+            return None;
+        }
+    };
+    crate::metrics::global().rejections(sj, total);
+    let before = lock(&ctx.rejections_seen).insert(sj.key(), total);
+    before.filter(|b| total > *b).map(|b| (total - b, total))
+}

@@ -1,0 +1,9 @@
+//! Observe: what is, before anything is decided. The SingletonJob's own Jobs held against its
+//! status ([`owned()`], pure), the state of its active runs' Jobs ([`runs`]), and its backstop
+//! database ([`backstop`]).
+
+pub mod backstop;
+pub mod owned;
+pub mod runs;
+
+pub use owned::{Behind, OwnedJob, behind, known, owned, ran, to_resume, unknown};

@@ -1,0 +1,25 @@
+//! `kubectl singleton list|status|history|suspend|resume|trigger|backfill|break-lock`: the plugin's
+//! commands against the API server, and the pure rendering of SingletonJobs to text (tested
+//! without a cluster). The operations (trigger, backfill, break-lock) only ask: they write a
+//! request annotation and wait for the controller to record what it did (see [`crate::decide::ops`]).
+//!
+//! - [`client`]: talking to the cluster: reading SingletonJobs, suspending and resuming them.
+//! - [`operate`]: asking for an operation and waiting for the controller's record of it.
+//! - [`render`]: what the commands print: tables, the `status` summary, JSON and YAML.
+//! - [`error`]: what can go wrong, each message saying what to do about it.
+
+pub mod client;
+pub mod error;
+pub mod operate;
+pub mod render;
+
+pub use client::Cluster;
+pub use error::PluginError;
+pub use operate::{Wait, new_request};
+pub use render::{
+    Output, STATUS_HISTORY, age, format_history, format_list, format_operation, format_status,
+    render_history, render_list, render_status, table,
+};
+
+#[cfg(test)]
+mod fixtures;

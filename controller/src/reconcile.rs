@@ -1,0 +1,503 @@
+//! One reconcile of a SingletonJob, in the order of the flow:
+//!
+//! ```text
+//! guard    : nothing to do with this copy (deleted, a standby, a confirm in flight, older
+//!            than this process's own write)
+//! observe  : the clocks, the backstop, the SingletonJob's own Jobs
+//! first    : a broken lock, a half-done claim, a status behind its Jobs, Jobs no claim knows
+//! decide   : the schedule, the template, the active runs' Jobs → decide::plan
+//! record   : what the plan decided, the conditions (pure: crate::record)
+//! operate  : trigger and backfill requests (crate::operate)
+//! act      : claim and start a run (crate::run), or write the status
+//! after    : Events, metrics, pruning, when to look again
+//! ```
+//!
+//! The large steps are boxed: a reconcile's future is sized for its largest step, and in a
+//! burst a hundred of them wait in the lanes at once (see docs/performance.md).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use crate::api::{HistoryEntry, LockPurpose, RunOrigin, RunRef, SingletonJob, SingletonJobStatus};
+use crate::backstop::Availability;
+use crate::clock::ClockState;
+use crate::context::Context;
+use crate::decide::ops::{self, OperationKind};
+use crate::decide::{self, JobState, Observed, Plan, Waiting};
+use crate::lanes::Lane;
+use crate::operate::{self, ManualGates, Operations};
+use crate::record::{self, BackstopSeen, Facts};
+use crate::schedule::Schedule;
+use crate::{Result, observe, run};
+
+pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
+    if let Some(action) = guard(&sj, &ctx) {
+        return Ok(action);
+    }
+    let _timer = crate::metrics::global().reconcile_timer();
+
+    // Observe. A verdict on the clocks no older than --clock-check-seconds (G4; at rest none is
+    // sought), and a period is due when the earliest time the API server's clock may show has
+    // reached it too, so no Job is ever stamped before its instant (G4).
+    let clock = ctx.clock.fresh().await;
+    let now = clock.due_now(Timestamp::now());
+    let db = Box::pin(observe::backstop::resolve(&ctx, &sj)).await;
+    if let Availability::Ready(b) = &db {
+        Box::pin(report_rejections(&ctx, &sj, b)).await;
+    }
+
+    if let Some(action) = Box::pin(first(&ctx, &sj, &db)).await? {
+        return Ok(action);
+    }
+    let owned = observe::owned(&sj, ctx.jobs.state().iter().map(|j| j.as_ref()));
+    let status = sj.status.clone().unwrap_or_default();
+    if let Some(behind) = observe::behind(&status, &owned) {
+        return Box::pin(raise_to_jobs(&ctx, &sj, status, behind, now)).await;
+    }
+    Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned)).await?;
+
+    let seen = Seen {
+        clock,
+        now,
+        db,
+        owned,
+    };
+    Box::pin(decide_and_act(&ctx, &sj, status, seen)).await
+}
+
+/// Whether this copy is to be left alone; then what to do instead.
+fn guard(sj: &SingletonJob, ctx: &Context) -> Option<Action> {
+    if sj.metadata.deletion_timestamp.is_some() {
+        // Owner references garbage-collect the Jobs.
+        crate::metrics::global().forget(sj);
+        ctx.own_writes.forget(sj);
+        return Some(Action::await_change());
+    }
+    // A standby keeps its caches warm but decides nothing: everything is reconciled when the
+    // gate opens.
+    if ctx.gate.check().is_err() {
+        return Some(Action::await_change());
+    }
+    // This SingletonJob's run is being confirmed (steps 7 and 8, in a task of their own): the
+    // status read here is about to change; the task asks for a reconcile when it is done.
+    if ctx.confirming.contains(sj) {
+        return Some(Action::await_change());
+    }
+    // A cached copy from before this process confirmed its own claim (a Job event can trigger a
+    // reconcile before the watch delivers our confirm, which triggers one of its own): acting on
+    // it would claim or complete again from an old resourceVersion, costing a request and a 409.
+    let status = sj.status.clone().unwrap_or_default();
+    ctx.own_writes
+        .predates(sj, &status)
+        .then(Action::await_change)
+}
+
+/// What was observed, for the rest of the reconcile.
+struct Seen {
+    clock: ClockState,
+    now: Timestamp,
+    db: Availability,
+    owned: Vec<observe::OwnedJob>,
+}
+
+/// A rise of the backstop's count of refused stale writes is news for a human.
+async fn report_rejections(ctx: &Context, sj: &SingletonJob, b: &crate::backstop::Backstop) {
+    if let Some((new, total)) = observe::backstop::new_rejections(ctx, sj, b).await {
+        let note = format!(
+            "the backstop refused {new} write(s) carrying a stale fencing token ({total} in all): a paused or replaced run tried to write"
+        );
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "StaleTokenRefused",
+                "ObserveFence",
+                note,
+            )
+            .await;
+    }
+}
+
+/// What goes before any new run: a broken lock (asked for because a holder is stuck; it clears a
+/// half-done claim too), then a claim left half-done by a replica that died, finished with its
+/// name and token.
+async fn first(ctx: &Arc<Context>, sj: &SingletonJob, db: &Availability) -> Result<Option<Action>> {
+    if let Some(req) = ops::pending(sj, OperationKind::BreakLock) {
+        return operate::break_lock(ctx, sj, req, db).await.map(Some);
+    }
+    let Some(claim) = sj.status.as_ref().and_then(|s| s.pending_claim.clone()) else {
+        return Ok(None);
+    };
+    let span = run::span(sj, &claim);
+    let complete = run::complete_claim(ctx, sj, claim, db, run::Source::Cache);
+    tracing::Instrument::instrument(Box::pin(complete), span).await?;
+    // Its confirm asks for the next reconcile when done; a period decided without a Job comes
+    // back through the watch of that status write.
+    Ok(Some(Action::await_change()))
+}
+
+/// The status is behind the SingletonJob's own Jobs (wiped by hand, or an etcd restore): it is
+/// raised to them ([`record::raise_to_jobs`]) with a Warning Event, and nothing else happens in
+/// this reconcile; the next one goes on from the raised status.
+async fn raise_to_jobs(
+    ctx: &Context,
+    sj: &SingletonJob,
+    mut status: SingletonJobStatus,
+    behind: observe::Behind,
+    now: Timestamp,
+) -> Result<Action> {
+    let fingerprint = decide::fingerprint(&sj.spec);
+    let generation = sj.metadata.generation;
+    let message = record::raise_to_jobs(&mut status, behind, fingerprint, generation, now);
+    run::write_status(ctx, sj, status, Lane::Background).await?;
+    ctx.events
+        .publish(
+            sj,
+            EventType::Warning,
+            "StatusBehind",
+            "ObserveJobs",
+            message,
+        )
+        .await;
+    Ok(Action::requeue(Duration::ZERO))
+}
+
+/// What was decided, for the rest of the reconcile.
+struct Decided {
+    schedule: Schedule,
+    template: std::result::Result<(), String>,
+    blocked: Option<Waiting>,
+    created: Timestamp,
+    plan: Plan,
+}
+
+/// Decide, record, operate, act, and what comes after.
+async fn decide_and_act(
+    ctx: &Arc<Context>,
+    sj: &SingletonJob,
+    mut status: SingletonJobStatus,
+    seen: Seen,
+) -> Result<Action> {
+    let now = seen.now;
+    status.observed_generation = sj.metadata.generation;
+    let Some(schedule) = Box::pin(parse_schedule(ctx, sj, &mut status, now)).await? else {
+        // Nothing will change until the spec does.
+        return Ok(Action::await_change());
+    };
+    let template = Box::pin(judge_template(ctx, sj, &mut status, now)).await?;
+    let states = Box::pin(observe::runs::active_job_states(ctx, sj, &status.active)).await?;
+    let blocked = blocked(sj, &seen.clock, &template, &seen.db);
+    let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let plan = plan(sj, &schedule, &status, now, created, blocked, &states);
+    let decided = Decided {
+        schedule,
+        template,
+        blocked,
+        created,
+        plan,
+    };
+
+    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, &states)).await?;
+    let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
+    let operating = ops::in_progress(&status.operations);
+    let plan = &decided.plan;
+    let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
+    Box::pin(after(ctx, sj, &new_entries, notes, started.as_ref())).await?;
+
+    // A manual run just started: look again at once (a backfill goes on, or waits for it). An
+    // operation waiting on the clock or the backstop is looked at again shortly; one waiting for
+    // a run to finish is woken by that Job's change as well.
+    if let Some(at) = plan.wake_at {
+        ctx.clock.prepare(at);
+    }
+    let wake = plan.wake_at.map(|at| until(now, at));
+    let operating = if started.is_some() {
+        Some(Duration::ZERO)
+    } else {
+        operating.then_some(operate::RETRY)
+    };
+    Ok(match (wake, operating) {
+        (Some(a), Some(b)) => Action::requeue(a.min(b)),
+        (a, b) => a.or(b).map_or_else(Action::await_change, Action::requeue),
+    })
+}
+
+/// Record: what the plan decided goes into `status` (a finished run's token retired in the
+/// backstop first, G3, so that no copy of it can pass the fence from now on), with the next
+/// instants and the conditions. Returns the new history entries, for their Events.
+async fn record(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    seen: &Seen,
+    decided: &Decided,
+    states: &HashMap<String, JobState>,
+) -> Result<Vec<HistoryEntry>> {
+    let (now, plan, db) = (seen.now, &decided.plan, &seen.db);
+    if let Some(b) = db.ready()
+        && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
+    {
+        Box::pin(run::retire(sj, b, token)).await?;
+    }
+    let new_entries = record::apply_plan(status, plan, states);
+    let next = record::next_times(status, &decided.schedule, now);
+    crate::metrics::global().next_run(sj, next);
+    let facts = Facts {
+        schedule: decided.schedule.expr(),
+        time_zone: sj.spec.time_zone.as_deref().unwrap_or("UTC"),
+        suspended: sj.spec.suspend.unwrap_or(false),
+        clock: &seen.clock,
+        backstop: seen_backstop(db),
+        waiting: plan.waiting.or(decided.blocked),
+        generation: sj.metadata.generation,
+        now,
+    };
+    if record::set_conditions(status, &facts)
+        && let Availability::Unavailable(why) = db
+    {
+        let note = why.clone();
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "BackstopUnavailable",
+                "ConnectBackstop",
+                note,
+            )
+            .await;
+    }
+    if let Some(b) = db.ready() {
+        record::mark_claims_recorded(status, b.target_id(), decided.created, now);
+    } else if matches!(db, Availability::NotConfigured) {
+        status.claims_recorded = None;
+    }
+    Ok(new_entries)
+}
+
+/// Operations users asked for (trigger, backfill) come after the schedule's own run: none is
+/// looked at when the plan starts one. The manual run to start now, if any, and the Events to
+/// publish after the write.
+async fn operations(
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    seen: &Seen,
+    decided: &Decided,
+) -> Result<(Option<(Timestamp, RunOrigin)>, Vec<operate::Note>)> {
+    let plan = &decided.plan;
+    if plan.start.is_some() {
+        return Ok((None, Vec::new()));
+    }
+    let mut ops = Operations {
+        sj,
+        status,
+        schedule: &decided.schedule,
+        decided_through: plan.decided_through.unwrap_or(seen.now),
+        gates: ManualGates {
+            blocked: decided.blocked,
+            template: &decided.template,
+            active: &plan.still_active,
+            owned: &seen.owned,
+        },
+        db: &seen.db,
+        now: seen.now,
+        notes: Vec::new(),
+    };
+    let manual = Box::pin(ops.next()).await?;
+    Ok((manual, ops.notes))
+}
+
+/// The schedule, or, when it does not parse, the conditions and an Event saying so (written
+/// once per generation or change).
+async fn parse_schedule(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    now: Timestamp,
+) -> Result<Option<Schedule>> {
+    let spec = &sj.spec;
+    let err = match Schedule::parse(&spec.schedule, spec.time_zone.as_deref(), spec.dst_policy) {
+        Ok(s) => return Ok(Some(s)),
+        Err(err) => err,
+    };
+    let msg = err.to_string();
+    let generation = sj.metadata.generation;
+    let changed = record::invalid_schedule(status, &msg, generation, now);
+    crate::metrics::global().next_run(sj, None);
+    if changed || sj.status.as_ref().map(|s| s.observed_generation) != Some(generation) {
+        run::write_status(ctx, sj, status.clone(), Lane::Background).await?;
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "InvalidSchedule",
+                "ParseSchedule",
+                msg,
+            )
+            .await;
+    }
+    Ok(None)
+}
+
+/// The API server itself judges the Job template, once per spec generation (a dry-run create), so
+/// a template it would reject is reported before any period is claimed for it.
+async fn judge_template(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    now: Timestamp,
+) -> Result<std::result::Result<(), String>> {
+    let generation = sj.metadata.generation;
+    let judged = record::conditions::for_generation(
+        &status.conditions,
+        record::conditions::JOB_TEMPLATE_VALID,
+        generation,
+    );
+    let verdict = match judged {
+        Some(c) => (c.status == "True")
+            .then_some(())
+            .ok_or_else(|| c.message.clone()),
+        None => Box::pin(crate::kube_io::dry_run_job(ctx, sj, now)).await?,
+    };
+    if record::template_verdict(status, &verdict, generation, now)
+        && let Err(msg) = &verdict
+    {
+        let note = msg.clone();
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "JobTemplateRejected",
+                "ValidateTemplate",
+                note,
+            )
+            .await;
+    }
+    Ok(verdict)
+}
+
+/// Why no run may start now, if so.
+fn blocked(
+    sj: &SingletonJob,
+    clock: &ClockState,
+    template: &std::result::Result<(), String>,
+    db: &Availability,
+) -> Option<Waiting> {
+    let correctness = sj.purpose() == LockPurpose::Correctness;
+    if !clock.trusted {
+        Some(Waiting::ClockUntrusted)
+    } else if template.is_err() {
+        Some(Waiting::JobTemplateInvalid)
+    } else if matches!(db, Availability::Unavailable(_)) && correctness {
+        Some(Waiting::BackstopUnavailable)
+    } else {
+        None
+    }
+}
+
+/// [`decide::plan`] over this reconcile's inputs.
+fn plan(
+    sj: &SingletonJob,
+    schedule: &Schedule,
+    status: &SingletonJobStatus,
+    now: Timestamp,
+    created: Timestamp,
+    blocked: Option<Waiting>,
+    states: &HashMap<String, JobState>,
+) -> Plan {
+    let obs = Observed {
+        now,
+        created,
+        blocked,
+        job_states: states,
+    };
+    decide::plan(
+        &sj.spec,
+        schedule,
+        status.decided_through.as_ref().map(|t| t.0),
+        status.schedule_fingerprint.as_deref(),
+        &status.active,
+        &obs,
+    )
+}
+
+/// The backstop as the conditions see it.
+fn seen_backstop(db: &Availability) -> BackstopSeen {
+    match db {
+        Availability::NotConfigured => BackstopSeen::NotConfigured,
+        Availability::Ready(_) => BackstopSeen::Ready,
+        Availability::Unavailable(why) => BackstopSeen::Unavailable(why.clone()),
+    }
+}
+
+/// A manual run this reconcile started: how it came about, who asked, and its claim.
+struct Started {
+    origin: RunOrigin,
+    by: Option<String>,
+    claim: RunRef,
+}
+
+/// Act: claims and starts the scheduled run or the manual one, with `status` written in the same
+/// compare-and-swap; else writes `status` if it changed.
+async fn act(
+    ctx: &Arc<Context>,
+    sj: &SingletonJob,
+    status: SingletonJobStatus,
+    plan: &Plan,
+    manual: Option<(Timestamp, RunOrigin)>,
+    db: &Availability,
+) -> Result<Option<Started>> {
+    if let Some(period) = plan.start {
+        let cause = run::Cause::Scheduled {
+            replace: &plan.replace,
+        };
+        Box::pin(run::start(ctx, sj, status, period, cause, db)).await?;
+        return Ok(None);
+    }
+    if let Some((period, origin)) = manual {
+        let by = OperationKind::from(origin)
+            .slot(&status.operations)
+            .and_then(|o| o.requested_by.clone());
+        let cause = run::Cause::Manual(origin);
+        let claim = Box::pin(run::start(ctx, sj, status, period, cause, db)).await?;
+        return Ok(Some(Started { origin, by, claim }));
+    }
+    if sj.status.as_ref() != Some(&status) {
+        run::write_status(ctx, sj, status, Lane::Background).await?;
+    }
+    Ok(None)
+}
+
+/// After the write: Events and metrics of what was recorded, of the operations and of a manual
+/// run started; then the history limits.
+async fn after(
+    ctx: &Context,
+    sj: &SingletonJob,
+    new_entries: &[HistoryEntry],
+    notes: Vec<operate::Note>,
+    started: Option<&Started>,
+) -> Result<()> {
+    for e in new_entries {
+        ctx.events.recorded(sj, e).await;
+        crate::metrics::global().recorded(sj, e);
+    }
+    let manual = started.map(|s| operate::started_note(s.origin, s.by.as_deref(), &s.claim));
+    for (type_, reason, note) in notes.into_iter().chain(manual) {
+        ctx.events.publish(sj, type_, reason, "Operate", note).await;
+    }
+    Box::pin(record::prune::prune_jobs(ctx, sj)).await
+}
+
+/// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.
+fn until(now: Timestamp, at: Timestamp) -> Duration {
+    let d = at.duration_since(now);
+    if d <= SignedDuration::ZERO {
+        return Duration::ZERO;
+    }
+    let ms = d.as_millis() as u64 + u64::from(d.subsec_nanos() % 1_000_000 != 0);
+    Duration::from_millis(ms)
+}

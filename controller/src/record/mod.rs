@@ -1,0 +1,462 @@
+//! Record: what a reconcile writes into status, as pure functions of the status, the plan and
+//! what was observed, so every rule is unit-tested without an API server; the conditions
+//! ([`conditions`]); and the pruning of finished Jobs by the history limits ([`prune`]).
+
+pub mod conditions;
+pub mod prune;
+
+use std::collections::HashMap;
+
+use jiff::Timestamp;
+
+use crate::api::{ClaimsRecorded, HistoryEntry, Outcome, ReplacedRun, RunRef, SingletonJobStatus};
+use crate::clock::ClockState;
+use crate::decide::{JobState, Plan, Waiting, reason};
+use crate::naming;
+use crate::observe::Behind;
+use crate::schedule::Schedule;
+
+/// Entries kept in `status.history`.
+pub const HISTORY_LIMIT: usize = 20;
+
+/// Adds `entry` at the top of the history (newest first), keeping the newest [`HISTORY_LIMIT`].
+pub fn push_history(status: &mut SingletonJobStatus, entry: HistoryEntry) {
+    status.history.insert(0, entry);
+    status.history.truncate(HISTORY_LIMIT);
+}
+
+/// The history entry of a run (a Job was created for it): Running while `finished` is None.
+pub fn run_entry(
+    run: &RunRef,
+    outcome: Outcome,
+    reason: Option<String>,
+    finished: Option<Timestamp>,
+) -> HistoryEntry {
+    HistoryEntry {
+        period: run.period.clone(),
+        last_period: None,
+        count: 1,
+        outcome,
+        reason,
+        job_name: Some(run.job_name.clone()),
+        token: Some(run.token),
+        start_time: run.claimed_at.clone(),
+        finish_time: finished.map(Into::into),
+    }
+}
+
+/// The history entry of a run fenced and deleted for a newer one (concurrencyPolicy Replace).
+pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
+    HistoryEntry {
+        period: old.period.clone(),
+        last_period: None,
+        count: 1,
+        outcome: Outcome::Replaced,
+        reason: Some(reason::REPLACED.into()),
+        job_name: Some(old.job_name.clone()),
+        token: Some(old.token),
+        start_time: old.claimed_at.clone(),
+        finish_time: Some(at.into()),
+    }
+}
+
+/// The history entry of a claimed period decided without a Job (deduplicated, rejected, ...).
+pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp) -> HistoryEntry {
+    HistoryEntry {
+        period: claim.period.clone(),
+        last_period: None,
+        count: 1,
+        outcome,
+        reason: Some(why.into()),
+        job_name: None,
+        token: Some(claim.token),
+        start_time: claim.claimed_at.clone(),
+        finish_time: Some(at.into()),
+    }
+}
+
+/// Writes what `plan` decided into `status`: finished runs and periods decided without a run go
+/// to the history, the active runs and the cursor move. Returns the new entries, oldest first,
+/// for their Events and metrics. `states` is what was observed of the active runs' Jobs.
+pub fn apply_plan(
+    status: &mut SingletonJobStatus,
+    plan: &Plan,
+    states: &HashMap<String, JobState>,
+) -> Vec<HistoryEntry> {
+    let mut new_entries = Vec::new();
+    for (run, outcome, at) in &plan.finished {
+        if *outcome == Outcome::Succeeded {
+            status.last_successful_time = Some((*at).into());
+        }
+        // Keep what the run's entry already said (such as BackstopSkipped) unless the Job vanished.
+        let earlier = status
+            .history
+            .iter()
+            .find(|h| h.job_name.as_deref() == Some(&run.job_name))
+            .and_then(|h| h.reason.clone());
+        let why = matches!(states.get(&run.job_name), Some(JobState::Gone))
+            .then(|| reason::JOB_DELETED.to_string())
+            .or(earlier);
+        // The run's "Running" entry becomes its outcome.
+        status
+            .history
+            .retain(|h| h.job_name.as_deref() != Some(&run.job_name));
+        new_entries.push(run_entry(run, *outcome, why, Some(*at)));
+    }
+    new_entries.extend(plan.records.iter().cloned());
+    for e in &new_entries {
+        status.last_result = Some(e.outcome);
+        push_history(status, e.clone());
+    }
+    status.active = plan.still_active.clone();
+    status.active_count = status.active.len() as i32;
+    status.decided_through = plan.decided_through.map(Into::into);
+    status.schedule_fingerprint = Some(plan.fingerprint.clone());
+    new_entries
+}
+
+/// The next three instants of `schedule` after `now`, for `kubectl get` and the metric; returns
+/// the first.
+pub fn next_times(
+    status: &mut SingletonJobStatus,
+    schedule: &Schedule,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let next: Vec<Timestamp> = schedule.iter_after(now).take(3).collect();
+    status.next_schedule_time = next.first().map(|t| naming::period_rfc3339(*t));
+    status.next_schedule_times = next.iter().map(|t| (*t).into()).collect();
+    next.first().copied()
+}
+
+/// The backstop as the conditions see it (the connection itself is not needed here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackstopSeen {
+    NotConfigured,
+    Ready,
+    Unavailable(String),
+}
+
+/// What the conditions of one reconcile are made of.
+pub struct Facts<'a> {
+    /// The schedule and its time zone, as the user wrote them.
+    pub schedule: &'a str,
+    pub time_zone: &'a str,
+    pub suspended: bool,
+    pub clock: &'a ClockState,
+    pub backstop: BackstopSeen,
+    /// Why no run starts although one is due, if so.
+    pub waiting: Option<Waiting>,
+    pub generation: Option<i64>,
+    pub now: Timestamp,
+}
+
+/// Sets the conditions of a reconcile that parsed its schedule. Returns whether `BackstopReady`
+/// turned False (an Event is due).
+pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
+    let (generation, now) = (f.generation, f.now);
+    let conds = &mut status.conditions;
+    let schedule = format!("{} in {}", f.schedule, f.time_zone);
+    conditions::set(
+        conds,
+        conditions::SCHEDULE_VALID,
+        true,
+        "Parsed",
+        schedule,
+        generation,
+        now,
+    );
+    let suspended = if f.suspended { "Suspended" } else { "Active" };
+    conditions::set(
+        conds,
+        conditions::SUSPENDED,
+        f.suspended,
+        suspended,
+        "",
+        generation,
+        now,
+    );
+    let (trusted, clock_reason, clock_msg) = clock_condition(f.clock);
+    conditions::set(
+        conds,
+        conditions::CLOCK_TRUSTED,
+        trusted,
+        clock_reason,
+        clock_msg,
+        generation,
+        now,
+    );
+    let turned_unavailable = backstop_condition(conds, &f.backstop, generation, now);
+    let (ready, why) = match f.waiting {
+        Some(Waiting::ClockUntrusted) => (false, "ClockSkew"),
+        Some(Waiting::JobTemplateInvalid) => (false, "JobTemplateRejected"),
+        Some(Waiting::BackstopUnavailable) => (false, "BackstopUnavailable"),
+        _ => (true, "Scheduled"),
+    };
+    conditions::set(conds, conditions::READY, ready, why, "", generation, now);
+    settle_consistency(status, generation, now);
+    turned_unavailable
+}
+
+/// `ClockTrusted`: whether, why, and what. The exact offset changes with every measurement, so the
+/// message only says it in whole seconds when the clocks disagree: only a verdict change is worth
+/// a write.
+fn clock_condition(clock: &ClockState) -> (bool, &'static str, String) {
+    match (clock.trusted, clock.offset) {
+        (true, _) => (
+            true,
+            "InSync",
+            "the local clock agrees with the API server's".to_string(),
+        ),
+        (false, Some(o)) => (
+            false,
+            "ClockSkew",
+            format!(
+                "API server clock minus local clock: {} s; no run starts until they agree",
+                o.as_secs()
+            ),
+        ),
+        (false, None) => (
+            false,
+            "ClockSkew",
+            "the API server's clock has not been measured yet; no run starts until it is".into(),
+        ),
+    }
+}
+
+/// `BackstopReady` (absent without a backstop). Returns whether it turned False.
+fn backstop_condition(
+    conds: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    backstop: &BackstopSeen,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    match backstop {
+        BackstopSeen::NotConfigured => {
+            conds.retain(|c| c.type_ != conditions::BACKSTOP_READY);
+            false
+        }
+        BackstopSeen::Ready => {
+            let msg = "the backstop database answers and its schema is in place";
+            conditions::set(
+                conds,
+                conditions::BACKSTOP_READY,
+                true,
+                "Connected",
+                msg,
+                generation,
+                now,
+            );
+            false
+        }
+        BackstopSeen::Unavailable(why) => {
+            let why = why.clone();
+            conditions::set(
+                conds,
+                conditions::BACKSTOP_READY,
+                false,
+                "Unavailable",
+                why,
+                generation,
+                now,
+            )
+        }
+    }
+}
+
+/// A schedule that does not parse: `ScheduleValid` and `Ready` say so. Returns whether anything
+/// a reader would notice changed.
+pub fn invalid_schedule(
+    status: &mut SingletonJobStatus,
+    msg: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    let conds = &mut status.conditions;
+    let mut changed = conditions::set(
+        conds,
+        conditions::SCHEDULE_VALID,
+        false,
+        "InvalidSchedule",
+        msg,
+        generation,
+        now,
+    );
+    changed |= conditions::set(
+        conds,
+        conditions::READY,
+        false,
+        "InvalidSchedule",
+        msg,
+        generation,
+        now,
+    );
+    status.next_schedule_time = None;
+    status.next_schedule_times.clear();
+    changed
+}
+
+/// The API server's verdict on the Job template (a dry run): `JobTemplateValid`. Returns whether
+/// it turned False (an Event is due).
+pub fn template_verdict(
+    status: &mut SingletonJobStatus,
+    verdict: &std::result::Result<(), String>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> bool {
+    let conds = &mut status.conditions;
+    match verdict {
+        Ok(()) => {
+            let msg = "the API server accepts the Job template (dry run)";
+            conditions::set(
+                conds,
+                conditions::JOB_TEMPLATE_VALID,
+                true,
+                "Accepted",
+                msg,
+                generation,
+                now,
+            );
+            false
+        }
+        Err(msg) => conditions::set(
+            conds,
+            conditions::JOB_TEMPLATE_VALID,
+            false,
+            "Rejected",
+            msg.clone(),
+            generation,
+            now,
+        ),
+    }
+}
+
+/// Raises a status behind its SingletonJob's own Jobs (wiped by hand, or an etcd restore) to the
+/// bounds their labels give: the token and the cursor, the Jobs still running adopted as active,
+/// `StatusConsistent=False`. `fingerprint` is the current schedule's (a wiped status lost the one
+/// its cursor refers to). Returns what was raised, for the Event.
+pub fn raise_to_jobs(
+    status: &mut SingletonJobStatus,
+    behind: Behind,
+    fingerprint: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> String {
+    let mut raised = Vec::new();
+    if let Some(token) = behind.token {
+        raised.push(format!(
+            "fencingToken from {} to {token}",
+            status.fencing_token
+        ));
+        status.fencing_token = token;
+    }
+    if let Some(through) = behind.decided_through {
+        let was = status
+            .decided_through
+            .as_ref()
+            .map_or("unset".to_string(), |t| naming::period_rfc3339(t.0));
+        raised.push(format!(
+            "decidedThrough from {was} to {}",
+            naming::period_rfc3339(through)
+        ));
+        status.decided_through = Some(through.into());
+        if status
+            .last_schedule_time
+            .as_ref()
+            .is_none_or(|t| t.0 < through)
+        {
+            status.last_schedule_time = Some(through.into());
+        }
+        // Without its fingerprint the cursor would be taken for an edit's and jump to now.
+        if status.schedule_fingerprint.is_none() {
+            status.schedule_fingerprint = Some(fingerprint);
+        }
+    }
+    for run in &behind.running {
+        raised.push(format!(
+            "adopted running Job {} (token {})",
+            run.job_name, run.token
+        ));
+    }
+    status.active.extend(behind.running);
+    status.active_count = status.active.len() as i32;
+    let message = format!(
+        "status was behind this SingletonJob's Jobs (wiped or restored from an older copy); raised {}; no period they ran is run again",
+        raised.join(", ")
+    );
+    conditions::set(
+        &mut status.conditions,
+        conditions::STATUS_CONSISTENT,
+        false,
+        "StatusBehind",
+        message.clone(),
+        generation,
+        now,
+    );
+    message
+}
+
+/// After [`raise_to_jobs`] (a status behind its Jobs), `StatusConsistent` stays False until a run claimed after the raise
+/// is in the history: from then on the status again records what it started itself.
+pub fn settle_consistency(
+    status: &mut SingletonJobStatus,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let Some(raised_at) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::STATUS_CONSISTENT && c.status == "False")
+        .map(|c| c.last_transition_time.0)
+    else {
+        return;
+    };
+    let since_raise = status
+        .history
+        .iter()
+        .any(|h| h.job_name.is_some() && h.start_time.as_ref().is_some_and(|t| t.0 >= raised_at));
+    if since_raise {
+        conditions::set(
+            &mut status.conditions,
+            conditions::STATUS_CONSISTENT,
+            true,
+            "Consistent",
+            "runs started since the status was raised are recorded in it",
+            generation,
+            now,
+        );
+    }
+}
+
+/// Keeps `status.claimsRecorded` true: from when the backstop `target` has recorded every run.
+/// A SingletonJob that never issued a token has had it from its creation; otherwise from now
+/// (the backstop was added or moved, or a run went without its claim).
+pub fn mark_claims_recorded(
+    status: &mut SingletonJobStatus,
+    target: String,
+    created: Timestamp,
+    now: Timestamp,
+) {
+    if status
+        .claims_recorded
+        .as_ref()
+        .is_some_and(|c| c.target == target)
+    {
+        return;
+    }
+    let fresh = status.fencing_token == 0 && status.history.is_empty();
+    // Status keeps whole seconds: rounded up, so a period that ran without a claim in the same
+    // second is never after `since`.
+    let since = if fresh {
+        created
+    } else {
+        Timestamp::from_second(now.as_second() + i64::from(now.subsec_nanosecond() > 0))
+            .unwrap_or(now)
+    };
+    status.claims_recorded = Some(Box::new(ClaimsRecorded {
+        since: since.into(),
+        target,
+    }));
+}
+
+#[cfg(test)]
+mod tests;

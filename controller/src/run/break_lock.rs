@@ -1,0 +1,129 @@
+//! Breaking a stuck lock (`kubectl singleton break-lock`), with its own numbered steps.
+
+use jiff::Timestamp;
+
+use crate::api::{Outcome, RunRef, SingletonJob};
+use crate::backstop::Availability;
+use crate::context::Context;
+use crate::decide::reason;
+use crate::job;
+use crate::kube_io::{self, Propagation};
+use crate::lanes::Lane;
+use crate::record;
+use crate::{Error, Result};
+
+/// Breaks the lock (`kubectl singleton break-lock`): every token issued so far is fenced out, a
+/// pending claim is cleared and the active runs are stopped, so a stuck or stale holder can
+/// neither block later periods nor write. Who asked and why go into
+/// `status.operations.breakLock` and a `LockBroken` Event. `op` is the accepted request's record.
+/// Returns the record as written (phase Done).
+///
+/// ```text
+/// 1. Gate   : only the replica that may act                                         G4
+/// 2. Token  : one above every issued token (status and backstop fence)               G3
+/// 3. Fence  : the backstop's fence rises to it and it is retired: from now on
+///             singleton_fence refuses every older token, whatever its holder does.
+///             A stuck run holding the fence row is stopped first (4), then 3 again.  G5
+/// 4. Stop   : delete the pending claim's Job and the active runs' Jobs               G5
+/// 5. Record : one resourceVersion-guarded status write: the new token, the stopped
+///             runs as Failed/LockBroken, no pending claim, the operation Done. A 409
+///             redoes it all: raising a fence twice only skips a token number.         G3
+/// ```
+pub async fn break_lock(
+    ctx: &Context,
+    sj: &SingletonJob,
+    mut op: crate::api::OperationStatus,
+    db: &Availability,
+) -> Result<crate::api::OperationStatus> {
+    // 1. Gate.
+    ctx.gate.check()?;
+    let mut status = sj.status.clone().unwrap_or_default();
+    let ns = sj.metadata.namespace.clone().unwrap_or_default();
+
+    // 2. Token.
+    let fence = match db {
+        Availability::Ready(b) => b.fence(&sj.key()).await?,
+        Availability::NotConfigured => 0,
+        // Breaking a lock without the fence would promise what it cannot keep: wait for it.
+        Availability::Unavailable(why) => return Err(Error::BackstopUnavailable(why.clone())),
+    };
+    let before = status.fencing_token.max(fence);
+    let token = before + 1;
+
+    // 4 before 3 when the stuck run holds the fence row in an open transaction.
+    let mut stopped: Vec<RunRef> = std::mem::take(&mut status.active);
+    stopped.extend(status.pending_claim.take());
+    if let Availability::Ready(b) = db {
+        // 3. Fence.
+        if let Err(e) = b.retire(&sj.key(), token).await {
+            if matches!(e, Error::FenceHeld(_)) {
+                stop_runs(ctx, &ns, &stopped).await?;
+            }
+            return Err(e);
+        }
+    }
+
+    // 4. Stop.
+    stop_runs(ctx, &ns, &stopped).await?;
+
+    // 5. Record.
+    let now = Timestamp::now();
+    for run in &stopped {
+        status
+            .history
+            .retain(|h| h.job_name.as_deref() != Some(run.job_name.as_str()));
+        let entry = record::run_entry(
+            run,
+            Outcome::Failed,
+            Some(reason::LOCK_BROKEN.into()),
+            Some(now),
+        );
+        record::push_history(&mut status, entry);
+    }
+    status.active_count = 0;
+    status.fencing_token = token;
+    let jobs = if stopped.is_empty() {
+        "no run was active".to_string()
+    } else {
+        let names: Vec<&str> = stopped.iter().map(|r| r.job_name.as_str()).collect();
+        format!("deleted Job(s) {}", names.join(", "))
+    };
+    let fenced = match db {
+        Availability::Ready(_) => "the backstop refuses every older token from now on",
+        _ => "without a backstop, only workloads that compare tokens themselves refuse older ones",
+    };
+    op.phase = crate::api::OperationPhase::Done;
+    op.token = Some(token);
+    op.message = format!("fencing token raised from {before} to {token}; {jobs}; {fenced}");
+    op.updated = Some(now.into());
+    status.operations.break_lock = Some(op.clone());
+    kube_io::write_status(ctx, sj, status, Lane::Claim).await?;
+    // Like a confirmed claim: a cached copy from before this write (a Job deletion above can
+    // trigger a reconcile before the watch delivers it) would break the lock again and skip a
+    // token.
+    ctx.own_writes.remember(sj, token);
+    for _ in &stopped {
+        crate::metrics::global().run_finished(sj, Outcome::Failed);
+    }
+    Ok(op)
+}
+
+/// Break-lock's step 4: each run's Job goes, by uid when known. A pending claim's Job has no uid
+/// in status yet: it is deleted only if it carries the claim's token (another Job of that name
+/// is not the claim's).
+async fn stop_runs(ctx: &Context, ns: &str, runs: &[RunRef]) -> Result<()> {
+    let bg = Propagation::Background;
+    for run in runs {
+        let uid = match run.job_uid.clone() {
+            Some(uid) => Some(uid),
+            None => kube_io::get_job(ctx, ns, &run.job_name, Lane::Claim)
+                .await?
+                .filter(|j| job::token(j) == Some(run.token))
+                .and_then(|j| j.metadata.uid),
+        };
+        if let Some(uid) = uid {
+            kube_io::delete_job_uid(ctx, ns, &run.job_name, &uid, bg, Lane::Claim).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! Steps 2 to 4 of the run protocol ([`super`]): the token, and the backstop's claim row and
+//! fence, with what a stale token, a held fence row and an unreachable database lead to.
+
+use futures::future::BoxFuture;
+use jiff::{SignedDuration, Timestamp};
+
+use super::decided;
+use crate::api::{LockPurpose, Outcome, RunRef, SingletonJob};
+use crate::backstop::{Availability, ClaimOutcome};
+use crate::context::Context;
+use crate::decide::reason;
+use crate::kube_io;
+use crate::lanes::Lane;
+use crate::naming;
+use crate::{Error, Result};
+
+/// What step 4 leaves to do.
+pub(super) enum Backstopped {
+    /// Go on with this claim (its token may have been raised) on this copy of the SingletonJob;
+    /// `skipped`: without a backstop claim (Efficiency, database unreachable).
+    Go {
+        sj: Box<SingletonJob>,
+        claim: RunRef,
+        skipped: bool,
+    },
+    /// The period is decided without a Job (Deduplicated, Missed): nothing more to do.
+    Decided,
+}
+
+/// How many times step 4 re-claims with a higher token before giving up for this reconcile.
+const RECLAIMS: usize = 3;
+
+/// Step 4: the claim row and the fence. Retrying a claim we wrote before finds our own row: ours,
+/// go on.
+pub(super) async fn backstop_claim(
+    ctx: &Context,
+    sj: &SingletonJob,
+    mut claim: RunRef,
+    db: &Availability,
+) -> Result<Backstopped> {
+    let b = match db {
+        Availability::NotConfigured => {
+            return Ok(Backstopped::Go {
+                sj: Box::new(sj.clone()),
+                claim,
+                skipped: false,
+            });
+        }
+        Availability::Unavailable(why) => return unavailable(ctx, sj, claim, why.clone()).await,
+        Availability::Ready(b) => b,
+    };
+    let mut sj = sj.clone();
+    let period = claim.period.0;
+    for _ in 0..=RECLAIMS {
+        match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name)).await {
+            Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
+                // The claim's own token never reached the fence (the transaction rolled back):
+                // nothing to retire.
+                let note = format!(
+                    "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
+                    naming::period_rfc3339(period)
+                );
+                let d = decided::Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                return Ok(Backstopped::Decided);
+            }
+            // A fresh claim, or our own earlier one (a retry after a crash).
+            Ok(_) => {
+                return Ok(Backstopped::Go {
+                    sj: Box::new(sj),
+                    claim,
+                    skipped: false,
+                });
+            }
+            // G3: the fence is at or above this token (a newer token was issued elsewhere: a
+            // run of an earlier SingletonJob of this name, a break-lock, a workload). Never run
+            // at or below the fence: claim the same period again with a token above it.
+            Err(Error::StaleToken { current, .. }) => {
+                let (reclaimed, higher) = reclaim(ctx, &sj, &claim, current).await?;
+                sj = reclaimed;
+                claim = higher;
+            }
+            Err(Error::FenceHeld(why)) => {
+                return fence_held(ctx, &sj, claim, why).await;
+            }
+            Err(e) if e.is_retryable() => return unavailable(ctx, &sj, claim, e.to_string()).await,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Conflict(format!(
+        "the backstop's fence kept rising above the claim of {}",
+        claim.job_name
+    )))
+}
+
+/// Step 4, re-claim: the pending claim is rewritten, by compare-and-swap, with a token above the
+/// backstop's fence `current` (and above every token of the status). Returns the object as
+/// written and the claim with its new token.
+fn reclaim<'a>(
+    ctx: &'a Context,
+    sj: &'a SingletonJob,
+    claim: &'a RunRef,
+    current: u64,
+) -> BoxFuture<'a, Result<(SingletonJob, RunRef)>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let mut status = sj.status.clone().unwrap_or_default();
+        let token = status.fencing_token.max(current) + 1;
+        let mut higher = claim.clone();
+        higher.token = token;
+        status.fencing_token = token;
+        status.pending_claim = Some(higher.clone());
+        crate::decide::ops::on_reclaim(&mut status.operations, claim, token);
+        tracing::warn!(sj = %sj.key(), stale = claim.token, fence = current, token, "the backstop's fence is above the claim's token; claiming again with a higher one");
+        let written = kube_io::write_status(ctx, sj, status, Lane::Create).await?;
+        crate::metrics::global().token_issued(sj);
+        tracing::Span::current().record("token", token);
+        Ok((written, higher))
+    })
+}
+
+/// Step 4 when the backstop cannot record the claim. Efficiency: a double run only wastes work;
+/// run, and say the claim was skipped. Correctness: no Job without its claim; retry until the
+/// period's deadline, then record it as Missed (G2).
+async fn unavailable(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: RunRef,
+    why: String,
+) -> Result<Backstopped> {
+    if sj.purpose() == LockPurpose::Efficiency {
+        tracing::warn!(sj = %sj.key(), reason = %why, "backstop unavailable; Efficiency: starting without its claim");
+        return Ok(Backstopped::Go {
+            sj: Box::new(sj.clone()),
+            claim,
+            skipped: true,
+        });
+    }
+    if past_deadline(sj, &claim) {
+        let note = format!("the backstop stayed unavailable past the starting deadline: {why}");
+        let d = decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note);
+        decided::decide_without_job(ctx, sj, &claim, d, None).await?;
+        return Ok(Backstopped::Decided);
+    }
+    Err(Error::BackstopUnavailable(why))
+}
+
+/// Step 4 when an open transaction holds the fence row past the lock timeout. A run this claim
+/// replaces is the usual holder (a hung run is why people pick Replace): its Job is deleted now,
+/// which ends its pods and with them their transaction, and the claim waits, whatever the
+/// deadline, while that Job still exists (foreground deletion: until its pods are gone). Any
+/// other holder is waited for until the period's deadline, then the period is Missed.
+fn fence_held<'a>(
+    ctx: &'a Context,
+    sj: &'a SingletonJob,
+    claim: RunRef,
+    why: String,
+) -> BoxFuture<'a, Result<Backstopped>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let ns = sj.metadata.namespace.clone().unwrap_or_default();
+        let mut stopping = false;
+        for old in &claim.replaces {
+            super::create::delete_replaced(ctx, &ns, old).await?;
+            stopping |= kube_io::get_job(ctx, &ns, &old.job_name, Lane::Create)
+                .await?
+                .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
+        }
+        if !stopping && past_deadline(sj, &claim) {
+            let note =
+                format!("the backstop's fence stayed locked past the starting deadline: {why}");
+            let d = decided::Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
+            // The claim's transaction rolled back: its token never reached the fence.
+            decided::decide_without_job(ctx, sj, &claim, d, None).await?;
+            return Ok(Backstopped::Decided);
+        }
+        Err(Error::FenceHeld(why))
+    })
+}
+
+pub(super) fn past_deadline(sj: &SingletonJob, claim: &RunRef) -> bool {
+    sj.spec
+        .starting_deadline_seconds
+        .map(|d| claim.period.0 + SignedDuration::from_secs(d))
+        .is_some_and(|d| Timestamp::now() > d)
+}

@@ -1,0 +1,149 @@
+//! Steps 7 and 8 of the run protocol ([`super`]): the confirm (a compare-and-swap naming the
+//! Job's uid) and the resume of the confirmed Job, in a task of their own.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
+use crate::context::Context;
+use crate::decide::reason;
+use crate::failpoint;
+use crate::kube_io::{self, Propagation, Resumed};
+use crate::lanes::Lane;
+use crate::record;
+use crate::{Error, Result};
+
+/// Step 7's status: the claim moves from `pendingClaim` to `active`, the runs it replaced to the
+/// history as Replaced, the run itself to the history as Running.
+pub(super) fn status_after_confirm(
+    fresh: &SingletonJob,
+    claim: &RunRef,
+    backstop_skipped: bool,
+) -> SingletonJobStatus {
+    let mut status = fresh.status.clone().unwrap_or_default();
+    status.pending_claim = None;
+    status
+        .active
+        .retain(|r| !claim.replaces.iter().any(|o| o.job_name == r.job_name));
+    let mut run = claim.clone();
+    run.replaces.clear();
+    status.active.push(run);
+    status.active_count = status.active.len() as i32;
+    let now = Timestamp::now();
+    for old in &claim.replaces {
+        record::push_history(&mut status, record::replaced_entry(old, now));
+    }
+    let why = if backstop_skipped {
+        Some(reason::BACKSTOP_SKIPPED.to_string())
+    } else {
+        claim.origin.map(|o| o.reason().to_string())
+    };
+    record::push_history(
+        &mut status,
+        record::run_entry(claim, Outcome::Running, why, None),
+    );
+    if backstop_skipped {
+        // This run has no claim row: the claims table no longer knows every run (backfill).
+        status.claims_recorded = None;
+    }
+    status
+}
+
+/// Steps 7 and 8: writes `status` over `fresh` (the status read in step 4); if it wins, resumes
+/// the Job `uid`. Losing it, the Job never ran: it is deleted, unless the status that won made it
+/// the period's run (another replica adopted it, and resumes it) or still holds the claim pending
+/// (its completer will adopt it).
+async fn confirm(
+    ctx: &Context,
+    fresh: SingletonJob,
+    status: SingletonJobStatus,
+    claim: RunRef,
+    uid: String,
+    keep_suspended: bool,
+) -> Result<()> {
+    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+    match kube_io::write_status_at(ctx, &fresh, status, Lane::Create, Some(failpoint::CONFIRM))
+        .await
+    {
+        Ok(_) => {
+            ctx.own_writes.remember(&fresh, claim.token);
+            for _ in &claim.replaces {
+                crate::metrics::global().run_finished(&fresh, Outcome::Replaced);
+            }
+            resume(ctx, &fresh, &claim, &uid, keep_suspended).await
+        }
+        Err(Error::Conflict(what)) => {
+            let name = fresh.metadata.name.as_deref().unwrap_or_default();
+            let won = kube_io::get_sj(ctx, &ns, name).await?;
+            let adopted = won.status.as_ref().is_some_and(|s| {
+                s.active
+                    .iter()
+                    .any(|r| r.job_uid.as_deref() == Some(uid.as_str()))
+            });
+            // Adopted: the winner resumes it (or, if it died first, whoever acts next:
+            // `observe::to_resume`). Still pending: its completer adopts it.
+            if !adopted && !super::claim_pending(&won, &claim) {
+                tracing::warn!(job = %claim.job_name, token = claim.token, "lost the confirm: removing this claim's Job, which never ran");
+                let bg = Propagation::Background;
+                kube_io::delete_job_uid(ctx, &ns, &claim.job_name, &uid, bg, Lane::Create).await?;
+            }
+            Err(Error::Conflict(what))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Step 8: the confirmed Job may run (G1: only the Job a confirm named, by uid).
+pub async fn resume(
+    ctx: &Context,
+    sj: &SingletonJob,
+    run: &RunRef,
+    uid: &str,
+    keep_suspended: bool,
+) -> Result<()> {
+    if keep_suspended {
+        return Ok(());
+    }
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let resumed = kube_io::resume_job(ctx, ns, &run.job_name, uid).await?;
+    ctx.resumed.note(uid);
+    match resumed {
+        Resumed::Yes => {
+            ctx.events.run_started(sj, run);
+            crate::metrics::global().run_started(sj, run.period.0, Timestamp::now());
+        }
+        Resumed::Already => {}
+        Resumed::Gone => {
+            tracing::info!(job = %run.job_name, "the run's Job was deleted before it could be resumed");
+        }
+    }
+    Ok(())
+}
+
+/// Starts steps 7 and 8 in a task of its own (see [`crate::context::InFlight`]); its log lines keep the run's
+/// span. The task ends when the gate closes, whatever it was doing: a replica that lost the
+/// Lease stops at once.
+pub(super) fn spawn(
+    ctx: &Arc<Context>,
+    fresh: SingletonJob,
+    status: SingletonJobStatus,
+    claim: RunRef,
+    uid: String,
+    keep_suspended: bool,
+) {
+    let sj_uid = fresh.metadata.uid.clone();
+    let obj = ObjectRef::from_obj(&fresh);
+    ctx.confirming.begin(sj_uid.as_deref());
+    let ctx = ctx.clone();
+    let task = async move {
+        let work = confirm(&ctx, fresh, status, claim, uid, keep_suspended);
+        let result = tokio::select! {
+            r = work => r,
+            () = ctx.gate.closed() => Err(Error::NotLeader),
+        };
+        ctx.confirming.end(sj_uid.as_deref(), obj, result).await;
+    };
+    tokio::spawn(tracing::Instrument::in_current_span(task));
+}

@@ -1,0 +1,175 @@
+//! Steps 5 and 6 of the run protocol ([`super`]): the runs a claim replaces are deleted, then
+//! the claim's Job is created, suspended; and what a taken name or a refused create lead to.
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::batch::v1::Job;
+
+use super::decided;
+use crate::api::{Outcome, ReplacedRun, RunRef, SingletonJob};
+use crate::backstop::Availability;
+use crate::context::Context;
+use crate::decide::reason;
+use crate::job;
+use crate::kube_io::{self, Propagation};
+use crate::lanes::Lane;
+use crate::naming;
+use crate::{Error, Result};
+
+/// Step 5 for one replaced run: its Job goes, and, foreground, its pods before it.
+pub(super) async fn delete_replaced(ctx: &Context, ns: &str, old: &ReplacedRun) -> Result<()> {
+    let fg = Propagation::Foreground;
+    match &old.job_uid {
+        Some(uid) => kube_io::delete_job_uid(ctx, ns, &old.job_name, uid, fg, Lane::Create).await,
+        None => kube_io::delete_job_named(ctx, ns, &old.job_name, fg, Lane::Create).await,
+    }
+    .map(|_| ())
+}
+
+/// How many times step 6 retries a create whose name was taken by a Job it removed.
+const CREATES: usize = 2;
+
+/// Step 6: creates the claim's Job, suspended. Returns its uid, or None when the period was
+/// decided without a Job (the API server rejects the Job, or its name is taken by another run).
+pub(super) async fn create(
+    ctx: &Context,
+    fresh: &SingletonJob,
+    claim: &RunRef,
+    db: &Availability,
+) -> Result<Option<String>> {
+    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+    // On the heap: a Job is kilobytes, and this future waits in a lane with it.
+    let mut job = Box::new(job::build(fresh, claim.period.0, claim.token)?);
+    if let Some(spec) = job.spec.as_mut() {
+        spec.suspend = Some(true);
+    }
+    for _ in 0..CREATES {
+        match kube_io::create_job(ctx, &job).await? {
+            Ok(created) => {
+                return created
+                    .metadata
+                    .uid
+                    .map(Some)
+                    .ok_or_else(|| Error::Conflict(format!("Job {} has no uid", claim.job_name)));
+            }
+            // The API server will never accept this Job: the period is decided, as Failed,
+            // rather than retried forever with the claim blocking every later period (G2).
+            Err(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => {
+                let note = format!(
+                    "the API server rejected Job {}: {}",
+                    claim.job_name, s.message
+                );
+                let d = decided::Decision::new(Outcome::Failed, reason::JOB_REJECTED, note);
+                decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
+                return Ok(None);
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let Some(existing) =
+                    kube_io::get_job(ctx, &ns, &claim.job_name, Lane::Create).await?
+                else {
+                    continue; // deleted meanwhile: create again
+                };
+                match name_taken(ctx, fresh, claim, &existing, db).await? {
+                    Taken::Ours(uid) => return Ok(Some(uid)),
+                    Taken::Removed => continue,
+                    Taken::Decided => return Ok(None),
+                }
+            }
+            // Refused for now (a quota, an admission webhook down, the API server itself): retried
+            // until the period's deadline, then decided, never blocking later periods for ever.
+            Err(e) if super::claim::past_deadline(fresh, claim) => {
+                let note = format!(
+                    "Job {} could not be created before the starting deadline: {e}",
+                    claim.job_name
+                );
+                let d = decided::Decision::new(Outcome::Missed, reason::JOB_NOT_CREATED, note);
+                decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Conflict(format!(
+        "the name of Job {} stayed taken",
+        claim.job_name
+    )))
+}
+
+/// What a create that found its name taken does.
+enum Taken {
+    /// The Job is this claim's (an earlier attempt created it, suspended): adopt its uid.
+    Ours(String),
+    /// A suspended Job no claim knows (it never ran) was removed: create again.
+    Removed,
+    /// Another run's Job: the period is decided without a Job of this claim.
+    Decided,
+}
+
+/// Step 6 when a Job of the claim's name exists. It carries this claim's token: an earlier
+/// attempt (a retry, or the claimer that died) created it; nobody can have resumed it, since
+/// resuming follows a winning confirm and the claim is still pending. A suspended Job of this
+/// SingletonJob that no claim knows never ran: removed by uid. Anything else is another run's
+/// Job (an earlier run of the period, or not ours at all): the period is decided with an outcome
+/// and an Event instead of being retried for ever ahead of every later period.
+fn name_taken<'a>(
+    ctx: &'a Context,
+    fresh: &'a SingletonJob,
+    claim: &'a RunRef,
+    existing: &'a Job,
+    db: &'a Availability,
+) -> BoxFuture<'a, Result<Taken>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+        let found = job::token(existing);
+        let status = fresh.status.clone().unwrap_or_default();
+        let owned = fresh
+            .metadata
+            .uid
+            .as_deref()
+            .and_then(|uid| crate::observe::OwnedJob::of(existing, uid));
+        if found == Some(claim.token)
+            && let Some(uid) = existing.metadata.uid.clone()
+        {
+            return Ok(Taken::Ours(uid));
+        }
+        if let Some(job) = owned.filter(|j| j.suspended && !crate::observe::known(&status, j)) {
+            tracing::warn!(job = %job.name, token = ?job.token, "removing a suspended Job no claim knows (it never ran) to create this claim's");
+            let bg = Propagation::Background;
+            kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await?;
+            return Ok(Taken::Removed);
+        }
+        let same_run = existing.metadata.annotations.as_ref().is_some_and(|a| {
+            a.get(naming::LABEL_JOB) == fresh.metadata.name.as_ref()
+                && a.get(naming::LABEL_PERIOD) == Some(&naming::period_rfc3339(claim.period.0))
+        });
+        let token = found.map_or("no".to_string(), |t| t.to_string());
+        let d = if same_run {
+            let note = format!(
+                "Job {} of period {} exists already with token {token}: the period ran before; no second Job created",
+                claim.job_name,
+                naming::period_rfc3339(claim.period.0)
+            );
+            decided::Decision::new(Outcome::Deduplicated, reason::JOB_EXISTS, note)
+        } else {
+            let note = format!(
+                "a Job named {} that is not this SingletonJob's run (token {token}) exists; the period cannot run under that name",
+                claim.job_name
+            );
+            decided::Decision::new(Outcome::Failed, reason::JOB_NAME_TAKEN, note)
+        };
+        decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
+        Ok(Taken::Decided)
+    })
+}
+
+/// Whether the SingletonJob's template asks for suspended Jobs (a queueing system such as Kueue
+/// resumes them): then the controller confirms but never resumes.
+pub fn keeps_suspended(sj: &SingletonJob) -> bool {
+    sj.spec
+        .job_template
+        .decode()
+        .ok()
+        .and_then(|t| t.spec)
+        .and_then(|s| s.suspend)
+        .unwrap_or(false)
+}

@@ -1,0 +1,74 @@
+//! A claimed period decided without a Job (deduplicated, rejected, name taken, missed): the
+//! claim is cleared and the outcome recorded, after the claim's token is retired.
+
+use futures::future::BoxFuture;
+use jiff::Timestamp;
+use kube::runtime::events::EventType;
+
+use crate::Result;
+use crate::api::{LockPurpose, Outcome, RunRef, SingletonJob};
+use crate::backstop::Backstop;
+use crate::context::Context;
+use crate::kube_io;
+use crate::lanes::Lane;
+use crate::record;
+
+/// A period decided without a Job: its outcome, reason and the Event's note.
+pub(super) struct Decision {
+    outcome: Outcome,
+    reason: &'static str,
+    note: String,
+}
+
+impl Decision {
+    pub(super) fn new(outcome: Outcome, reason: &'static str, note: String) -> Self {
+        Decision {
+            outcome,
+            reason,
+            note,
+        }
+    }
+}
+
+/// Decides a claimed period without a Job (rejected, deduplicated, name taken, missed for the
+/// backstop): the claim is cleared and the outcome recorded, so it never blocks later periods
+/// (G2). `retire_in`: the backstop whose fence the claim's token reached; it is retired there
+/// first (G3: the period is decided), and a Correctness job records nothing until it is.
+pub(super) fn decide_without_job<'a>(
+    ctx: &'a Context,
+    sj: &'a SingletonJob,
+    claim: &'a RunRef,
+    d: Decision,
+    retire_in: Option<&'a Backstop>,
+) -> BoxFuture<'a, Result<()>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        if let Some(b) = retire_in {
+            retire(sj, b, claim.token).await?;
+        }
+        let mut status = sj.status.clone().unwrap_or_default();
+        status.pending_claim = None;
+        status.last_result = Some(d.outcome);
+        let entry = record::decided_entry(claim, d.outcome, d.reason, Timestamp::now());
+        record::push_history(&mut status, entry.clone());
+        kube_io::write_status(ctx, sj, status, Lane::Background).await?;
+        crate::metrics::global().recorded(sj, &entry);
+        ctx.events
+            .publish(sj, EventType::Warning, d.reason, "DecidePeriod", d.note)
+            .await;
+        Ok(())
+    })
+}
+
+/// Retires `token` (its period is decided). Correctness: an error stops the caller from
+/// recording the decision (it is retried); Efficiency: logged, and the decision goes on.
+pub async fn retire(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
+    match b.retire(&sj.key(), token).await {
+        Ok(()) => Ok(()),
+        Err(e) if sj.purpose() == LockPurpose::Efficiency => {
+            tracing::warn!(sj = %sj.key(), token, error = %e, "could not retire the token of a decided period; Efficiency: recording it anyway");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}

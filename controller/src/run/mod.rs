@@ -1,0 +1,283 @@
+//! The run protocol: how one period becomes one Job that runs once. Read it top to bottom; each
+//! step names the guarantee it serves (DESIGN.md G1 to G5).
+//!
+//! ```text
+//! 1. Gate     : act only while this replica may (the leader, not shutting down)    G4
+//! 2. Token    : one more than the highest of status.fencingToken and the
+//!               backstop's fence, so a re-created SingletonJob never reuses one   G3
+//! 3. Claim    : one status write, carrying the observed resourceVersion, records
+//!               the period as decided, issues the token and names the runs it
+//!               replaces. A 409 means someone else acted: abort, re-read, decide
+//!               again. This write decides which period is run.                   G1, G3
+//! 4. Backstop : insert the claim row, UNIQUE(job, period), and advance the fence
+//!               in one transaction: a period that ran before (even under an
+//!               earlier SingletonJob of the same name) is Deduplicated; older
+//!               runs' writes are refused by singleton_fence from now on. A fence
+//!               above the token re-claims with a higher one; a fence row held by
+//!               the run being replaced stops that run first.                      G1, G3, G5
+//!    Re-check : re-read the status: go on only while this claim is still pending
+//!               (a paused claimer must not act on a claim another completed).     G1
+//! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
+//!               their Jobs are deleted, before the new Job exists.                G5
+//! 6. Create   : the Job, SUSPENDED: it cannot run pods yet. Its name is
+//!               deterministic per period, so the API server refuses a second Job
+//!               for the period while one exists.                                  G1
+//! 7. Confirm  : a compare-and-swap on the re-read status moves the claim to
+//!               `active` with the Job's uid. This write decides which Job of the
+//!               period may run: the one it names, ever. Losing it, the Job never
+//!               ran and is deleted by uid (unless the winner adopted it).         G1
+//! 8. Resume   : only now the confirmed Job (by uid) may run its pods.              G1, G4
+//! ```
+//!
+//! Why suspended: Kubernetes has no conditional create, so a claimer paused between its last
+//! check and its create (a frozen VM, a request stalled in a lane) could create a period's Job
+//! again after another replica completed the period and the Job was pruned. Such a Job now stays
+//! suspended: its confirm cannot win (the status moved on), so nobody resumes it, and it is
+//! deleted by its creator, or by the leader's sweep ([`crate::observe::unknown`]). And once a
+//! period is decided its token is retired in the backstop, so even its workload's writes would be
+//! refused. If a replica dies between 3 and 8, whoever acts next finds `pendingClaim` and
+//! completes it with the same name and token, or finds a confirmed run whose Job is still
+//! suspended and resumes it ([`crate::observe::to_resume`]).
+//!
+//! Each write waits for a slot in a lane ([`crate::lanes`]) and checks the gate right before it
+//! is sent ([`crate::kube_io`]). Steps 4 to 8 go in the first lane, claims (3) in the second,
+//! everything else nobody waits on in the last. A reconcile does not wait for its confirm and
+//! resume ([`confirm`]): its slot goes to the next due run's claim.
+//!
+//! The steps are in the files of this module, in order: [`claim`] (steps 2 to 4), [`create`]
+//! (5 and 6), [`confirm`] (7 and 8); [`decided`] decides a claimed period without a Job;
+//! [`sweep`] removes the Jobs no claim knows and resumes the confirmed runs whose resume was
+//! lost; [`mod@break_lock`] breaks a stuck lock.
+//!
+//! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::decide::ops`]) take the same
+//! steps ([`Cause::Manual`]); their claim write also marks the request handled, so a request is
+//! claimed once. Breaking a lock ([`break_lock()`]) has its own numbered steps below.
+
+pub mod break_lock;
+pub mod claim;
+pub mod confirm;
+pub mod create;
+pub mod decided;
+pub mod sweep;
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+
+use crate::api::{LockPurpose, ReplacedRun, RunOrigin, RunRef, SingletonJob, SingletonJobStatus};
+use crate::backstop::Availability;
+use crate::context::Context;
+use crate::failpoint;
+use crate::kube_io;
+use crate::lanes::Lane;
+use crate::naming;
+use crate::{Error, Result};
+
+pub use break_lock::break_lock;
+pub use confirm::resume;
+pub use create::keeps_suspended;
+pub use decided::retire;
+pub use kube_io::write_status;
+
+/// Claims `period` and starts its Job. `status` is the status to write with the claim (already
+/// carrying this reconcile's records); `sj` must be the object as read, with its resourceVersion.
+/// Its log lines carry the run's namespace, name, period and (once issued) token.
+#[tracing::instrument(name = "run", skip_all, fields(
+    namespace = sj.metadata.namespace.as_deref().unwrap_or_default(),
+    name = sj.metadata.name.as_deref().unwrap_or_default(),
+    period = %naming::period_rfc3339(period),
+    token = tracing::field::Empty,
+))]
+pub async fn start(
+    ctx: &Arc<Context>,
+    sj: &SingletonJob,
+    mut status: SingletonJobStatus,
+    period: Timestamp,
+    cause: Cause<'_>,
+    db: &Availability,
+) -> Result<RunRef> {
+    // 1. Gate (G4): a replica that is not allowed to act must not write at all.
+    ctx.gate.check()?;
+
+    // 2. Token (G3): above every token this status and the backstop have ever seen.
+    let fence = match db {
+        Availability::Ready(b) => match Box::pin(b.fence(&sj.key())).await {
+            Ok(f) => f,
+            Err(e) if sj.purpose() == LockPurpose::Efficiency => {
+                tracing::warn!(sj = %sj.key(), error = %e, "backstop fence unreadable; Efficiency: going on without it");
+                0
+            }
+            Err(e) => return Err(e),
+        },
+        _ => 0,
+    };
+    let token = status.fencing_token.max(fence) + 1;
+    tracing::Span::current().record("token", token);
+
+    // 3. Claim (G1, G3): the write fails if anyone else wrote since we read. The runs to replace
+    //    are part of the claim, so whoever completes it replaces them.
+    let claim = RunRef {
+        period: period.into(),
+        token,
+        job_name: naming::job_name(sj.metadata.name.as_deref().unwrap_or_default(), period),
+        claimed_at: Some(Timestamp::now().into()),
+        job_uid: None,
+        origin: cause.origin(),
+        replaces: cause.replaces().iter().map(ReplacedRun::from).collect(),
+    };
+    status.fencing_token = token;
+    status.pending_claim = Some(claim.clone());
+    match cause {
+        // Only the schedule moves the schedule's cursor; a manual run is outside it.
+        Cause::Scheduled { .. } => {
+            status.decided_through = Some(period.into());
+            status.last_schedule_time = Some(period.into());
+        }
+        // The operation is marked handled by this same write: asked once, claimed once.
+        Cause::Manual(origin) => {
+            crate::decide::ops::on_claim(&mut status.operations, origin, &claim)
+        }
+    }
+    let claimed = write_status(ctx, sj, status, Lane::Claim)
+        .await
+        .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;
+    tracing::info!(sj = %sj.key(), period = %naming::period_rfc3339(period), token, epoch = ctx.gate.epoch(), "claimed period");
+    crate::metrics::global().token_issued(sj);
+    failpoint::hit(failpoint::CLAIM_WRITTEN);
+
+    // 4 to 8.
+    Box::pin(complete_claim(
+        ctx,
+        &claimed,
+        claim.clone(),
+        db,
+        Source::OwnWrite,
+    ))
+    .await?;
+    Ok(claim)
+}
+
+/// What a period is claimed for.
+#[derive(Clone, Copy, Debug)]
+pub enum Cause<'a> {
+    /// The schedule made it due; `replace` are the active runs to fence and delete first
+    /// (concurrencyPolicy Replace).
+    Scheduled { replace: &'a [RunRef] },
+    /// A user asked for it (trigger, backfill): it moves no schedule cursor and replaces nothing.
+    Manual(RunOrigin),
+}
+
+impl Cause<'_> {
+    fn origin(self) -> Option<RunOrigin> {
+        match self {
+            Cause::Scheduled { .. } => None,
+            Cause::Manual(o) => Some(o),
+        }
+    }
+
+    fn replaces(&self) -> &[RunRef] {
+        match self {
+            Cause::Scheduled { replace } => replace,
+            Cause::Manual(_) => &[],
+        }
+    }
+}
+
+/// Where the `sj` given to [`complete_claim`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The response of this process's own claim write, just now.
+    OwnWrite,
+    /// A copy read earlier (the cache): another replica may have moved on since.
+    Cache,
+}
+
+/// Steps 4 to 8 for a claim written earlier, possibly by another (dead) replica.
+pub async fn complete_claim(
+    ctx: &Arc<Context>,
+    sj: &SingletonJob,
+    claim: RunRef,
+    db: &Availability,
+    source: Source,
+) -> Result<()> {
+    ctx.gate.check()?;
+
+    // 4. Backstop (G1, G3, G5).
+    let (sj, claim, backstop_skipped) =
+        match Box::pin(claim::backstop_claim(ctx, sj, claim, db)).await? {
+            claim::Backstopped::Go { sj, claim, skipped } => (*sj, claim, skipped),
+            claim::Backstopped::Decided => return Ok(()),
+        };
+    failpoint::hit(failpoint::BACKSTOP_CLAIMED);
+
+    // Still ours? A claimer paused since its claim may find that another replica completed it
+    // meanwhile: acting on it (deleting "old" runs, creating its Job) is not ours to do. When
+    // `sj` is our own claim write's response and nothing ran since (no backstop round trip, no
+    // Jobs to replace), that response is the re-read: a GET now would be no fresher. A pause
+    // after this check is harmless: the Job is created suspended and only a winning confirm (7)
+    // lets it run.
+    let ns = sj.metadata.namespace.clone().unwrap_or_default();
+    let fresh = if source == Source::OwnWrite
+        && matches!(db, Availability::NotConfigured)
+        && claim.replaces.is_empty()
+    {
+        sj
+    } else {
+        let name = sj.metadata.name.as_deref().unwrap_or_default();
+        kube_io::get_sj(ctx, &ns, name).await?
+    };
+    if !claim_pending(&fresh, &claim) {
+        return Err(Error::Conflict(format!(
+            "claim of {} completed by another replica",
+            claim.job_name
+        )));
+    }
+    failpoint::hit(failpoint::REREAD);
+
+    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
+    for old in &claim.replaces {
+        create::delete_replaced(ctx, &ns, old).await?;
+    }
+
+    // 6. Create (G1), suspended.
+    let Some(uid) = Box::pin(create::create(ctx, &fresh, &claim, db)).await? else {
+        return Ok(());
+    };
+
+    // 7 and 8, in a task of its own: nobody waits for them here, and this reconcile's slot goes
+    // to the next due run. Until they are done, this SingletonJob's reconciles wait for them
+    // ([`crate::context::InFlight`]).
+    let mut claim = claim;
+    claim.job_uid = Some(uid.clone());
+    let status = confirm::status_after_confirm(&fresh, &claim, backstop_skipped);
+    // The task keeps only what its write needs: in a burst many of them wait in a lane.
+    let keep_suspended = create::keeps_suspended(&fresh);
+    let mut fresh = fresh;
+    fresh.status = None;
+    crate::context::slim_sj(&mut fresh);
+    confirm::spawn(ctx, fresh, status, claim, uid, keep_suspended);
+    Ok(())
+}
+
+/// Whether `sj`'s status still holds `claim` as its pending claim.
+pub(super) fn claim_pending(sj: &SingletonJob, claim: &RunRef) -> bool {
+    sj.status
+        .as_ref()
+        .and_then(|s| s.pending_claim.as_ref())
+        .is_some_and(|p| p.token == claim.token && p.job_name == claim.job_name)
+}
+
+/// The span of a run's log lines (namespace, name, period, token), for steps 4 to 8 of a claim
+/// completed outside [`start`].
+pub fn span(sj: &SingletonJob, claim: &RunRef) -> tracing::Span {
+    tracing::info_span!(
+        "run",
+        namespace = sj.metadata.namespace.as_deref().unwrap_or_default(),
+        name = sj.metadata.name.as_deref().unwrap_or_default(),
+        period = %naming::period_rfc3339(claim.period.0),
+        token = claim.token,
+    )
+}
+
+#[cfg(test)]
+mod tests;

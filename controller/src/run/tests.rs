@@ -1,0 +1,453 @@
+//! The exact shape of the claim's write, against kube's mock service: the one place where a
+//! mock is right, since the real API server cannot show us the request we sent.
+use super::*;
+use crate::api::{SingletonJob, SingletonJobSpec};
+use crate::context::{InFlight, OwnWrites, Recent};
+use crate::events::Events;
+use crate::gate::Gate;
+use futures::StreamExt;
+use http::{Request, Response};
+use kube::client::Body;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector;
+use kube::runtime::reflector::ObjectRef;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+fn context(client: kube::Client) -> Context {
+    let clock = Arc::new(crate::clock::Clock::new(
+        crate::clock::Samples::new(jiff::SignedDuration::from_secs(5)),
+        client.clone(),
+        std::time::Duration::from_secs(30),
+    ));
+    let lanes = crate::lanes::Lanes::new(4);
+    Context {
+        client: client.clone(),
+        events: Events::new(
+            client,
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+            lanes.clone(),
+        ),
+        lanes,
+        jobs: reflector::store().0,
+        clock,
+        gate: Gate::always(),
+        backstops: Default::default(),
+        rejections_seen: Default::default(),
+        own_writes: OwnWrites::default(),
+        confirming: InFlight::new().0,
+        resumed: Recent::default(),
+    }
+}
+
+fn sj() -> SingletonJob {
+    let mut sj = SingletonJob::new(
+        "hello",
+        serde_yaml::from_str::<SingletonJobSpec>(
+            "schedule: '* * * * *'\njobTemplate: {spec: {template: {spec: {containers: []}}}}",
+        )
+        .unwrap(),
+    );
+    sj.metadata.namespace = Some("ns".into());
+    sj.metadata.resource_version = Some("4711".into());
+    sj
+}
+
+#[tokio::test]
+async fn the_status_write_is_a_put_guarded_by_the_observed_resource_version() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(kube::Client::new(svc, "ns"));
+    let server = tokio::spawn(async move {
+        let (req, send) = handle.next_request().await.expect("a request");
+        assert_eq!(
+            req.method(),
+            http::Method::PUT,
+            "a replace, never a patch: patches carry no precondition"
+        );
+        assert_eq!(
+            req.uri().path(),
+            "/apis/singleton.dev/v1alpha1/namespaces/ns/singletonjobs/hello/status"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["metadata"]["resourceVersion"], "4711");
+        assert_eq!(body["status"]["fencingToken"], 8);
+        // Someone else wrote first.
+        let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"});
+        send.send_response(
+            Response::builder()
+                .status(409)
+                .body(Body::from(serde_json::to_vec(&status).unwrap()))
+                .unwrap(),
+        );
+    });
+    let status = SingletonJobStatus {
+        fencing_token: 8,
+        ..Default::default()
+    };
+    let err = write_status(&ctx, &sj(), status, Lane::Claim)
+        .await
+        .expect_err("409 must fail the claim");
+    assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_written_status_carries_the_resource_version_of_the_response() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(kube::Client::new(svc, "ns"));
+    let server = tokio::spawn(async move {
+        let (req, send) = next(&mut handle, "the status write").await;
+        let mut stored: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        stored["metadata"]["resourceVersion"] = "4712".into();
+        stored["metadata"]["managedFields"] =
+            serde_json::json!([{"manager": "x", "fieldsV1": {"f:status": {}}}]);
+        respond(send, 200, serde_json::to_vec(&stored).unwrap());
+    });
+    let status = SingletonJobStatus {
+        fencing_token: 9,
+        ..Default::default()
+    };
+    let written = write_status(&ctx, &sj(), status.clone(), Lane::Claim)
+        .await
+        .expect("written");
+    assert_eq!(written.metadata.resource_version.as_deref(), Some("4712"));
+    assert_eq!(written.status, Some(status));
+    assert!(written.metadata.managed_fields.is_none(), "never decoded");
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn no_write_without_a_resource_version_or_without_the_gate() {
+    let (svc, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(kube::Client::new(svc, "ns"));
+    let mut blind = sj();
+    blind.metadata.resource_version = None;
+    let err = write_status(&ctx, &blind, SingletonJobStatus::default(), Lane::Claim)
+        .await
+        .expect_err("blind write");
+    assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+
+    let (tx, rx) = tokio::sync::watch::channel(crate::gate::GateState {
+        may_act: false,
+        epoch: 3,
+        valid_until: None,
+    });
+    let closed = Context {
+        gate: Gate::new(rx),
+        ..ctx
+    };
+    let err = write_status(&closed, &sj(), SingletonJobStatus::default(), Lane::Claim)
+        .await
+        .expect_err("gate closed");
+    assert!(matches!(err, Error::NotLeader), "{err:?}");
+    drop(tx);
+}
+
+/// A SingletonJob as read, with a pending claim (token 7) whose Job was created with `job-uid`.
+fn claimed() -> (SingletonJob, RunRef) {
+    let mut sj = sj();
+    sj.metadata.uid = Some("sj-uid".into());
+    let claim = RunRef {
+        period: Timestamp::from_second(1_800_000_000).unwrap().into(),
+        token: 7,
+        job_name: "hello-1800000000".into(),
+        claimed_at: None,
+        job_uid: Some("job-uid".into()),
+        origin: None,
+        replaces: Vec::new(),
+    };
+    sj.status = Some(SingletonJobStatus {
+        fencing_token: 7,
+        pending_claim: Some(claim.clone()),
+        ..Default::default()
+    });
+    (sj, claim)
+}
+
+fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: Vec<u8>) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(body))
+            .unwrap(),
+    );
+}
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// The next request the controller sends; a test fails rather than hangs if none comes.
+async fn next(
+    handle: &mut Handle,
+    what: &str,
+) -> (
+    Request<Body>,
+    tower_test::mock::SendResponse<Response<Body>>,
+) {
+    tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within 10 s"))
+        .unwrap_or_else(|| panic!("the client is gone before the {what}"))
+}
+
+/// A confirm of [`claimed`]'s claim, spawned against a mock API server: the context, the
+/// server's handle, the stream of reconciles asked for, and the object.
+fn confirming() -> (
+    Arc<Context>,
+    Handle,
+    UnboundedReceiverStream<ObjectRef<SingletonJob>>,
+    SingletonJob,
+    RunRef,
+) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (confirming, done) = InFlight::new();
+    let ctx = Arc::new(Context {
+        confirming,
+        ..context(kube::Client::new(svc, "ns"))
+    });
+    let (sj, claim) = claimed();
+    let status = confirm::status_after_confirm(&sj, &claim, false);
+    confirm::spawn(
+        &ctx,
+        sj.clone(),
+        status,
+        claim.clone(),
+        "job-uid".into(),
+        false,
+    );
+    (ctx, handle, done, sj, claim)
+}
+
+/// The reconcile the confirm asks for once it is done; a test fails rather than hangs.
+async fn asked(
+    done: &mut UnboundedReceiverStream<ObjectRef<SingletonJob>>,
+) -> ObjectRef<SingletonJob> {
+    tokio::time::timeout(std::time::Duration::from_secs(10), done.next())
+        .await
+        .expect("a reconcile asked for within 10 s")
+        .expect("the channel is open")
+}
+
+fn conflict() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"})).unwrap()
+}
+
+/// Asserts that `req` resumes the Job `hello-1800000000` only if its uid is `uid`.
+async fn assert_resume(req: Request<Body>, uid: &str) {
+    assert_eq!(req.method(), http::Method::PATCH);
+    assert_eq!(
+        req.uri().path(),
+        "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+    );
+    assert_eq!(
+        req.headers()[http::header::CONTENT_TYPE],
+        "application/json-patch+json"
+    );
+    let body: serde_json::Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!([
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": "/spec/suspend", "value": true},
+            {"op": "replace", "path": "/spec/suspend", "value": false},
+        ]),
+        "only that object, never another Job of its name"
+    );
+}
+
+#[tokio::test]
+async fn a_won_confirm_resumes_its_job_by_uid_and_reconciles_wait_for_both() {
+    let (ctx, mut handle, mut done, sj, _) = confirming();
+    assert!(
+        ctx.confirming.contains(&sj),
+        "the confirm is in flight until answered"
+    );
+
+    let (req, send) = next(&mut handle, "the confirm").await;
+    assert_eq!(req.method(), http::Method::PUT);
+    let body: serde_json::Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        body["metadata"]["resourceVersion"], "4711",
+        "a compare-and-swap"
+    );
+    assert!(body["status"].get("pendingClaim").is_none(), "{body}");
+    assert_eq!(body["status"]["active"][0]["token"], 7);
+    assert_eq!(body["status"]["active"][0]["jobUid"], "job-uid");
+    assert!(ctx.confirming.contains(&sj));
+    respond(send, 200, serde_json::to_vec(&body).unwrap());
+
+    // Step 8 follows the won confirm, and only it.
+    let (req, send) = next(&mut handle, "the resume").await;
+    assert_resume(req, "job-uid").await;
+    assert!(ctx.confirming.contains(&sj), "in flight until resumed");
+    respond(send, 200, b"{}".to_vec());
+
+    assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
+    assert!(!ctx.confirming.contains(&sj));
+    // Copies read before the confirm are recognised as stale.
+    assert!(ctx.own_writes.predates(&sj, sj.status.as_ref().unwrap()));
+}
+
+/// What the status that beat a confirm says of the confirm's claim and Job.
+#[derive(Clone, Copy, Debug)]
+enum Winner {
+    /// Another replica completed the claim with this very Job (it adopted it).
+    AdoptedTheJob,
+    /// The claim is still pending (an unrelated write won): its completer adopts the Job.
+    StillPending,
+    /// The period was completed without this Job (it is a late re-creation).
+    MovedOn,
+}
+
+#[tokio::test]
+async fn a_lost_confirm_never_lets_an_unknown_job_run() {
+    for winner in [Winner::AdoptedTheJob, Winner::StillPending, Winner::MovedOn] {
+        let (ctx, mut handle, mut done, sj, claim) = confirming();
+
+        let (_, send) = next(&mut handle, "the confirm").await;
+        respond(send, 409, conflict());
+        let (req, send) = next(&mut handle, "the re-read").await;
+        assert_eq!(req.method(), http::Method::GET);
+        let mut won = sj.clone();
+        won.metadata.resource_version = Some("4712".into());
+        let mut status = SingletonJobStatus {
+            fencing_token: 7,
+            ..Default::default()
+        };
+        match winner {
+            Winner::AdoptedTheJob => status.active = vec![claim.clone()],
+            Winner::StillPending => status.pending_claim = Some(claim.clone()),
+            Winner::MovedOn => {}
+        }
+        won.status = Some(status);
+        respond(send, 200, serde_json::to_vec(&won).unwrap());
+        match winner {
+            // The winner resumes it; a loser never does.
+            Winner::AdoptedTheJob | Winner::StillPending => {}
+            Winner::MovedOn => {
+                let (req, send) = next(&mut handle, "the removal").await;
+                assert_eq!(req.method(), http::Method::DELETE);
+                assert_eq!(
+                    req.uri().path(),
+                    "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+                );
+                let body: serde_json::Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                        .unwrap();
+                assert_eq!(
+                    body["preconditions"]["uid"], "job-uid",
+                    "only that Job, never a later one of its name"
+                );
+                respond(send, 200, b"{}".to_vec());
+            }
+        }
+        assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
+        assert!(!ctx.confirming.contains(&sj));
+        assert!(
+            !ctx.own_writes.predates(&sj, sj.status.as_ref().unwrap()),
+            "not confirmed"
+        );
+        // Nothing else was sent (never a resume after a lost confirm): the task is over and
+        // holds no client.
+        drop(ctx);
+        let after = tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request());
+        assert!(
+            matches!(after.await, Ok(None)),
+            "a request after the confirm was done ({winner:?})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_job_is_created_suspended_then_confirmed_then_resumed() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (confirming, mut done) = InFlight::new();
+    let ctx = Arc::new(Context {
+        confirming,
+        ..context(kube::Client::new(svc, "ns"))
+    });
+    let (sj, claim) = claimed();
+    let mut claim = claim;
+    claim.job_uid = None;
+    let server = async {
+        let (req, send) = next(&mut handle, "the create").await;
+        assert_eq!(req.method(), http::Method::POST);
+        assert_eq!(req.uri().path(), "/apis/batch/v1/namespaces/ns/jobs");
+        let mut job: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(job["spec"]["suspend"], true, "created unable to run");
+        assert_eq!(job["metadata"]["name"], "hello-1800000000");
+        job["metadata"]["uid"] = "new-uid".into();
+        respond(send, 201, serde_json::to_vec(&job).unwrap());
+        let (req, send) = next(&mut handle, "the confirm").await;
+        assert_eq!(req.method(), http::Method::PUT);
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["status"]["active"][0]["jobUid"], "new-uid");
+        respond(send, 200, serde_json::to_vec(&body).unwrap());
+        let (req, send) = next(&mut handle, "the resume").await;
+        assert_resume(req, "new-uid").await;
+        respond(send, 200, b"{}".to_vec());
+    };
+    let (completed, ()) = tokio::join!(
+        complete_claim(
+            &ctx,
+            &sj,
+            claim,
+            &Availability::NotConfigured,
+            Source::OwnWrite
+        ),
+        server
+    );
+    completed.expect("completed");
+    assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
+}
+
+#[tokio::test]
+async fn a_write_waiting_for_a_lane_when_the_gate_closes_is_never_sent() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (tx, rx) = tokio::sync::watch::channel(crate::gate::GateState {
+        may_act: true,
+        epoch: 1,
+        valid_until: None,
+    });
+    let ctx = Context {
+        gate: Gate::new(rx),
+        lanes: crate::lanes::Lanes::new(1),
+        ..context(kube::Client::new(svc, "ns"))
+    };
+    // Every slot is taken: the write waits in its lane, past the gate check at its start.
+    let held = ctx.lanes.acquire(Lane::Background).await;
+    let obj = sj();
+    let write = write_status(&ctx, &obj, SingletonJobStatus::default(), Lane::Create);
+    tokio::pin!(write);
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), &mut write)
+            .await
+            .is_err(),
+        "waits for a slot"
+    );
+    // The Lease is lost meanwhile; then the slot frees.
+    tx.send_replace(crate::gate::GateState {
+        may_act: false,
+        epoch: 1,
+        valid_until: None,
+    });
+    drop(held);
+    let err = tokio::time::timeout(std::time::Duration::from_secs(5), write)
+        .await
+        .expect("refused without a request, not sent")
+        .expect_err("the gate is closed");
+    assert!(matches!(err, Error::NotLeader), "{err:?}");
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request())
+            .await
+            .is_err(),
+        "nothing was sent"
+    );
+}

@@ -1,0 +1,201 @@
+//! The watches and the wiring: the reflectors over SingletonJobs and their Jobs (with what their
+//! caches keep), the Controller that runs [`crate::reconcile`] for each change, the reconciles
+//! asked for when the gate opens, the clock's verdict changes and a confirm ends, the error
+//! policy, and the shutdown.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{self as kube_controller, Action, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+
+use crate::api::SingletonJob;
+use crate::backstop::BackstopCache;
+use crate::clock::Clock;
+use crate::context::{Context, InFlight, OwnWrites, Recent};
+use crate::events::Events;
+use crate::gate::Gate;
+use crate::lanes::Lanes;
+use crate::{Error, Result, naming};
+
+/// How long in-flight reconciles get to finish their writes once the controller stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(250);
+
+/// At most this many reconciles run at once (a bound on memory; see docs/performance.md). A run
+/// holds its slot from claim to create, not through its confirm ([`InFlight`]).
+const MAX_CONCURRENT_RECONCILES: u16 = 128;
+
+fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Action {
+    crate::metrics::global().reconcile_error(err);
+    match err {
+        // Someone else wrote first: re-read (the watch brings the new object) and decide again.
+        Error::Conflict(_) => Action::requeue(Duration::from_millis(50)),
+        Error::NotLeader => Action::await_change(),
+        // A run's transaction holds the fence row; under Replace that run is being stopped.
+        Error::FenceHeld(why) => {
+            tracing::info!(sj = %sj.key(), %why, "waiting for the backstop's fence row");
+            Action::requeue(Duration::from_secs(1))
+        }
+        _ => {
+            tracing::warn!(sj = %sj.key(), kind = err.kind(), error = %err, "reconcile failed");
+            Action::requeue(Duration::from_secs(5))
+        }
+    }
+}
+
+/// What the cache keeps of a Job: its metadata (name, labels, annotations, owner), status and
+/// `spec.suspend`, which is all the controller reads from a cached Job. Managed fields and the
+/// pod template are most of a Job's size, and a cache of thousands of Jobs held them all.
+fn slim_job(job: &mut Job) {
+    job.metadata.managed_fields = None;
+    // Of the spec, only whether it may run pods (see run.rs, step 8).
+    let suspend = job.spec.as_ref().and_then(|s| s.suspend);
+    job.spec = suspend.map(|suspend| k8s_openapi::api::batch::v1::JobSpec {
+        suspend: Some(suspend),
+        ..Default::default()
+    });
+}
+
+/// Configuration of a controller instance.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Watch only this namespace (all when None).
+    pub namespace: Option<String>,
+    /// Reporting controller name in Events.
+    pub reporter: String,
+    /// Instance name (pod name) in Events.
+    pub instance: Option<String>,
+    /// Clock verdicts, fed by the client's responses ([`crate::clock::Samples::client`]).
+    pub clock: crate::clock::Samples,
+    /// How old a clock verdict may be when a run may start.
+    pub clock_check_interval: Duration,
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    cfg: Config,
+    gate: Gate,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let (sjs, jobs_api) = apis(&client, cfg.namespace.as_deref()).await?;
+
+    let clock = Arc::new(Clock::new(
+        cfg.clock.clone(),
+        client.clone(),
+        cfg.clock_check_interval,
+    ));
+    // A first verdict before anything is reconciled, narrowed soon after.
+    clock.fresh().await;
+    clock.narrow_in_background();
+    let clock_rx = clock.subscribe();
+
+    let (jobs, job_stream) = {
+        let (reader, writer) = reflector::store::<Job>();
+        let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
+        let stream = reflector::reflector(writer, watcher(jobs_api, job_watch).modify(slim_job))
+            .default_backoff()
+            .touched_objects();
+        (reader, stream)
+    };
+    let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
+    let sj_stream = reflector::reflector(
+        sj_writer,
+        watcher(sjs, watcher::Config::default()).modify(crate::context::slim_sj),
+    )
+    .applied_objects();
+
+    // A clock verdict that changes, or this replica starting to lead, re-evaluates every
+    // SingletonJob.
+    let reconcile_all = futures::stream::select(
+        WatchStream::from_changes(clock_rx).map(|_| ()),
+        gate.opened(),
+    );
+    let (confirming, confirmed_runs) = InFlight::new();
+    let ctx = context(client, &cfg, gate, clock, jobs, confirming);
+
+    let (stop_tx, mut stop_rx) = watch::channel(());
+    tokio::spawn(async move {
+        shutdown.await;
+        stop_tx.send_replace(());
+    });
+    // kube's graceful shutdown also waits for scheduled requeues (ours sleep until the next
+    // period), which would hold up a handover. Once stopping, the gate is closed, so nothing
+    // queued could write anyway: after a short grace for writes in flight, stop outright.
+    let mut forceful_rx = stop_rx.clone();
+    let forceful = async move {
+        let _ = forceful_rx.changed().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    Controller::for_stream(sj_stream, sj_reader)
+        .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+        .owns_stream(job_stream)
+        .reconcile_all_on(reconcile_all)
+        .reconcile_on(confirmed_runs)
+        .graceful_shutdown_on(async move {
+            // The controller wants a Sync future; a watch receiver is one.
+            let _ = stop_rx.changed().await;
+        })
+        .run(crate::reconcile::reconcile, error_policy, ctx)
+        .take_until(forceful)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "reconcile error");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// The SingletonJobs and Jobs watched: of `namespace`, or of all. Fails fast, with a clear
+/// message, when the CRD is not installed.
+async fn apis(client: &Client, namespace: Option<&str>) -> Result<(Api<SingletonJob>, Api<Job>)> {
+    let (sjs, jobs): (Api<SingletonJob>, Api<Job>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
+    Ok((sjs, jobs))
+}
+
+/// The context every reconcile shares; the memory give-back starts with it.
+fn context(
+    client: Client,
+    cfg: &Config,
+    gate: Gate,
+    clock: Arc<Clock>,
+    jobs: reflector::Store<Job>,
+    confirming: InFlight,
+) -> Arc<Context> {
+    let reporter = Reporter {
+        controller: cfg.reporter.clone(),
+        instance: cfg.instance.clone(),
+    };
+    let lanes = Lanes::new(crate::lanes::IN_FLIGHT);
+    crate::memory::limit_arenas();
+    tokio::spawn(crate::memory::give_back_after_bursts(lanes.clone()));
+    Arc::new(Context {
+        client: client.clone(),
+        events: Events::new(client, reporter, lanes.clone()),
+        lanes,
+        jobs,
+        clock,
+        gate,
+        backstops: BackstopCache::default(),
+        rejections_seen: Mutex::default(),
+        own_writes: OwnWrites::default(),
+        confirming,
+        resumed: Recent::default(),
+    })
+}
