@@ -121,6 +121,9 @@ fn cases() -> Vec<Case> {
         c("cron-unicode", sj("cron-unicode", "★ * * * *", ""), False("ScheduleValid", "")),
         c("cron-negative", sj("cron-negative", "-1 * * * *", ""), False("ScheduleValid", "")),
         c("cron-step-0", sj("cron-step-0", "*/0 * * * *", ""), False("ScheduleValid", "")),
+        c("cron-reversed-range", sj("cron-reversed-range", "0 11-2 * * *", ""), False("ScheduleValid", "reversed")),
+        c("cron-empty-list", sj("cron-empty-list", "0 0 , * *", ""), False("ScheduleValid", "lists no value")),
+        c("cron-bare-l-weekday", sj("cron-bare-l-weekday", "0 0 * * L", ""), False("ScheduleValid", "needs a weekday")),
         c("cron-huge-number", sj("cron-huge-number", "99999999999999999999 * * * *", ""), False("ScheduleValid", "")),
         // Time zones.
         c("tz-unknown", ok("tz-unknown", "  timeZone: Mars/Olympus_Mons\n"), False("ScheduleValid", "")),

@@ -1,8 +1,9 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
 use singleton::decide::ops::{OperationKind, Request};
+use singleton::plugin::preview::write_preview;
 use singleton::plugin::{self, Cluster, Output, PluginError, Wait};
-use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule, preview};
+use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -30,8 +31,8 @@ enum Cmd {
         /// Print instants strictly after this RFC 3339 instant (default: now).
         #[arg(long)]
         from: Option<jiff::Timestamp>,
-        /// How many instants to print.
-        #[arg(short = 'n', long, default_value_t = 5)]
+        /// How many instants to print (at most 100000).
+        #[arg(short = 'n', long, default_value = "5", value_parser = singleton::plugin::preview::parse_count)]
         count: usize,
         /// Wall times skipped by a spring-forward change: AfterGap (default) or Shift.
         #[arg(long, default_value = "AfterGap", value_parser = parse_gap)]
@@ -183,10 +184,14 @@ fn main() -> std::process::ExitCode {
             fold,
         } => match Schedule::parse(&cron, Some(&time_zone), DstPolicy { gap, fold }) {
             Ok(s) => {
-                for line in preview(&s, from.unwrap_or_else(jiff::Timestamp::now), count) {
-                    println!("{line}");
+                let from = from.unwrap_or_else(jiff::Timestamp::now);
+                match write_preview(&mut std::io::stdout().lock(), &s, from, count) {
+                    Ok(()) => std::process::ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        std::process::ExitCode::FAILURE
+                    }
                 }
-                std::process::ExitCode::SUCCESS
             }
             Err(e) => {
                 eprintln!("error: {e}");

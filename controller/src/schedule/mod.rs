@@ -39,6 +39,9 @@ use jiff::{SignedDuration, Timestamp};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod syntax;
+use syntax::normalize;
+
 /// How a run whose wall-clock time does not exist is placed. Such times are
 /// skipped when clocks spring forward for daylight saving time (for example
 /// 02:00-02:59 in Europe/Berlin on the last Sunday of March). AfterGap (the
@@ -159,42 +162,33 @@ const MAX_GAP: SignedDuration = SignedDuration::from_hours(2 * 24);
 const ONE_SECOND: SignedDuration = SignedDuration::from_secs(1);
 const ONE_NANO: SignedDuration = SignedDuration::from_nanos(1);
 
-const MACROS: [(&str, &str); 7] = [
-    ("@yearly", "0 0 1 1 *"),
-    ("@annually", "0 0 1 1 *"),
-    ("@monthly", "0 0 1 * *"),
-    ("@weekly", "0 0 * * 0"),
-    ("@daily", "0 0 * * *"),
-    ("@midnight", "0 0 * * *"),
-    ("@hourly", "0 * * * *"),
-];
-
-const MONTH_NAMES: [&str; 12] = [
-    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
-];
-const DAY_NAMES: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
-
 impl Schedule {
     /// Parses a schedule. `time_zone` None or "" means UTC.
     ///
-    /// Accepted syntax:
+    /// Accepted syntax: every expression Kubernetes CronJob accepts (robfig/cron
+    /// v3's `ParseStandard`), with the same meaning, and a few more:
     /// * 5 fields (`minute hour day-of-month month day-of-week`), or 6 with a
-    ///   leading seconds field; values, `*`, `a-b`, lists, and `*/n`, `a-b/n`.
+    ///   leading seconds field; values, `*`, `?`, `a-b`, lists, and `*/n`,
+    ///   `a-b/n`, `N/n` (from N to the field's maximum: `5/15` is `5-59/15`).
     /// * Month names `JAN`-`DEC` and day names `SUN`-`SAT`, case-insensitive,
-    ///   only in their own field; 0 and 7 are both Sunday.
+    ///   only in their own field; 0 and 7 are both Sunday, and `SUN` ending a
+    ///   range that starts on a later day is 7 (`FRI-SUN`).
     /// * Macros `@yearly` `@annually` `@monthly` `@weekly` `@daily`
     ///   `@midnight` `@hourly`.
     /// * As in Kubernetes CronJob: when both day fields are restricted, a day
-    ///   matching either runs; `?` and `*/1` count as unrestricted.
+    ///   matching either runs; a field whose list holds `*`, `?` or `*/1` is
+    ///   unrestricted (`*,15` is `*`).
     /// * Quartz extensions, which do not change the meaning of standard
     ///   expressions: `L` (last day of month), `LW`, `15W` (nearest weekday) in
     ///   day-of-month; `5L` (last Friday) and `1#2` (second Monday) in
     ///   day-of-week.
     ///
-    /// Rejected: a 7th (year) field, `@reboot`/`@every`, the `N/step` form
-    /// (write `N-59/step`), croner's `+` day-of-week prefix (which would
-    /// silently switch the day fields to AND), and names in the wrong field.
-    /// Expressions that can never fire (`0 0 30 2 *`) are rejected too.
+    /// Rejected, with a message that says why: a 7th (year) field,
+    /// `@reboot`/`@every`, croner's `+` day-of-week prefix (which would
+    /// silently switch the day fields to AND), names in the wrong field, empty
+    /// lists of nothing (`,`), reversed ranges (`11-2`), values out of a field's bounds, a
+    /// bare `L` in day-of-week, and expressions that can never fire
+    /// (`0 0 30 2 *`).
     pub fn parse(
         expr: &str,
         time_zone: Option<&str>,
@@ -395,19 +389,19 @@ impl Schedule {
 
 /// Lines printed by `kubectl singleton schedule`: the next `n` instants
 /// strictly after `from`, one per line, as the instant in RFC 3339 UTC, a
-/// space, and [`Schedule::local`].
-pub fn preview(schedule: &Schedule, from: Timestamp, n: usize) -> Vec<String> {
-    schedule
-        .iter_after(from)
-        .take(n)
-        .map(|at| {
-            format!(
-                "{} {}",
-                at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                schedule.local(at)
-            )
-        })
-        .collect()
+/// space, and [`Schedule::local`]. Lazy, so a long preview streams.
+pub fn preview(
+    schedule: &Schedule,
+    from: Timestamp,
+    n: usize,
+) -> impl Iterator<Item = String> + '_ {
+    schedule.iter_after(from).take(n).map(|at| {
+        format!(
+            "{} {}",
+            at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            schedule.local(at)
+        )
+    })
 }
 
 /// Scheduled instants after a start instant; see the module docs.
@@ -462,75 +456,6 @@ fn tz_database() -> &'static TimeZoneDatabase {
 
 fn truncate_to_second(wall: DateTime) -> Option<DateTime> {
     wall.with().subsec_nanosecond(0).build().ok()
-}
-
-/// Checks field count, macros and names, and rewrites the expression into the
-/// form croner parses with the semantics documented on [`Schedule::parse`].
-fn normalize(expr: &str) -> Result<String, String> {
-    let trimmed = expr.trim();
-    if trimmed.starts_with('@') {
-        return MACROS
-            .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(trimmed))
-            .map(|(_, expansion)| (*expansion).to_string())
-            .ok_or_else(|| {
-                "unknown macro (supported: @yearly @annually @monthly @weekly @daily \
-                 @midnight @hourly)"
-                    .to_string()
-            });
-    }
-    let fields: Vec<&str> = trimmed.split_whitespace().collect();
-    const NAMES: [&str; 6] = [
-        "second",
-        "minute",
-        "hour",
-        "day-of-month",
-        "month",
-        "day-of-week",
-    ];
-    let names = match fields.len() {
-        5 => &NAMES[1..],
-        6 => &NAMES[..],
-        7 => return Err("a 7th (year) field is not supported".to_string()),
-        n => {
-            return Err(format!(
-                "expected 5 fields (minute hour day-of-month month day-of-week) \
-                 or 6 with leading seconds, found {n}"
-            ));
-        }
-    };
-    let mut normalized = Vec::with_capacity(fields.len());
-    for (&field, &name) in fields.iter().zip(names) {
-        // croner replaces names anywhere in the expression before splitting
-        // it, so `JAN` in the minute field would silently mean minute 1.
-        for word in field
-            .split(|c: char| !c.is_ascii_alphabetic())
-            .filter(|word| !word.is_empty())
-        {
-            let upper = word.to_ascii_uppercase();
-            let allowed = match name {
-                "month" => MONTH_NAMES.contains(&upper.as_str()),
-                "day-of-week" => DAY_NAMES.contains(&upper.as_str()) || upper == "L",
-                "day-of-month" => matches!(upper.as_str(), "L" | "W" | "LW"),
-                _ => false,
-            };
-            if !allowed {
-                return Err(format!("{word:?} is not allowed in the {name} field"));
-            }
-        }
-        if name == "day-of-week" && field.starts_with('+') {
-            return Err("the `+` day-of-week prefix is not supported".to_string());
-        }
-        let is_day_field = matches!(name, "day-of-month" | "day-of-week");
-        // croner treats only a literal `*` (or `?`) as an unrestricted day
-        // field; Kubernetes CronJob and Vixie cron also treat `*/1` so.
-        normalized.push(if is_day_field && field == "*/1" {
-            "*"
-        } else {
-            field
-        });
-    }
-    Ok(normalized.join(" "))
 }
 
 /// Whether the pattern matches at least one wall time, decided in bounded
@@ -715,6 +640,94 @@ mod tests {
         }
     }
 
+    /// The same instants, compared over a year of an every-minute window: equal schedules.
+    fn same_runs(a: &str, b: &str) {
+        assert_eq!(
+            first_n(&utc(a), "2027-01-01T00:00:00Z", 400),
+            first_n(&utc(b), "2027-01-01T00:00:00Z", 400),
+            "{a} vs {b}"
+        );
+    }
+
+    #[test]
+    fn a_day_of_week_range_ending_on_sunday_after_sunday_is_sunday() {
+        // croner reads SUN as 7, which made 0-SUN every day (found against robfig/cron, which
+        // CronJob uses).
+        for expr in [
+            "0 0 * * 0-SUN",
+            "0 0 * * SUN-SUN",
+            "0 0 * * sun-sun",
+            "0 0 * * 0-SUN/2",
+            "0 0 * * 0-SUN/3",
+            "0 0 * * 7-SUN",
+        ] {
+            same_runs(expr, "0 0 * * 0");
+        }
+        same_runs("0 0 * * SUN-SAT", "0 0 * * *");
+        same_runs("0 0 * * MON-SUN", "0 0 * * *");
+        same_runs("0 0 * * SUN-WED", "0 0 * * 0,1,2,3");
+        same_runs("0 0 * * SUN-SAT/2", "0 0 * * 0,2,4,6");
+    }
+
+    #[test]
+    fn a_single_value_with_a_step_runs_to_the_fields_maximum() {
+        same_runs("5/15 * * * *", "5,20,35,50 * * * *");
+        same_runs("0 3/5 * * *", "0 3,8,13,18,23 * * *");
+        same_runs("0 0 5/10 * *", "0 0 5,15,25 * *");
+        same_runs("0 0 1 2/3 *", "0 0 1 2,5,8,11 *");
+        same_runs("0 0 1 FEB/3 *", "0 0 1 2,5,8,11 *");
+        same_runs("0 0 * * 1/2", "0 0 * * 1,3,5");
+        same_runs("0 0 * * MON/2", "0 0 * * 1,3,5");
+        same_runs("10/20 0 0 * * *", "10,30,50 0 0 * * *");
+        same_runs("0 ?/6 * * *", "0 */6 * * *");
+    }
+
+    #[test]
+    fn lists_read_as_cronjob_reads_them() {
+        same_runs("*,15 * * * *", "* * * * *");
+        // Empty list items are skipped, as CronJob does.
+        same_runs("0 0 1,,2 * *", "0 0 1,2 * *");
+        same_runs(",5, * * * *", "5 * * * *");
+        same_runs("0 */1,3 * * *", "0 * * * *");
+        // An unrestricted day-of-month leaves day-of-week in charge, as `*` does.
+        same_runs("0 0 *,15 * MON", "0 0 * * MON");
+        same_runs("0 0 15 * ?,MON", "0 0 15 * *");
+        // `*/2` restricts, so the days of either field run.
+        same_runs(
+            "0 0 */2,3 * MON",
+            "0 0 1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31 * MON",
+        );
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        for (expr, says) in [
+            ("0 0 , * *", "the day-of-month field \",\" lists no value"),
+            ("0 0 ,, * *", "lists no value"),
+            ("0 0 * * L", "needs a weekday before it"),
+            (
+                "0 11-2 * * *",
+                "the range \"11-2\" in the hour field is reversed",
+            ),
+            ("0 0 * DEC-JAN *", "reversed"),
+            ("0 0 * * FRI-MON", "reversed"),
+            (
+                "60 * * * *",
+                "60 is out of range for the minute field (0-59)",
+            ),
+            (
+                "0 0 0 * *",
+                "out of range for the day-of-month field (1-31)",
+            ),
+            ("0 0 * * 8", "out of range for the day-of-week field (0-7)"),
+            ("*/0 * * * *", "positive whole number"),
+            ("1-2-3 * * * *", "not a number"),
+        ] {
+            let message = parse_error(expr).to_string();
+            assert!(message.contains(says), "{expr}: {message}");
+        }
+    }
+
     #[test]
     fn month_and_weekday_names_work_in_any_case() {
         assert_eq!(
@@ -851,7 +864,6 @@ mod tests {
             "0 0 0 * *",
             "0 0 * 13 *",
             "0 0 * * 8",
-            "5/15 * * * *",
             "*/0 * * * *",
             "JAN * * * *",
             "0 0 * MON *",
@@ -1040,7 +1052,7 @@ mod tests {
     fn preview_lines() {
         let berlin = schedule("30 2 * * *", "Europe/Berlin", FIRST);
         assert_eq!(
-            preview(&berlin, ts("2027-03-26T12:00:00Z"), 3),
+            preview(&berlin, ts("2027-03-26T12:00:00Z"), 3).collect::<Vec<_>>(),
             [
                 "2027-03-27T01:30:00Z 2027-03-27T02:30:00+01:00[Europe/Berlin]",
                 "2027-03-28T01:00:00Z 2027-03-28T03:00:00+02:00[Europe/Berlin]",
@@ -1048,10 +1060,10 @@ mod tests {
             ]
         );
         assert_eq!(
-            preview(&utc("0 0 * * *"), ts("2027-01-01T00:00:00Z"), 1),
+            preview(&utc("0 0 * * *"), ts("2027-01-01T00:00:00Z"), 1).collect::<Vec<_>>(),
             ["2027-01-02T00:00:00Z 2027-01-02T00:00:00+00:00[UTC]"]
         );
-        assert!(preview(&berlin, ts("2027-01-01T00:00:00Z"), 0).is_empty());
+        assert_eq!(preview(&berlin, ts("2027-01-01T00:00:00Z"), 0).count(), 0);
     }
 
     // ---- DST tables -----------------------------------------------------
