@@ -62,6 +62,7 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps -q
+	CARGO_TARGET_DIR=$(TARGET_DIR) hack/image-context.sh
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT
 	$(CARGO) run -q -p singleton-controller --bin crdgen > "$$tmp"
 	if ! diff -u --label $(CRD_FILE) --label 'crdgen output' $(CRD_FILE) "$$tmp"; then
