@@ -190,20 +190,7 @@ pub async fn delete_job_uid(
     propagation: Propagation,
     lane: Lane,
 ) -> Result<bool> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let dp = DeleteParams {
-        propagation_policy: Some(propagation.policy()),
-        preconditions: Some(kube::api::Preconditions {
-            uid: Some(uid.to_string()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match gated(ctx, lane, None, || jobs.delete(name, &dp)).await? {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-        Err(e) => Err(e.into()),
-    }
+    delete_job(ctx, ns, name, Some(uid), propagation, lane).await
 }
 
 /// Deletes a Job by name when its uid is not known (a run recorded before uids were, or one
@@ -215,14 +202,31 @@ pub async fn delete_job_named(
     propagation: Propagation,
     lane: Lane,
 ) -> Result<bool> {
+    delete_job(ctx, ns, name, None, propagation, lane).await
+}
+
+/// The gated delete behind both: with a uid, a precondition on it (409: another object has the
+/// name now, so nothing of ours was deleted).
+async fn delete_job(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: Option<&str>,
+    propagation: Propagation,
+    lane: Lane,
+) -> Result<bool> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let dp = DeleteParams {
         propagation_policy: Some(propagation.policy()),
+        preconditions: uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
         ..DeleteParams::default()
     };
     match gated(ctx, lane, None, || jobs.delete(name, &dp)).await? {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 404 || (s.code == 409 && uid.is_some()) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

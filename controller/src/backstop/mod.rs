@@ -192,18 +192,7 @@ impl Backstop {
 
     /// The highest fencing token stored for `job` (0 if none).
     pub async fn fence(&self, job: &str) -> Result<u64> {
-        self.bounded("read fence", async {
-            let mut slot = self.session().await?;
-            let sql = format!("SELECT token FROM {} WHERE job = $1", slot.tables()?.fences);
-            let r = slot
-                .client()?
-                .query_opt(&sql, &[&job])
-                .await
-                .map_err(|e| Error::from_pg(e, false))
-                .and_then(|row| row.map_or(Ok(0), |row| to_u64(row.get(0))));
-            slot.settle(r)
-        })
-        .await
+        self.fence_column(job, "token", "read fence").await
     }
 
     /// Claims `period` for `job` with `token`, in one transaction: inserts the claim row and
@@ -341,10 +330,16 @@ impl Backstop {
 
     /// The highest retired token of `job` (0 if none).
     pub async fn retired(&self, job: &str) -> Result<u64> {
-        self.bounded("read retired", async {
+        self.fence_column(job, "retired", "read retired").await
+    }
+
+    /// One column of `job`'s fence row (0 if there is none), measured as `what`; `column` is a
+    /// constant of ours.
+    async fn fence_column(&self, job: &str, column: &'static str, what: &str) -> Result<u64> {
+        self.bounded(what, async {
             let mut slot = self.session().await?;
             let sql = format!(
-                "SELECT retired FROM {} WHERE job = $1",
+                "SELECT {column} FROM {} WHERE job = $1",
                 slot.tables()?.fences
             );
             let r = slot
