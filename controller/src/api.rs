@@ -164,9 +164,12 @@ pub fn reflow(text: &str) -> String {
 #[serde(rename_all = "camelCase")]
 pub struct SingletonJobSpec {
     /// When runs are due: standard 5-field cron (`minute hour day-of-month month day-of-week`),
-    /// 6 fields with leading seconds, or a macro (`@hourly`, `@daily`, `@weekly`, `@monthly`,
-    /// `@yearly`). When both day-of-month and day-of-week are restricted, a day matching either
-    /// runs (as in Vixie cron and CronJob). Check a schedule with `kubectl singleton schedule`.
+    /// read as Kubernetes CronJob reads it, 6 fields with leading seconds, a macro (`@hourly`,
+    /// `@daily`, `@weekly`, `@monthly`, `@yearly`), or `@every <interval> [+<offset>]` (`@every
+    /// 15m`, `@every 6h +30m`: from the Unix epoch plus the offset, so every replica and restart
+    /// computes the same instants; the time zone does not move them). When both day-of-month and
+    /// day-of-week are restricted, a day matching either runs (as in Vixie cron and CronJob).
+    /// Check a schedule with `kubectl singleton schedule`.
     #[x_kube(
         validation = Rule::new("self.startsWith('@') || size(self.trim().split(' ').filter(f, f != '')) in [5, 6]")
             .message("schedule must have 5 fields (minute hour day-of-month month day-of-week), 6 with leading seconds, or be a macro such as @daily")

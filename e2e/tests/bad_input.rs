@@ -115,7 +115,7 @@ fn cases() -> Vec<Case> {
         c("cron-second-60", sj("cron-second-60", "60 * * * * *", ""), False("ScheduleValid", "")),
         c("cron-feb-30", sj("cron-feb-30", "0 0 30 2 *", ""), False("ScheduleValid", "")),
         c("cron-reboot", sj("cron-reboot", "@reboot", ""), False("ScheduleValid", "")),
-        c("cron-every", sj("cron-every", "@every 5m", ""), False("ScheduleValid", "")),
+        c("cron-every-0s", sj("cron-every-0s", "@every 0s", ""), False("ScheduleValid", "from 1s")),
         c("cron-at", sj("cron-at", "@", ""), False("ScheduleValid", "")),
         c("cron-garbage", sj("cron-garbage", "hello world how are you", ""), False("ScheduleValid", "")),
         c("cron-unicode", sj("cron-unicode", "★ * * * *", ""), False("ScheduleValid", "")),

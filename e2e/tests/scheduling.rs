@@ -650,3 +650,47 @@ async fn a_controller_whose_clock_is_half_a_second_ahead_never_starts_a_run_earl
     .await?;
     Ok(())
 }
+
+/// `@every` instants come from the epoch plus the offset, not from when a controller started:
+/// a restart in between keeps them in the same phase.
+#[tokio::test]
+async fn every_runs_on_the_epoch_anchored_instants_across_a_restart() -> Result<()> {
+    let mut env = Env::new("every").await?;
+    let first = env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml(
+        "e",
+        "@every 3s +1s",
+        "  concurrencyPolicy: Allow\n",
+    ))
+    .await?;
+    env.wait_for("two runs", Duration::from_secs(30), || async {
+        Ok((periods(&env.job_list().await?).len() >= 2).then_some(()))
+    })
+    .await?;
+    env.stop_controller(first, false).await?;
+    env.start_controller(&[]).await?;
+    let before = periods(&env.job_list().await?).len();
+    env.wait_for(
+        "two more runs after the restart",
+        Duration::from_secs(30),
+        || async { Ok((periods(&env.job_list().await?).len() >= before + 2).then_some(())) },
+    )
+    .await?;
+    let periods = periods(&env.job_list().await?);
+    ensure(
+        &env,
+        periods
+            .iter()
+            .all(|p| p.as_second() % 3 == 1 && p.subsec_nanosecond() == 0),
+        ("every period at 3k + 1 s since the epoch", &periods),
+    )
+    .await?;
+    let distinct: BTreeSet<_> = periods.iter().collect();
+    ensure(
+        &env,
+        distinct.len() == periods.len(),
+        ("one Job per period", &periods),
+    )
+    .await?;
+    Ok(())
+}

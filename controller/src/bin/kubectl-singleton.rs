@@ -23,7 +23,7 @@ enum Cmd {
     ///
     /// Each line: the instant in RFC 3339 UTC, then the local wall time with its offset.
     Schedule {
-        /// Cron expression (5 fields, 6 with seconds, or a macro such as @daily).
+        /// Cron expression (5 fields, 6 with seconds, a macro such as @daily, or @every 15m).
         cron: String,
         /// IANA time zone the schedule is read in.
         #[arg(long, default_value = "UTC")]

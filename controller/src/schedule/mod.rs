@@ -39,7 +39,9 @@ use jiff::{SignedDuration, Timestamp};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod every;
 mod syntax;
+use every::Every;
 use syntax::normalize;
 
 /// How a run whose wall-clock time does not exist is placed. Such times are
@@ -140,14 +142,26 @@ pub enum ScheduleError {
 }
 
 /// A parsed schedule: which wall-clock times match, in which time zone, and
-/// how they are placed around DST changes. Runs end with the year 5000, the
-/// limit of croner's search.
+/// how they are placed around DST changes. Cron runs end with the year 5000,
+/// the limit of croner's search.
 #[derive(Clone, Debug)]
 pub struct Schedule {
     expr: String,
-    cron: Cron,
+    rule: Rule,
     tz: TimeZone,
     dst: DstPolicy,
+}
+
+/// What produces the instants.
+// Cron is the common case and was held inline before `@every` existed; boxing it would add an
+// allocation per parse to save nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+enum Rule {
+    /// Cron fields matched against wall-clock time, placed by the DST policy.
+    Cron(Cron),
+    /// `@every`: a fixed interval from the epoch, independent of wall time.
+    Every(Every),
 }
 
 /// How far around an instant's own wall time to look for the wall times
@@ -175,6 +189,10 @@ impl Schedule {
     ///   range that starts on a later day is 7 (`FRI-SUN`).
     /// * Macros `@yearly` `@annually` `@monthly` `@weekly` `@daily`
     ///   `@midnight` `@hourly`.
+    /// * `@every <interval> [+<offset>]` (`@every 15m`, `@every 6h +30m`):
+    ///   instants at the Unix epoch plus the offset plus whole intervals, the
+    ///   same on every replica and after every restart; whole seconds, from
+    ///   1s to 8784h; time zone and DST policy do not move them.
     /// * As in Kubernetes CronJob: when both day fields are restricted, a day
     ///   matching either runs; a field whose list holds `*`, `?` or `*/1` is
     ///   unrestricted (`*,15` is `*`).
@@ -184,7 +202,7 @@ impl Schedule {
     ///   day-of-week.
     ///
     /// Rejected, with a message that says why: a 7th (year) field,
-    /// `@reboot`/`@every`, croner's `+` day-of-week prefix (which would
+    /// `@reboot`, croner's `+` day-of-week prefix (which would
     /// silently switch the day fields to AND), names in the wrong field, empty
     /// lists of nothing (`,`), reversed ranges (`11-2`), values out of a field's bounds, a
     /// bare `L` in day-of-week, and expressions that can never fire
@@ -198,14 +216,13 @@ impl Schedule {
             expr: expr.to_string(),
             message,
         };
-        let normalized = normalize(expr).map_err(invalid)?;
-        let cron = CronParser::builder()
-            .seconds(Seconds::Optional)
-            .year(Year::Disallowed)
-            .build()
-            .parse(&normalized)
-            .map_err(|e| invalid(e.to_string()))?;
-        if !ever_fires(&cron) {
+        let rule = match every_rest(expr) {
+            Some(rest) => Rule::Every(Every::parse(rest).map_err(invalid)?),
+            None => Rule::Cron(parse_cron(expr).map_err(invalid)?),
+        };
+        if let Rule::Cron(cron) = &rule
+            && !ever_fires(cron)
+        {
             return Err(ScheduleError::NeverFires(expr.to_string()));
         }
         let tz = match time_zone {
@@ -216,7 +233,7 @@ impl Schedule {
         };
         Ok(Schedule {
             expr: expr.to_string(),
-            cron,
+            rule,
             tz,
             dst,
         })
@@ -239,19 +256,27 @@ impl Schedule {
 
     /// Scheduled instants strictly after `t`, strictly increasing, lazily.
     pub fn iter_after(&self, t: Timestamp) -> impl Iterator<Item = Timestamp> + '_ {
-        let next_match = self
-            .search_start(t)
-            .and_then(|start| self.next_match(start, true));
-        Upcoming {
-            schedule: self,
-            emitted_up_to: t,
-            next_match,
-            pending: BTreeSet::new(),
+        match self.rule {
+            Rule::Every(every) => Instants::Every { every, after: t },
+            Rule::Cron(_) => {
+                let next_match = self
+                    .search_start(t)
+                    .and_then(|start| self.next_match(start, true));
+                Instants::Cron(Upcoming {
+                    schedule: self,
+                    emitted_up_to: t,
+                    next_match,
+                    pending: BTreeSet::new(),
+                })
+            }
         }
     }
 
     /// The latest scheduled instant at or before `t`.
     pub fn latest_at_or_before(&self, t: Timestamp) -> Option<Timestamp> {
+        if let Rule::Every(every) = self.rule {
+            return every.latest_at_or_before(t);
+        }
         let mut bound = t;
         loop {
             // The latest match whose floor is at or before `bound`; croner
@@ -378,12 +403,18 @@ impl Schedule {
     fn next_match(&self, wall: DateTime, inclusive: bool) -> Option<DateTime> {
         // croner reports both "no further match before year 5000" and running
         // off the calendar as errors; either way there is no next run.
-        self.cron.find_next_occurrence(&wall, inclusive).ok()
+        let Rule::Cron(cron) = &self.rule else {
+            return None;
+        };
+        cron.find_next_occurrence(&wall, inclusive).ok()
     }
 
     /// The last matching wall time at or before `wall`.
     fn prev_match(&self, wall: DateTime) -> Option<DateTime> {
-        self.cron.find_previous_occurrence(&wall, true).ok()
+        let Rule::Cron(cron) = &self.rule else {
+            return None;
+        };
+        cron.find_previous_occurrence(&wall, true).ok()
     }
 }
 
@@ -404,7 +435,28 @@ pub fn preview(
     })
 }
 
-/// Scheduled instants after a start instant; see the module docs.
+/// A schedule's instants after a start instant, of either rule.
+enum Instants<'a> {
+    Cron(Upcoming<'a>),
+    Every { every: Every, after: Timestamp },
+}
+
+impl Iterator for Instants<'_> {
+    type Item = Timestamp;
+
+    fn next(&mut self) -> Option<Timestamp> {
+        match self {
+            Instants::Cron(upcoming) => upcoming.next(),
+            Instants::Every { every, after } => {
+                let at = every.next_after(*after)?;
+                *after = at;
+                Some(at)
+            }
+        }
+    }
+}
+
+/// Cron instants after a start instant; see the module docs.
 struct Upcoming<'a> {
     schedule: &'a Schedule,
     /// The last instant returned (initially the start): only later ones are
@@ -456,6 +508,26 @@ fn tz_database() -> &'static TimeZoneDatabase {
 
 fn truncate_to_second(wall: DateTime) -> Option<DateTime> {
     wall.with().subsec_nanosecond(0).build().ok()
+}
+
+/// The text after `@every`, if the expression is an interval.
+fn every_rest(expr: &str) -> Option<&str> {
+    let trimmed = expr.trim_start();
+    let head = trimmed.get(..6)?;
+    head.eq_ignore_ascii_case("@every")
+        .then(|| &trimmed[6..])
+        .filter(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
+}
+
+/// A cron expression in CronJob's dialect, parsed by croner.
+fn parse_cron(expr: &str) -> Result<Cron, String> {
+    let normalized = normalize(expr)?;
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(&normalized)
+        .map_err(|e| e.to_string())
 }
 
 /// Whether the pattern matches at least one wall time, decided in bounded
@@ -729,6 +801,48 @@ mod tests {
     }
 
     #[test]
+    fn every_runs_at_the_epoch_plus_its_offset_whatever_the_time_zone() {
+        let berlin = schedule("@every 1h +15m", "Europe/Berlin", FIRST);
+        // Across the spring-forward jump: every 3,600 s, wall clock or not.
+        assert_eq!(
+            runs(&berlin, "2027-03-28T00:00:00Z", "2027-03-28T03:00:00Z"),
+            [
+                "2027-03-28T00:15:00Z",
+                "2027-03-28T01:15:00Z",
+                "2027-03-28T02:15:00Z"
+            ]
+        );
+        assert_eq!(
+            berlin.local(ts("2027-03-28T01:15:00Z")),
+            "2027-03-28T03:15:00+02:00[Europe/Berlin]"
+        );
+        for policy in ALL_POLICIES {
+            let s = schedule("@every 1h +15m", "Europe/Berlin", policy);
+            assert_eq!(
+                first_n(&s, "2027-10-31T00:00:00Z", 3),
+                first_n(&berlin, "2027-10-31T00:00:00Z", 3)
+            );
+        }
+        let every = utc("@EVERY 90s");
+        assert_eq!(
+            every.latest_at_or_before(ts("2027-01-01T00:00:59Z")),
+            Some(ts("2027-01-01T00:00:00Z"))
+        );
+        assert_eq!(
+            every.count_between(ts("2027-01-01T00:00:00Z"), ts("2027-01-01T01:00:00Z"), 100),
+            40
+        );
+        // The same instants from any starting point: a restart does not move them.
+        let later = first_n(&every, "2027-01-01T00:07:13Z", 2);
+        assert_eq!(later, ["2027-01-01T00:07:30Z", "2027-01-01T00:09:00Z"]);
+        assert!(
+            parse_error("@every 1.5s")
+                .to_string()
+                .contains("whole number of seconds")
+        );
+    }
+
+    #[test]
     fn month_and_weekday_names_work_in_any_case() {
         assert_eq!(
             first_n(&utc("0 0 1 JAN,jul *"), "2027-01-01T00:00:00Z", 3),
@@ -858,7 +972,10 @@ mod tests {
             "0 0 0 * * * 2027",
             "0 0 0 0 * * * *",
             "@reboot",
-            "@every 1h",
+            "@every 0s",
+            "@every",
+            "@everyday",
+            "@every 1h +2h",
             "60 * * * *",
             "0 24 * * *",
             "0 0 0 * *",
@@ -1917,7 +2034,10 @@ mod tests {
         let mut wall = truncate_to_second(s.tz.to_datetime(after)).unwrap() - margin;
         let last = s.tz.to_datetime(until) + margin;
         let mut placed = BTreeSet::new();
-        while let Ok(next) = s.cron.find_next_occurrence(&wall, false) {
+        let Rule::Cron(cron) = &s.rule else {
+            panic!("the oracle reads cron schedules")
+        };
+        while let Ok(next) = cron.find_next_occurrence(&wall, false) {
             if next > last {
                 break;
             }
