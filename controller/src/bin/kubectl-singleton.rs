@@ -41,6 +41,19 @@ enum Cmd {
         #[arg(long, default_value = "First", value_parser = parse_fold)]
         fold: FoldPolicy,
     },
+    /// Print the SingletonJob that does what a CronJob does, with what behaves differently.
+    ///
+    /// With --apply, switch over: suspend the CronJob and create the SingletonJob between two
+    /// periods, so the next period runs once, from the SingletonJob. Safe to repeat.
+    Convert {
+        /// The CronJob, as cronjob/NAME (or NAME).
+        cronjob: String,
+        #[command(flatten)]
+        ns: Namespace,
+        /// Suspend the CronJob and create the SingletonJob, instead of printing it.
+        #[arg(long)]
+        apply: bool,
+    },
     /// List SingletonJobs: schedule, suspension, active runs, last result, next run, token.
     List {
         #[command(flatten)]
@@ -242,6 +255,18 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
             let scope = (!all_namespaces).then(|| namespace(ns));
             let sjs = cluster.list(scope.as_deref()).await?;
             plugin::format_list(&sjs, all_namespaces, output, now)
+        }
+        Cmd::Convert { cronjob, ns, apply } => {
+            let ns = namespace(ns);
+            let name = plugin::convert::cronjob_name(&cronjob)?;
+            let cj = cluster.get_cronjob(&ns, name).await?;
+            let conversion = plugin::convert::convert(&cj)?;
+            if apply {
+                let switched = cluster.switch(&cj, &conversion).await?;
+                Ok(plugin::switch::describe(&switched, &ns, name))
+            } else {
+                plugin::convert::render(&conversion, &format!("{ns}/{name}"))
+            }
         }
         Cmd::Status { name, ns, output } => {
             let sj = cluster.get(&namespace(ns), &name).await?;
