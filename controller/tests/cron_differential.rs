@@ -48,22 +48,28 @@ fn cronref() -> PathBuf {
     bin
 }
 
-/// robfig's answer per schedule: `Err(message)`, or its instants (Unix seconds; a trailing 0
-/// where it found none within its five-year search).
-fn robfig(schedules: &[String], start: Timestamp) -> Vec<Result<Vec<i64>, String>> {
+/// Runs cronref with `args`, one input line per item of `lines`; its output.
+fn run_cronref(args: &[String], lines: &[String]) -> String {
     let mut child = Command::new(cronref())
-        .args([start.as_second().to_string(), INSTANTS.to_string()])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("run cronref");
     let mut stdin = child.stdin.take().unwrap();
-    let input = schedules.join("\n") + "\n";
+    let input = lines.join("\n") + "\n";
     let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
     let out = child.wait_with_output().unwrap();
     writer.join().unwrap();
-    assert!(out.status.success(), "cronref failed");
-    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "cronref {args:?} failed");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// robfig's answer per schedule: `Err(message)`, or its instants (Unix seconds; a trailing 0
+/// where it found none within its five-year search).
+fn robfig(schedules: &[String], start: Timestamp) -> Vec<Result<Vec<i64>, String>> {
+    let args = [start.as_second().to_string(), INSTANTS.to_string()];
+    let text = run_cronref(&args, schedules);
     let answers: Vec<_> = text
         .lines()
         .map(|line| match line.strip_prefix("ERR ") {
@@ -533,19 +539,7 @@ enum Window {
 
 /// robfig's instants in each window (`cronref window`).
 fn robfig_windows(lines: &[String]) -> Vec<Result<Window, String>> {
-    let mut child = Command::new(cronref())
-        .arg("window")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run cronref");
-    let mut stdin = child.stdin.take().unwrap();
-    let input = lines.join("\n") + "\n";
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    assert!(out.status.success(), "cronref window failed");
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = run_cronref(&["window".to_string()], lines);
     let answers: Vec<_> = text
         .lines()
         .map(|line| {
