@@ -307,7 +307,8 @@ pub fn markdown(r: &Value) -> String {
         s("machine")
     ));
     md.push_str(
-        "Skew = the Job's creation (audit log, µs) minus its scheduled instant. The CronJob \
+        "Skew = the instant the Job may run (audit log, µs: a SingletonJob's resume, a \
+         CronJob's create) minus its scheduled instant. The CronJob \
          column is kube-controller-manager restricted to `--controllers=cronjob,job`, defaults \
          otherwise; its memory and CPU include the Job controller, which serves both sides. \
          Ratio = SingletonJob ÷ CronJob. Method and limits: docs/performance.md.\n\n",
