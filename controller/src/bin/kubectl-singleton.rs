@@ -260,7 +260,7 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
             let ns = namespace(ns);
             let name = plugin::convert::cronjob_name(&cronjob)?;
             let cj = cluster.get_cronjob(&ns, name).await?;
-            let conversion = plugin::convert::convert(&cj)?;
+            let conversion = plugin::convert::convert(&cj, now)?;
             if apply {
                 let switched = cluster.switch(&cj, &conversion).await?;
                 Ok(plugin::switch::describe(&switched, &ns, name))

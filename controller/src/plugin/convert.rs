@@ -25,8 +25,8 @@ pub struct Conversion {
 /// The SingletonJob for `cj`: schedule (a `TZ=`/`CRON_TZ=` prefix moved to `timeZone`),
 /// timeZone, concurrencyPolicy (CronJob's default, Allow, written out), startingDeadlineSeconds,
 /// suspend, history limits, jobTemplate, and the CronJob's labels and annotations other than
-/// kubectl's own.
-pub fn convert(cj: &CronJob) -> Result<Conversion, PluginError> {
+/// kubectl's own. `now` is when the zone's daylight-saving changes are looked for.
+pub fn convert(cj: &CronJob, now: jiff::Timestamp) -> Result<Conversion, PluginError> {
     let name = cj.name_any();
     let spec = cj
         .spec
@@ -86,7 +86,7 @@ pub fn convert(cj: &CronJob) -> Result<Conversion, PluginError> {
         time_zone,
         concurrency_set: spec.concurrency_policy.is_some(),
         deadline_set: spec.starting_deadline_seconds.is_some(),
-        zone_has_changes: has_offset_changes(&parsed),
+        zone_has_changes: has_offset_changes(&parsed, now),
         template_ttl: spec
             .job_template
             .spec
@@ -141,8 +141,7 @@ fn kept_annotations(cj: &CronJob) -> Map<String, Value> {
 }
 
 /// Whether the schedule's zone changes its offset within the next 400 days (daylight saving).
-fn has_offset_changes(schedule: &Schedule) -> bool {
-    let now = jiff::Timestamp::now();
+fn has_offset_changes(schedule: &Schedule, now: jiff::Timestamp) -> bool {
     let horizon = now + jiff::SignedDuration::from_hours(400 * 24);
     schedule
         .time_zone()
@@ -279,6 +278,14 @@ mod tests {
         .unwrap()
     }
 
+    fn now() -> jiff::Timestamp {
+        "2027-01-15T12:00:00Z".parse().unwrap()
+    }
+
+    fn convert_at(cj: &CronJob) -> Result<Conversion, PluginError> {
+        convert(cj, now())
+    }
+
     fn template() -> Value {
         json!({"spec": {"template": {"spec": {
             "restartPolicy": "Never",
@@ -298,7 +305,7 @@ mod tests {
             "failedJobsHistoryLimit": 2,
             "jobTemplate": {"spec": {"ttlSecondsAfterFinished": 60, "template": template()["spec"]["template"]}},
         }));
-        let c = convert(&cj).unwrap();
+        let c = convert(&cj, now()).unwrap();
         let sj = &c.singleton_job;
         assert_eq!(sj.name_any(), "nightly");
         assert_eq!(sj.namespace().as_deref(), Some("billing"));
@@ -335,7 +342,7 @@ mod tests {
             "schedule": "CRON_TZ=America/New_York 0 9 * * *",
             "jobTemplate": template(),
         }));
-        let c = convert(&cj).unwrap();
+        let c = convert(&cj, now()).unwrap();
         let s = &c.singleton_job.spec;
         assert_eq!(s.schedule, "0 9 * * *");
         assert_eq!(s.time_zone.as_deref(), Some("America/New_York"));
@@ -346,14 +353,14 @@ mod tests {
         assert!(all.contains("CronJob's default"), "{all}");
         assert!(all.contains("100-missed-schedules"), "{all}");
 
-        let utc = convert(&cronjob(
+        let utc = convert_at(&cronjob(
             json!({"schedule": "TZ=UTC */5 * * * *", "jobTemplate": template()}),
         ))
         .unwrap();
         assert_eq!(utc.singleton_job.spec.time_zone.as_deref(), Some("UTC"));
         assert!(!utc.differences.join("\n").contains("Daylight-saving"));
 
-        let local = convert(&cronjob(
+        let local = convert_at(&cronjob(
             json!({"schedule": "@hourly", "jobTemplate": template()}),
         ))
         .unwrap();
@@ -368,12 +375,12 @@ mod tests {
 
     #[test]
     fn a_schedule_the_controller_cannot_read_is_refused_with_the_reason() {
-        let e = convert(&cronjob(
+        let e = convert_at(&cronjob(
             json!({"schedule": "0 0 30 2 *", "jobTemplate": template()}),
         ))
         .unwrap_err();
         assert!(e.to_string().contains("never fires"), "{e}");
-        let e = convert(&cronjob(json!({
+        let e = convert_at(&cronjob(json!({
             "schedule": "0 0 * * *", "timeZone": "Mars/Olympus", "jobTemplate": template()
         })))
         .unwrap_err();
@@ -397,7 +404,7 @@ mod tests {
     #[test]
     fn the_output_is_commented_yaml_that_reads_back() {
         let cj = cronjob(json!({"schedule": "*/15 * * * *", "jobTemplate": template()}));
-        let c = convert(&cj).unwrap();
+        let c = convert(&cj, now()).unwrap();
         let text = render(&c, "billing/nightly").unwrap();
         assert!(
             text.starts_with("# Converted from cronjob billing/nightly"),
