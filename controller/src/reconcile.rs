@@ -248,7 +248,7 @@ async fn record(
     let next = record::next_times(status, &decided.schedule, now);
     crate::metrics::global().next_run(sj, next);
     let facts = Facts {
-        schedule: decided.schedule.expr(),
+        schedule: &decided.schedule.expr(),
         time_zone: sj.spec.time_zone.as_deref().unwrap_or("UTC"),
         suspended: sj.spec.suspend.unwrap_or(false),
         clock: &seen.clock,

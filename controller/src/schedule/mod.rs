@@ -10,7 +10,7 @@
 //! croner enumerates matching *wall-clock* (civil) times on
 //! [`jiff::civil::DateTime`], which has no time zone, so none of croner's own
 //! DST handling is involved. Each wall time is then placed on the time line by
-//! `Schedule::place` according to the declared [`DstPolicy`]. Wall times
+//! `Single::place` according to the declared [`DstPolicy`]. Wall times
 //! that land on the same instant are one run, so the output is strictly
 //! increasing: no period is skipped and none runs twice because of DST.
 //!
@@ -40,9 +40,13 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod every;
+mod exclusions;
 mod syntax;
+mod timeline;
 use every::Every;
+pub use exclusions::{DateRange, DayRules, ExcludedAction, Exclusions};
 use syntax::normalize;
+pub use timeline::{Schedule, jitter, preview};
 
 /// How a run whose wall-clock time does not exist is placed. Such times are
 /// skipped when clocks spring forward for daylight saving time (for example
@@ -139,13 +143,22 @@ pub enum ScheduleError {
     UnknownTimeZone(String),
     #[error("cron expression {0:?} never fires")]
     NeverFires(String),
+    #[error("{origin}: invalid {what} {value:?}: {message}")]
+    InvalidExclusion {
+        origin: String,
+        what: String,
+        value: String,
+        message: String,
+    },
+    #[error("schedules: {0}")]
+    Schedules(String),
 }
 
 /// A parsed schedule: which wall-clock times match, in which time zone, and
 /// how they are placed around DST changes. Cron runs end with the year 5000,
 /// the limit of croner's search.
 #[derive(Clone, Debug)]
-pub struct Schedule {
+pub struct Single {
     expr: String,
     rule: Rule,
     tz: TimeZone,
@@ -176,7 +189,7 @@ const MAX_GAP: SignedDuration = SignedDuration::from_hours(2 * 24);
 const ONE_SECOND: SignedDuration = SignedDuration::from_secs(1);
 const ONE_NANO: SignedDuration = SignedDuration::from_nanos(1);
 
-impl Schedule {
+impl Single {
     /// Parses a schedule. `time_zone` None or "" means UTC.
     ///
     /// Accepted syntax: every expression Kubernetes CronJob accepts (robfig/cron
@@ -211,7 +224,7 @@ impl Schedule {
         expr: &str,
         time_zone: Option<&str>,
         dst: DstPolicy,
-    ) -> Result<Schedule, ScheduleError> {
+    ) -> Result<Single, ScheduleError> {
         let invalid = |message: String| ScheduleError::InvalidCron {
             expr: expr.to_string(),
             message,
@@ -231,7 +244,7 @@ impl Schedule {
                 .get(name)
                 .map_err(|_| ScheduleError::UnknownTimeZone(name.to_string()))?,
         };
-        Ok(Schedule {
+        Ok(Single {
             expr: expr.to_string(),
             rule,
             tz,
@@ -239,7 +252,7 @@ impl Schedule {
         })
     }
 
-    /// The expression exactly as given to [`Schedule::parse`].
+    /// The expression exactly as given to [`Single::parse`].
     pub fn expr(&self) -> &str {
         &self.expr
     }
@@ -321,7 +334,7 @@ impl Schedule {
     }
 
     /// The placement with [`GapPolicy::AfterGap`]: monotone in `wall` and
-    /// never later than `Schedule::place` (see the module docs).
+    /// never later than `Single::place` (see the module docs).
     fn floor(&self, wall: DateTime) -> Option<Timestamp> {
         self.place_with(wall, GapPolicy::AfterGap)
     }
@@ -418,23 +431,6 @@ impl Schedule {
     }
 }
 
-/// Lines printed by `kubectl singleton schedule`: the next `n` instants
-/// strictly after `from`, one per line, as the instant in RFC 3339 UTC, a
-/// space, and [`Schedule::local`]. Lazy, so a long preview streams.
-pub fn preview(
-    schedule: &Schedule,
-    from: Timestamp,
-    n: usize,
-) -> impl Iterator<Item = String> + '_ {
-    schedule.iter_after(from).take(n).map(|at| {
-        format!(
-            "{} {}",
-            at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            schedule.local(at)
-        )
-    })
-}
-
 /// A schedule's instants after a start instant, of either rule.
 enum Instants<'a> {
     Cron(Upcoming<'a>),
@@ -458,7 +454,7 @@ impl Iterator for Instants<'_> {
 
 /// Cron instants after a start instant; see the module docs.
 struct Upcoming<'a> {
-    schedule: &'a Schedule,
+    schedule: &'a Single,
     /// The last instant returned (initially the start): only later ones are
     /// new runs.
     emitted_up_to: Timestamp,
@@ -570,6 +566,7 @@ fn ever_fires(cron: &Cron) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::Single as Schedule;
     use proptest::prelude::*;
 
     const FIRST: DstPolicy = DstPolicy {
@@ -1169,7 +1166,7 @@ mod tests {
     fn preview_lines() {
         let berlin = schedule("30 2 * * *", "Europe/Berlin", FIRST);
         assert_eq!(
-            preview(&berlin, ts("2027-03-26T12:00:00Z"), 3).collect::<Vec<_>>(),
+            preview(&berlin.clone().into(), ts("2027-03-26T12:00:00Z"), 3).collect::<Vec<_>>(),
             [
                 "2027-03-27T01:30:00Z 2027-03-27T02:30:00+01:00[Europe/Berlin]",
                 "2027-03-28T01:00:00Z 2027-03-28T03:00:00+02:00[Europe/Berlin]",
@@ -1177,10 +1174,10 @@ mod tests {
             ]
         );
         assert_eq!(
-            preview(&utc("0 0 * * *"), ts("2027-01-01T00:00:00Z"), 1).collect::<Vec<_>>(),
+            preview(&utc("0 0 * * *").into(), ts("2027-01-01T00:00:00Z"), 1).collect::<Vec<_>>(),
             ["2027-01-02T00:00:00Z 2027-01-02T00:00:00+00:00[UTC]"]
         );
-        assert_eq!(preview(&berlin, ts("2027-01-01T00:00:00Z"), 0).count(), 0);
+        assert_eq!(preview(&berlin.clone().into(), ts("2027-01-01T00:00:00Z"), 0).count(), 0);
     }
 
     // ---- DST tables -----------------------------------------------------
