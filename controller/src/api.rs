@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::schedule::{DstPolicy, FoldPolicy, GapPolicy};
+pub use crate::schedule::{DateRange, DayRules, DstPolicy, ExcludedAction, FoldPolicy, GapPolicy};
 
 /// API group of every resource this project defines.
 pub const GROUP: &str = "singleton.dev";
@@ -121,7 +121,7 @@ pub fn reflow(text: &str) -> String {
 #[allow(clippy::duplicated_attributes)]
 /// Runs a Job from `jobTemplate` at most once per scheduled period, and hands every run a fencing
 /// token that only increases, so that a stale run's writes can be refused by the target database.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "singleton.dev",
     version = "v1alpha1",
@@ -162,6 +162,10 @@ pub fn reflow(text: &str) -> String {
         .message("metadata.name must be at most 230 characters (Events about it add a suffix)")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.schedule) != has(self.schedules)")
+        .message("set exactly one of schedule and schedules")
+)]
 pub struct SingletonJobSpec {
     /// When runs are due: standard 5-field cron (`minute hour day-of-month month day-of-week`),
     /// read as Kubernetes CronJob reads it, 6 fields with leading seconds, a macro (`@hourly`,
@@ -169,13 +173,39 @@ pub struct SingletonJobSpec {
     /// 15m`, `@every 6h +30m`: from the Unix epoch plus the offset, so every replica and restart
     /// computes the same instants; the time zone does not move them). When both day-of-month and
     /// day-of-week are restricted, a day matching either runs (as in Vixie cron and CronJob).
-    /// Check a schedule with `kubectl singleton schedule`.
+    /// Check a schedule with `kubectl singleton schedule`. Set this or `schedules`, not both.
     #[x_kube(
         validation = Rule::new("self.startsWith('@') || size(self.trim().split(' ').filter(f, f != '')) in [5, 6]")
             .message("schedule must have 5 fields (minute hour day-of-month month day-of-week), 6 with leading seconds, or be a macro such as @daily")
     )]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 256))]
     pub schedule: String,
+
+    /// Several schedules, each written as `schedule` is, read in the same time zone: the periods
+    /// are their union, and an instant two of them produce is one period. Set this or `schedule`,
+    /// not both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 20), inner(length(min = 1, max = 256)))]
+    #[x_kube(
+        validation = Rule::new("self.all(s, s.startsWith('@') || size(s.trim().split(' ').filter(f, f != '')) in [5, 6])")
+            .message("each of schedules must have 5 fields (minute hour day-of-month month day-of-week), 6 with leading seconds, or be a macro such as @daily")
+    )]
+    pub schedules: Vec<String>,
+
+    /// Days on which periods do not run: dates, ranges, day rules and SingletonCalendars, and
+    /// whether such a period is skipped or moved to the next allowed day. Days are read in
+    /// `timeZone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusions: Option<ExclusionsSpec>,
+
+    /// Spreads each run's start over this many seconds after its instant, by an offset derived
+    /// from the SingletonJob and the period (the same on every replica and after restarts), so
+    /// that many jobs scheduled at the same instant do not start together. The period keeps its
+    /// instant as its identity; deadlines count from the end of the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86_400))]
+    pub jitter_seconds: Option<u32>,
 
     /// IANA time zone the schedule is read in, such as `Europe/Berlin`. Default: UTC (never the
     /// controller's local zone).
@@ -217,6 +247,27 @@ pub struct SingletonJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = false))]
     pub suspend: Option<bool>,
+
+    /// A period's run must succeed within this many seconds of its instant. A run still active
+    /// then is recorded as late (`late` in `status.active` and in its history entry) with a
+    /// `RunLate` Event and the `singleton_runs_late_total` metric; what happens to it is
+    /// `completionDeadlinePolicy`. Unset: no deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 315_360_000))]
+    pub completion_deadline_seconds: Option<i64>,
+
+    /// What happens to a run at its completion deadline: `Continue` (default) lets it finish,
+    /// `Stop` ends it there (its Job's `activeDeadlineSeconds` is set so that Kubernetes stops it
+    /// at the deadline, and it is recorded as Failed).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub completion_deadline_policy: CompletionDeadlinePolicy,
+
+    /// Suspends the SingletonJob (sets `suspend: true`, with a `SuspendedAfterFailures` Event and
+    /// the `Suspended` condition's reason) after this many runs in a row have failed. Resuming
+    /// starts the count again. Unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub suspend_after_consecutive_failures: Option<u32>,
 
     /// How many finished successful Jobs to keep. Default 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -336,6 +387,65 @@ fn job_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
+/// Excluded days of a SingletonJob.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExclusionsSpec {
+    /// Dates, ranges and day rules written here.
+    #[serde(flatten)]
+    pub rules: DayRules,
+
+    /// Names of SingletonCalendars in the same namespace whose days are excluded too. A calendar
+    /// that does not exist stops new runs (the `ScheduleValid` condition says which) rather than
+    /// running on a day it would have excluded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10), inner(length(min = 1, max = 253)))]
+    pub calendars: Vec<String>,
+
+    /// `Skip` (default): a period on an excluded day is recorded as Skipped, reason Excluded.
+    /// `NextAllowedDay`: it runs at the same wall time on the next day that is not excluded (a
+    /// business-day rule: "the 1st, or the next business day"); periods moved onto the same
+    /// instant are one period.
+    #[serde(default)]
+    pub action: ExcludedAction,
+}
+
+/// What happens to a run at its completion deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CompletionDeadlinePolicy {
+    /// The run goes on; it is recorded as late.
+    #[default]
+    Continue,
+    /// The run is stopped at the deadline and recorded as Failed (and late).
+    Stop,
+}
+
+/// Days on which SingletonJobs that name this calendar in `spec.exclusions.calendars` do not
+/// run, such as a country's bank holidays. Days are read in each SingletonJob's time zone. An
+/// edit applies from the moment it is seen: it never makes a past period run.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "singleton.dev",
+    version = "v1alpha1",
+    kind = "SingletonCalendar",
+    plural = "singletoncalendars",
+    shortname = "scal",
+    namespaced,
+    derive = "PartialEq",
+    doc = "Days on which the SingletonJobs that name this calendar do not run."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SingletonCalendarSpec {
+    /// What the calendar is, for people: "Bank holidays in Germany, 2027".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub description: Option<String>,
+
+    /// The excluded dates, ranges and day rules.
+    #[serde(flatten)]
+    pub rules: DayRules,
+}
+
 /// Handling of periods that could not start on time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum CatchUp {
@@ -431,6 +541,11 @@ pub struct SingletonJobStatus {
     /// Ready, ScheduleValid, Suspended, ClockTrusted: Kubernetes API conventions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+
+    /// Runs that failed in a row since the last success or the last suspension by
+    /// `suspendAfterConsecutiveFailures`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub consecutive_failures: u32,
 
     /// The highest fencing token issued to a run of this SingletonJob. Strictly increasing.
     #[serde(default)]
@@ -638,6 +753,9 @@ pub struct RunRef {
     /// before this run's Job may start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replaces: Vec<ReplacedRun>,
+    /// The run had not succeeded by its completion deadline (`completionDeadlineSeconds`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late: bool,
 }
 
 /// A run that a pending claim replaces (concurrencyPolicy Replace).
@@ -739,6 +857,9 @@ pub struct HistoryEntry {
     /// When the run finished, or when the outcome was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_time: Option<Time>,
+    /// The run had not succeeded by its completion deadline (`completionDeadlineSeconds`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late: bool,
 }
 
 fn one() -> u64 {

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::api::{SingletonJob, SingletonJobStatus};
+use crate::api::{SingletonCalendar, SingletonJob, SingletonJobStatus};
 use crate::backstop::BackstopCache;
 use crate::clock::Clock;
 use crate::events::Events;
@@ -29,6 +29,8 @@ pub struct Context {
     /// Jobs labelled `singleton.dev/job`, kept current by a watch: metadata, status and
     /// `spec.suspend` only (see [`crate::watch`]).
     pub jobs: Store<Job>,
+    /// SingletonCalendars, kept current by a watch (a SingletonJob's excluded days).
+    pub calendars: Store<SingletonCalendar>,
     /// Every request of a reconcile to the API server takes a slot here (see [`crate::lanes`]).
     pub lanes: Lanes,
     pub clock: Arc<Clock>,

@@ -32,7 +32,8 @@ use crate::decide::{self, JobState, Observed, Plan, Waiting};
 use crate::lanes::Lane;
 use crate::operate::{self, ManualGates, Operations};
 use crate::record::{self, BackstopSeen, Facts};
-use crate::schedule::Schedule;
+use crate::schedule::{DayRules, Schedule, ScheduleError};
+use kube::runtime::reflector::ObjectRef;
 use crate::{Result, observe, run};
 
 pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
@@ -151,7 +152,10 @@ async fn raise_to_jobs(
     behind: observe::Behind,
     now: Timestamp,
 ) -> Result<Action> {
-    let fingerprint = decide::fingerprint(&sj.spec);
+    let fingerprint = match schedule_of(ctx, sj) {
+        Ok(schedule) => decide::fingerprint_with(&sj.spec, &schedule),
+        Err(_) => decide::fingerprint(&sj.spec),
+    };
     let generation = sj.metadata.generation;
     let message = record::raise_to_jobs(&mut status, behind, fingerprint, generation, now);
     run::write_status(ctx, sj, status, Lane::Background).await?;
@@ -245,7 +249,9 @@ async fn record(
         Box::pin(run::retire(sj, b, token)).await?;
     }
     let new_entries = record::apply_plan(status, plan, states);
-    let next = record::next_times(status, &decided.schedule, now);
+    let (key, window) = (sj.key(), sj.spec.jitter_seconds.unwrap_or(0));
+    let jitter = |t| crate::schedule::jitter(&key, t, window);
+    let next = record::next_times(status, &decided.schedule, jitter, now);
     crate::metrics::global().next_run(sj, next);
     let facts = Facts {
         schedule: &decided.schedule.expr(),
@@ -311,6 +317,21 @@ async fn operations(
     Ok((manual, ops.notes))
 }
 
+/// The SingletonJob's periods, with the SingletonCalendars it names as the watch has them.
+fn schedule_of(ctx: &Context, sj: &SingletonJob) -> std::result::Result<Schedule, ScheduleError> {
+    let names = sj.spec.exclusions.as_ref().map_or(&[][..], |x| &x.calendars[..]);
+    let calendars: HashMap<String, DayRules> = names
+        .iter()
+        .filter_map(|name| {
+            let key = ObjectRef::new(name).within(sj.metadata.namespace.as_deref().unwrap_or(""));
+            ctx.calendars
+                .get(&key)
+                .map(|cal| (name.clone(), cal.spec.rules.clone()))
+        })
+        .collect();
+    decide::schedule(&sj.spec, &calendars)
+}
+
 /// The schedule, or, when it does not parse, the conditions and an Event saying so (written
 /// once per generation or change).
 async fn parse_schedule(
@@ -319,8 +340,7 @@ async fn parse_schedule(
     status: &mut SingletonJobStatus,
     now: Timestamp,
 ) -> Result<Option<Schedule>> {
-    let spec = &sj.spec;
-    let err = match Schedule::parse(&spec.schedule, spec.time_zone.as_deref(), spec.dst_policy) {
+    let err = match schedule_of(ctx, sj) {
         Ok(s) => return Ok(Some(s)),
         Err(err) => err,
     };
@@ -409,8 +429,10 @@ fn plan(
     blocked: Option<Waiting>,
     states: &HashMap<String, JobState>,
 ) -> Plan {
+    let key = sj.key();
     let obs = Observed {
         now,
+        key: &key,
         created,
         blocked,
         job_states: states,

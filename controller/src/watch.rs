@@ -12,12 +12,12 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{self as kube_controller, Action, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
-use crate::api::SingletonJob;
+use crate::api::{SingletonCalendar, SingletonJob};
 use crate::backstop::BackstopCache;
 use crate::clock::Clock;
 use crate::context::{Context, InFlight, OwnWrites, Recent};
@@ -86,7 +86,7 @@ pub async fn run(
     gate: Gate,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let (sjs, jobs_api) = apis(&client, cfg.namespace.as_deref()).await?;
+    let (sjs, cals, jobs_api) = apis(&client, cfg.namespace.as_deref()).await?;
 
     let clock = Arc::new(Clock::new(
         cfg.clock.clone(),
@@ -106,6 +106,13 @@ pub async fn run(
             .touched_objects();
         (reader, stream)
     };
+    let (calendars, calendar_stream) = {
+        let (reader, writer) = reflector::store::<SingletonCalendar>();
+        let stream = reflector::reflector(writer, watcher(cals, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
+        (reader, stream)
+    };
     let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
     let sj_stream = reflector::reflector(
         sj_writer,
@@ -120,7 +127,8 @@ pub async fn run(
         gate.opened(),
     );
     let (confirming, confirmed_runs) = InFlight::new();
-    let ctx = context(client, &cfg, gate, clock, jobs, confirming);
+    let ctx = context(client, &cfg, gate, clock, (jobs, calendars), confirming);
+    let by_calendar = sj_reader.clone();
 
     let (stop_tx, mut stop_rx) = watch::channel(());
     tokio::spawn(async move {
@@ -138,6 +146,8 @@ pub async fn run(
     Controller::for_stream(sj_stream, sj_reader)
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(job_stream)
+        // A calendar's edit re-decides the SingletonJobs that name it.
+        .watches_stream(calendar_stream, move |cal| naming_calendar(&by_calendar, &cal))
         .reconcile_all_on(reconcile_all)
         .reconcile_on(confirmed_runs)
         .graceful_shutdown_on(async move {
@@ -155,18 +165,54 @@ pub async fn run(
     Ok(())
 }
 
-/// The SingletonJobs and Jobs watched: of `namespace`, or of all. Fails fast, with a clear
-/// message, when the CRD is not installed.
-async fn apis(client: &Client, namespace: Option<&str>) -> Result<(Api<SingletonJob>, Api<Job>)> {
-    let (sjs, jobs): (Api<SingletonJob>, Api<Job>) = match namespace {
+/// The SingletonJobs in a calendar's namespace that name it.
+fn naming_calendar(
+    sjs: &reflector::Store<SingletonJob>,
+    cal: &SingletonCalendar,
+) -> Vec<ObjectRef<SingletonJob>> {
+    let (ns, name) = (cal.metadata.namespace.as_deref(), cal.metadata.name.as_deref());
+    sjs.state()
+        .iter()
+        .filter(|sj| sj.metadata.namespace.as_deref() == ns)
+        .filter(|sj| {
+            sj.spec
+                .exclusions
+                .as_ref()
+                .is_some_and(|x| x.calendars.iter().any(|c| Some(c.as_str()) == name))
+        })
+        .map(|sj| ObjectRef::from_obj(sj.as_ref()))
+        .collect()
+}
+
+/// The SingletonJobs, SingletonCalendars and Jobs watched: of `namespace`, or of all. Fails fast,
+/// with a clear message, when a CRD is not installed.
+async fn apis(
+    client: &Client,
+    namespace: Option<&str>,
+) -> Result<(Api<SingletonJob>, Api<SingletonCalendar>, Api<Job>)> {
+    let (sjs, cals, jobs): (Api<SingletonJob>, Api<SingletonCalendar>, Api<Job>) = match namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
         ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
     };
-    sjs.list(&ListParams::default().limit(1)).await.map_err(|e| Error::Config(format!("cannot list SingletonJobs (is the CRD installed? try `kubectl apply -f crds/`): {e}")))?;
-    Ok((sjs, jobs))
+    let installed = |kind: &'static str| {
+        move |e: kube::Error| {
+            Error::Config(format!(
+                "cannot list {kind} (is the CRD installed? try `kubectl apply -f crds/`): {e}"
+            ))
+        }
+    };
+    let one = ListParams::default().limit(1);
+    sjs.list(&one).await.map_err(installed("SingletonJobs"))?;
+    cals.list(&one).await.map_err(installed("SingletonCalendars"))?;
+    Ok((sjs, cals, jobs))
 }
 
 /// The context every reconcile shares; the memory give-back starts with it.
@@ -175,7 +221,7 @@ fn context(
     cfg: &Config,
     gate: Gate,
     clock: Arc<Clock>,
-    jobs: reflector::Store<Job>,
+    (jobs, calendars): (reflector::Store<Job>, reflector::Store<SingletonCalendar>),
     confirming: InFlight,
 ) -> Arc<Context> {
     let reporter = Reporter {
@@ -190,6 +236,7 @@ fn context(
         events: Events::new(client, reporter, lanes.clone()),
         lanes,
         jobs,
+        calendars,
         clock,
         gate,
         backstops: BackstopCache::default(),

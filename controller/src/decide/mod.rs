@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::api::{CatchUp, ConcurrencyPolicy, HistoryEntry, Outcome, RunRef, SingletonJobSpec};
-use crate::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule};
+use crate::schedule::{
+    DayRules, DstPolicy, Exclusions, FoldPolicy, GapPolicy, Schedule, ScheduleError,
+};
 
 /// With `catchUp: None` and no `startingDeadlineSeconds`, a period that has not started within this
 /// long of its instant is late and is not started.
@@ -36,6 +38,8 @@ pub enum JobState {
 #[derive(Clone, Debug)]
 pub struct Observed<'a> {
     pub now: Timestamp,
+    /// The SingletonJob's `namespace/name`: with the period, it picks the period's jitter.
+    pub key: &'a str,
     /// When the SingletonJob was created: periods before it are never due.
     pub created: Timestamp,
     /// Why no run may start now, if so: the local clock disagrees with the API server's (a run
@@ -107,22 +111,73 @@ pub mod reason {
     pub const JOB_NOT_CREATED: &str = "JobNotCreated";
     /// The schedule changed while the period waited (or before it was decided): it never runs.
     pub const SCHEDULE_CHANGED: &str = "ScheduleChanged";
+    /// The period falls on a day its exclusions or calendars exclude.
+    pub const EXCLUDED: &str = "Excluded";
 }
 
-/// Identifies what the cursor refers to: a change of any part re-anchors the schedule.
+/// The expressions of `schedule` or `schedules`, trimmed.
+pub fn expressions(spec: &SingletonJobSpec) -> Vec<&str> {
+    if spec.schedules.is_empty() {
+        vec![spec.schedule.trim()]
+    } else {
+        spec.schedules.iter().map(|s| s.trim()).collect()
+    }
+}
+
+/// The SingletonJob's periods: its schedule or schedules, with the days excluded by its
+/// `exclusions` and by the SingletonCalendars it names (`calendars`: those found, by name).
+pub fn schedule(
+    spec: &SingletonJobSpec,
+    calendars: &HashMap<String, DayRules>,
+) -> Result<Schedule, ScheduleError> {
+    let schedule = Schedule::parse_all(
+        &expressions(spec),
+        spec.time_zone.as_deref(),
+        spec.dst_policy,
+    )?;
+    let Some(x) = &spec.exclusions else {
+        return Ok(schedule);
+    };
+    let mut sets = vec![("exclusions", &x.rules)];
+    for name in &x.calendars {
+        let rules = calendars
+            .get(name)
+            .ok_or_else(|| ScheduleError::MissingCalendar(name.clone()))?;
+        sets.push((name.as_str(), rules));
+    }
+    Ok(schedule.with_exclusions(Exclusions::compile(sets, x.action)?))
+}
+
+/// Identifies what the cursor refers to: a change of any part re-anchors the schedule. The
+/// schedules' part; [`fingerprint_with`] adds the excluded days.
 pub fn fingerprint(spec: &SingletonJobSpec) -> String {
     format!(
         "{}|{}|{}/{}",
-        spec.schedule.trim(),
+        expressions(spec).join("; "),
         spec.time_zone.as_deref().unwrap_or("UTC"),
         spec.dst_policy.gap.name(),
         spec.dst_policy.fold.name()
     )
 }
 
+/// [`fingerprint`] with the digest of the schedule's excluded days, if it has any: an edit of
+/// the exclusions or of a calendar applies from when it is seen, as a schedule edit does.
+pub fn fingerprint_with(spec: &SingletonJobSpec, schedule: &Schedule) -> String {
+    let fp = fingerprint(spec);
+    match schedule.exclusions_digest() {
+        Some(digest) => format!("{fp}|x:{digest}"),
+        None => fp,
+    }
+}
+
 /// The schedule a [`fingerprint`] was made of, if it can be read back (the schedule before an
-/// edit, so its waiting periods can be recorded).
+/// edit, so its waiting periods can be recorded). Excluded days are not read back: the periods
+/// recorded are those of the schedules alone.
 pub fn fingerprinted(fp: &str) -> Option<Schedule> {
+    let fp = match fp.rsplit_once('|') {
+        Some((rest, digest)) if digest.starts_with("x:") => rest,
+        _ => fp,
+    };
     let mut parts = fp.rsplitn(3, '|');
     let (policy, tz, expr) = (parts.next()?, parts.next()?, parts.next()?);
     let (gap, fold) = policy.split_once('/')?;
@@ -130,7 +185,8 @@ pub fn fingerprinted(fp: &str) -> Option<Schedule> {
         gap: GapPolicy::from_name(gap)?,
         fold: FoldPolicy::from_name(fold)?,
     };
-    Schedule::parse(expr, Some(tz), dst).ok()
+    let exprs: Vec<&str> = expr.split("; ").collect();
+    Schedule::parse_all(&exprs, Some(tz), dst).ok()
 }
 
 /// Decides what to do now. `status_*` are the relevant parts of the current status.
@@ -142,7 +198,7 @@ pub fn plan(
     active: &[RunRef],
     obs: &Observed<'_>,
 ) -> Plan {
-    let fp = fingerprint(spec);
+    let fp = fingerprint_with(spec, schedule);
     let mut plan = Plan {
         fingerprint: fp.clone(),
         ..Plan::default()
@@ -161,10 +217,13 @@ pub fn plan(
         return plan;
     }
 
+    // A jittered period may start as late as the end of its window: deadlines count from there.
+    let window = SignedDuration::from_secs(i64::from(spec.jitter_seconds.unwrap_or(0)));
     let deadline = spec
         .starting_deadline_seconds
         .map(SignedDuration::from_secs)
-        .or((spec.catch_up == CatchUp::None).then_some(CATCH_UP_NONE_GRACE));
+        .or((spec.catch_up == CatchUp::None).then_some(CATCH_UP_NONE_GRACE))
+        .map(|d| d + window);
     let mut pending = Pending {
         spec,
         schedule,
@@ -173,6 +232,7 @@ pub fn plan(
         records,
     };
     pending.past_deadline(deadline);
+    pending.skip_excluded();
     if let Some(candidate) = pending.candidate() {
         pending.decide(candidate, deadline, &mut plan);
     }
@@ -261,8 +321,6 @@ impl Pending<'_> {
         else {
             return;
         };
-        let first = self.schedule.next_after(self.cursor).unwrap_or(last);
-        let count = self.schedule.count_between(self.cursor, last, u64::MAX);
         let (outcome, why) = if self.suspended() {
             (Outcome::Skipped, reason::SUSPENDED)
         } else if self.obs.blocked == Some(Waiting::BackstopUnavailable) {
@@ -270,8 +328,56 @@ impl Pending<'_> {
         } else {
             (Outcome::Missed, reason::DEADLINE_EXCEEDED)
         };
-        self.records
-            .push_range(first, last, count, outcome, why, now);
+        self.push_periods(last, outcome, why);
+    }
+
+    /// Step 1b: periods on excluded days at the head of the pending ones are decided now, as
+    /// Skipped (reason Excluded); one behind a waiting period is decided after it.
+    fn skip_excluded(&mut self) {
+        if !self.schedule.has_exclusions() {
+            return;
+        }
+        let now = self.obs.now;
+        while let Some(at) = self
+            .schedule
+            .next_after(self.cursor)
+            .filter(|at| *at <= now && self.schedule.excluded(*at))
+        {
+            let why = reason::EXCLUDED;
+            self.records
+                .push_range(at, at, 1, Outcome::Skipped, why, now);
+            self.cursor = at;
+        }
+    }
+
+    /// Records the periods after the cursor up to `last` with an outcome and moves the cursor
+    /// there; those on excluded days are Skipped, reason Excluded, whatever befell the others.
+    fn push_periods(&mut self, last: Timestamp, outcome: Outcome, why: &str) {
+        let now = self.obs.now;
+        if !self.schedule.has_exclusions() {
+            let first = self.schedule.next_after(self.cursor).unwrap_or(last);
+            let count = self.schedule.count_between(self.cursor, last, u64::MAX);
+            self.records
+                .push_range(first, last, count, outcome, why, now);
+        } else {
+            // Consecutive periods alike (excluded or not) are one record.
+            let mut group: Option<(Timestamp, Timestamp, u64, bool)> = None;
+            let periods = self.schedule.iter_after(self.cursor);
+            for at in periods.take_while(|at| *at <= last) {
+                let excluded = self.schedule.excluded(at);
+                match &mut group {
+                    Some((_, end, count, e)) if *e == excluded => (*end, *count) = (at, *count + 1),
+                    _ => {
+                        if let Some(g) = group.replace((at, at, 1, excluded)) {
+                            self.records.push_group(g, outcome, why, now);
+                        }
+                    }
+                }
+            }
+            if let Some(g) = group {
+                self.records.push_group(g, outcome, why, now);
+            }
+        }
         self.cursor = last;
     }
 
@@ -279,11 +385,18 @@ impl Pending<'_> {
     /// before it that the catch-up mode will never start are recorded now.
     fn candidate(&mut self) -> Option<Timestamp> {
         let now = self.obs.now;
-        let newest = self
+        let mut newest = self
             .schedule
             .latest_at_or_before(now)
             .filter(|n| *n > self.cursor)?;
         let oldest = self.schedule.next_after(self.cursor)?;
+        // The newest that may run: `skip_excluded` left the oldest pending period allowed.
+        while self.schedule.excluded(newest) && newest > oldest {
+            newest = self
+                .schedule
+                .latest_at_or_before(newest - SignedDuration::from_nanos(1))
+                .unwrap_or(oldest);
+        }
         if self.spec.catch_up == CatchUp::All || newest <= oldest {
             return Some(if self.spec.catch_up == CatchUp::All {
                 oldest
@@ -293,15 +406,12 @@ impl Pending<'_> {
         }
         let before = newest - SignedDuration::from_nanos(1);
         let last_older = self.schedule.latest_at_or_before(before).unwrap_or(oldest);
-        let count = self.schedule.count_between(self.cursor, before, u64::MAX);
         let (outcome, why) = match (self.suspended(), self.spec.catch_up) {
             (true, _) => (Outcome::Skipped, reason::SUSPENDED),
             (false, CatchUp::None) => (Outcome::Missed, reason::CATCH_UP_NONE),
             (false, _) => (Outcome::Missed, reason::SUPERSEDED),
         };
-        self.records
-            .push_range(oldest, last_older, count, outcome, why, now);
-        self.cursor = last_older;
+        self.push_periods(last_older, outcome, why);
         Some(newest)
     }
 
@@ -336,16 +446,24 @@ impl Pending<'_> {
         } else {
             // Never before its instant (G4): candidate <= latest_at_or_before(now) <= now.
             debug_assert!(candidate <= now);
-            plan.start = Some(candidate);
-            if spec.concurrency_policy == ConcurrencyPolicy::Replace {
-                plan.replace = plan.still_active.clone();
+            let window = spec.jitter_seconds.unwrap_or(0);
+            let start_at = candidate + crate::schedule::jitter(self.obs.key, candidate, window);
+            if start_at <= now {
+                plan.start = Some(candidate);
+                if spec.concurrency_policy == ConcurrencyPolicy::Replace {
+                    plan.replace = plan.still_active.clone();
+                }
+            } else {
+                // Due, but its jitter offset has not passed.
+                plan.wake_at = Some(start_at);
             }
         }
         // Look again when the candidate's deadline passes (it will be recorded then).
         if plan.start.is_none()
             && let Some(d) = deadline
         {
-            plan.wake_at = Some(candidate + d + SignedDuration::from_millis(1));
+            let at = candidate + d + SignedDuration::from_millis(1);
+            plan.wake_at = Some(plan.wake_at.map_or(at, |w| w.min(at)));
         }
     }
 }
@@ -395,6 +513,7 @@ impl Records {
             return;
         }
         self.0.push(HistoryEntry {
+            late: false,
             period: first.into(),
             last_period: (count > 1 || first != last).then(|| last.into()),
             count,
@@ -405,6 +524,21 @@ impl Records {
             start_time: None,
             finish_time: Some(now.into()),
         });
+    }
+
+    /// A group of consecutive periods from `push_periods`: (first, last, count, excluded).
+    fn push_group(
+        &mut self,
+        (first, last, count, excluded): (Timestamp, Timestamp, u64, bool),
+        outcome: Outcome,
+        why: &str,
+        now: Timestamp,
+    ) {
+        if excluded {
+            self.push_range(first, last, count, Outcome::Skipped, reason::EXCLUDED, now);
+        } else {
+            self.push_range(first, last, count, outcome, why, now);
+        }
     }
 
     fn into_vec(self) -> Vec<HistoryEntry> {

@@ -589,6 +589,7 @@ mod tests {
             seen.push(p);
             token += 1;
             let claim = RunRef {
+                late: false,
                 period: p.into(),
                 token,
                 job_name: crate::naming::job_name("a", p),
@@ -676,6 +677,7 @@ mod tests {
                 } else {
                     token += 1;
                     let claim = RunRef {
+                        late: false,
                         period: p.into(),
                         token,
                         job_name: crate::naming::job_name("a", p),

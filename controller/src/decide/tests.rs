@@ -27,11 +27,12 @@ fn spec(schedule: &str) -> SingletonJobSpec {
         lock: None,
         backstop: None,
         job_template: Default::default(),
+        ..Default::default()
     }
 }
 
 fn sched(s: &SingletonJobSpec) -> Schedule {
-    Schedule::parse(&s.schedule, s.time_zone.as_deref(), s.dst_policy).unwrap()
+    super::schedule(s, &Default::default()).unwrap()
 }
 
 /// The controller's memory between two decisions, as status holds it.
@@ -44,6 +45,7 @@ struct State {
 
 fn run_ref(p: Timestamp) -> RunRef {
     RunRef {
+        late: false,
         period: p.into(),
         token: 0,
         job_name: format!("job-{}", p.as_second()),
@@ -62,6 +64,7 @@ fn decide(
     states: &HashMap<String, JobState>,
 ) -> Plan {
     let obs = Observed {
+        key: "ns/job",
         now,
         created,
         blocked: None,
@@ -386,6 +389,7 @@ fn an_untrusted_clock_or_a_rejected_template_starts_nothing() {
     let st = states(NONE);
     for why in [Waiting::ClockUntrusted, Waiting::JobTemplateInvalid] {
         let obs = Observed {
+            key: "ns/job",
             now: ts("2027-01-01T00:10:00Z"),
             created,
             blocked: Some(why),
@@ -404,6 +408,7 @@ fn an_untrusted_clock_decides_nothing_not_even_misses() {
     let st = states(NONE);
     // Our clock says 05:00: by it, dozens of periods are pending; by the API server's, maybe none.
     let obs = Observed {
+        key: "ns/job",
         now: ts("2027-01-01T05:00:00Z"),
         created,
         blocked: Some(Waiting::ClockUntrusted),
@@ -434,6 +439,7 @@ fn periods_past_their_deadline_while_the_backstop_is_down_say_so() {
     s.starting_deadline_seconds = Some(60);
     let st = states(NONE);
     let obs = Observed {
+        key: "ns/job",
         now: ts("2027-01-01T00:35:00Z"),
         created: ts("2027-01-01T00:00:00Z"),
         blocked: Some(Waiting::BackstopUnavailable),
@@ -543,5 +549,281 @@ proptest! {
         let through = st.decided_through.unwrap();
         let due = sc.count_between(created, through, u64::MAX);
         prop_assert_eq!(started.len() as u64 + recorded_count, due);
+    }
+}
+
+fn weekends() -> crate::api::ExclusionsSpec {
+    crate::api::ExclusionsSpec {
+        rules: crate::schedule::DayRules {
+            days: vec!["* * SAT,SUN".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn several_schedules_run_their_union_once_per_instant() {
+    let mut s = spec("");
+    s.schedules = vec!["0 * * * *".into(), "*/30 * * * *".into()];
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    let mut started = vec![];
+    let mut now = created;
+    while now < ts("2027-01-01T02:00:01Z") {
+        let p = decide(&s, &st, now, created, &states(NONE));
+        started.extend(p.start);
+        apply(&mut st, &p);
+        st.active.clear();
+        now = p.wake_at.unwrap();
+    }
+    assert_eq!(
+        started,
+        [
+            ts("2027-01-01T00:30:00Z"),
+            ts("2027-01-01T01:00:00Z"),
+            ts("2027-01-01T01:30:00Z"),
+            ts("2027-01-01T02:00:00Z")
+        ]
+    );
+    let fp = fingerprint(&s);
+    assert_eq!(fp, "0 * * * *; */30 * * * *|UTC|AfterGap/First");
+    let back = fingerprinted(&fp).unwrap();
+    assert_eq!(back.expr(), "0 * * * *; */30 * * * *");
+}
+
+#[test]
+fn excluded_periods_are_skipped_with_their_reason_and_never_started() {
+    let mut s = spec("0 6 * * *");
+    s.exclusions = Some(weekends());
+    // Friday 2027-01-01 to Tuesday: the controller wakes when told to.
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    let (mut started, mut records) = (vec![], vec![]);
+    let mut now = created;
+    while now < ts("2027-01-05T07:00:00Z") {
+        let p = decide(&s, &st, now, created, &states(NONE));
+        started.extend(p.start);
+        records.extend(recorded(&p).into_iter().map(|(o, r, c)| (o, r.to_string(), c)));
+        apply(&mut st, &p);
+        st.active.clear();
+        now = p.wake_at.unwrap();
+    }
+    assert_eq!(
+        started,
+        [
+            ts("2027-01-01T06:00:00Z"),
+            ts("2027-01-04T06:00:00Z"),
+            ts("2027-01-05T06:00:00Z")
+        ]
+    );
+    let excluded = (Outcome::Skipped, reason::EXCLUDED.to_string(), 1);
+    assert_eq!(records, [excluded.clone(), excluded]);
+}
+
+#[test]
+fn catching_up_over_excluded_days_records_them_as_excluded() {
+    // Down from Friday 05:00 to Monday 07:00: Friday's period is superseded by Monday's, and
+    // the weekend's are Excluded, not Missed.
+    let mut s = spec("0 6 * * *");
+    s.exclusions = Some(weekends());
+    let created = ts("2027-01-01T00:00:00Z");
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-01-04T07:00:00Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, Some(ts("2027-01-04T06:00:00Z")));
+    assert_eq!(
+        recorded(&p),
+        [
+            (Outcome::Missed, reason::SUPERSEDED, 1),
+            (Outcome::Skipped, reason::EXCLUDED, 2)
+        ]
+    );
+    // The newest period excluded: the newest allowed one runs, the excluded ones are recorded.
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-01-02T07:00:00Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, Some(ts("2027-01-01T06:00:00Z")));
+    let mut st = State::default();
+    apply(&mut st, &p);
+    let next = decide(&s, &st, ts("2027-01-02T07:00:00Z"), created, &states(NONE));
+    assert_eq!(recorded(&next), [(Outcome::Skipped, reason::EXCLUDED, 1)]);
+}
+
+#[test]
+fn a_shifted_period_starts_at_its_shifted_instant_not_before() {
+    let mut s = spec("0 6 1 * *");
+    s.exclusions = Some(crate::api::ExclusionsSpec {
+        action: crate::schedule::ExcludedAction::NextAllowedDay,
+        ..weekends()
+    });
+    // 1 May 2027 is a Saturday: the period moves to Monday 3 May 06:00.
+    let created = ts("2027-04-20T00:00:00Z");
+    let p = decide(&s, &State::default(), ts("2027-05-01T06:00:00Z"), created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert_eq!(p.wake_at, Some(ts("2027-05-03T06:00:00Z")));
+    let p = decide(&s, &State::default(), ts("2027-05-03T06:00:00Z"), created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-05-03T06:00:00Z")));
+    assert!(p.records.is_empty());
+}
+
+#[test]
+fn an_edit_of_the_excluded_days_never_fires_a_past_period() {
+    // Saturday excluded and skipped; on Sunday the exclusion is removed: Saturday never runs.
+    let mut s = spec("0 6 * * *");
+    s.exclusions = Some(weekends());
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    let p = decide(&s, &st, ts("2027-01-01T06:00:00Z"), created, &states(NONE));
+    apply(&mut st, &p);
+    st.active.clear();
+    // Saturday 06:00 comes and goes while Forbid... no: it is recorded as excluded at once.
+    let p = decide(&s, &st, ts("2027-01-02T06:00:00Z"), created, &states(NONE));
+    assert_eq!(recorded(&p), [(Outcome::Skipped, reason::EXCLUDED, 1)]);
+    // Sunday 05:00: the exclusions change, with Sunday 06:00 still ahead and Saturday past.
+    s.exclusions = Some(crate::api::ExclusionsSpec {
+        rules: crate::schedule::DayRules {
+            dates: vec!["2027-01-08".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let before = st.fingerprint.clone().unwrap();
+    let p = decide(&s, &st, ts("2027-01-03T05:00:00Z"), created, &states(NONE));
+    assert_ne!(p.fingerprint, before, "the edit changes the fingerprint");
+    assert_eq!(p.start, None);
+    assert_eq!(p.wake_at, Some(ts("2027-01-03T06:00:00Z")));
+    // An edit seen late (after a period that the old rules excluded) records, never runs, it.
+    let mut late = st.clone();
+    late.decided_through = Some(ts("2027-01-01T06:00:00Z"));
+    let p = decide(&s, &late, ts("2027-01-02T07:00:00Z"), created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert_eq!(recorded(&p), [(Outcome::Skipped, reason::SCHEDULE_CHANGED, 1)]);
+}
+
+#[test]
+fn jitter_delays_the_start_within_its_window_and_deadlines_count_from_its_end() {
+    let mut s = spec("0 6 * * *");
+    s.jitter_seconds = Some(600);
+    s.catch_up = CatchUp::None;
+    let created = ts("2027-01-01T00:00:00Z");
+    let period = ts("2027-01-01T06:00:00Z");
+    let offset = crate::schedule::jitter("ns/job", period, 600);
+    assert!(offset > SignedDuration::ZERO && offset < SignedDuration::from_secs(600));
+    let p = decide(&s, &State::default(), period, created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert_eq!(p.wake_at, Some(period + offset));
+    let p = decide(&s, &State::default(), period + offset, created, &states(NONE));
+    assert_eq!(p.start, Some(period), "the period keeps its instant as its identity");
+    // catchUp None's grace counts from the end of the window: still startable 10m30s later.
+    let p = decide(
+        &s,
+        &State::default(),
+        period + SignedDuration::from_secs(630),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, Some(period));
+}
+
+fn day_schedule_strategy() -> impl Strategy<Value = Vec<String>> {
+    let one = prop_oneof![
+        (0u32..60, 0u32..24).prop_map(|(m, h)| format!("{m} {h} * * *")),
+        (0u32..60, 1u32..7).prop_map(|(m, h)| format!("{m} */{h} * * *")),
+        (1u32..29).prop_map(|d| format!("0 6 {d} * *")),
+        Just("0 9 * * MON-FRI".to_string()),
+    ];
+    proptest::collection::vec(one, 1..3)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Several schedules, excluded days (skipped or shifted), jitter and outages: every period
+    /// is started at most once and never before its instant plus its jitter, no excluded period
+    /// starts, and every period is started or recorded; the excluded ones as Excluded.
+    #[test]
+    fn excluded_shifted_and_jittered_periods_are_each_decided_once(
+        schedules in day_schedule_strategy(),
+        catch_up in prop_oneof![Just(CatchUp::None), Just(CatchUp::Latest), Just(CatchUp::All)],
+        shift in any::<bool>(),
+        jitter_seconds in proptest::option::of(1u32..1800),
+        dates in proptest::collection::vec(0i64..40, 0..5),
+        outages in proptest::collection::vec((0i64..40 * 24, 1i64..72), 0..3),
+    ) {
+        let mut s = spec("");
+        s.schedules = schedules;
+        s.catch_up = catch_up;
+        s.concurrency_policy = ConcurrencyPolicy::Allow;
+        s.jitter_seconds = jitter_seconds;
+        let created = ts("2027-03-01T00:00:00Z");
+        let mut x = weekends();
+        x.rules.dates = dates
+            .iter()
+            .map(|d| (created + SignedDuration::from_hours(24 * d)).to_string()[..10].to_string())
+            .collect();
+        if shift {
+            x.action = crate::schedule::ExcludedAction::NextAllowedDay;
+        }
+        s.exclusions = Some(x);
+        let sc = sched(&s);
+        let end = created + SignedDuration::from_hours(24 * 40);
+        let down: Vec<(Timestamp, Timestamp)> = outages
+            .iter()
+            .map(|(a, len)| {
+                let a = created + SignedDuration::from_hours(*a);
+                (a, a + SignedDuration::from_hours(*len))
+            })
+            .collect();
+        let mut st = State::default();
+        let mut started: Vec<Timestamp> = vec![];
+        let (mut recorded_count, mut excluded_recorded) = (0u64, 0u64);
+        let mut now = created;
+        let none = states(NONE);
+        let mut steps = 0;
+        while now <= end && steps < 100_000 {
+            steps += 1;
+            if let Some((_, b)) = down.iter().find(|(a, b)| now >= *a && now < *b) {
+                now = *b;
+                continue;
+            }
+            let p = decide(&s, &st, now, created, &none);
+            for r in &p.records {
+                recorded_count += r.count;
+                if r.reason.as_deref() == Some(reason::EXCLUDED) {
+                    excluded_recorded += r.count;
+                }
+            }
+            if let Some(x) = p.start {
+                let window = jitter_seconds.unwrap_or(0);
+                let jitter = crate::schedule::jitter("ns/job", x, window);
+                prop_assert!(x + jitter <= now, "started {x} before its jittered start");
+                prop_assert!(!sc.excluded(x), "started excluded period {x}");
+                started.push(x);
+            }
+            apply(&mut st, &p);
+            st.active.clear();
+            now = match p.wake_at { Some(w) if w > now => w, Some(_) => now, None => break };
+        }
+        for w in started.windows(2) {
+            prop_assert!(w[0] < w[1], "started out of order or twice: {:?}", w);
+        }
+        let through = st.decided_through.unwrap();
+        let due = sc.count_between(created, through, u64::MAX);
+        prop_assert_eq!(started.len() as u64 + recorded_count, due);
+        let excluded_due = sc
+            .iter_after(created)
+            .take_while(|t| *t <= through)
+            .filter(|t| sc.excluded(*t))
+            .count() as u64;
+        prop_assert_eq!(excluded_recorded, excluded_due);
     }
 }

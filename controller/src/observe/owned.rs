@@ -185,6 +185,7 @@ pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> 
         .filter(|j| !j.finished && !j.deleting && !j.suspended && !known(status, j))
         .filter_map(|j| {
             Some(RunRef {
+                late: false,
                 period: j.period?.into(),
                 token: j.token?,
                 job_name: j.name.clone(),
@@ -225,6 +226,7 @@ mod tests {
 
     fn run(j: &OwnedJob) -> RunRef {
         RunRef {
+            late: false,
             period: j.period.unwrap().into(),
             token: j.token.unwrap(),
             job_name: j.name.clone(),
@@ -349,6 +351,7 @@ mod tests {
         assert!(ran(&st, &[job("a-1000", "2030-01-01T10:00:00Z", 7)], p));
         // The history: a run (with its Job), or a period deduplicated as having run.
         st.history.push(crate::api::HistoryEntry {
+            late: false,
             period: p.into(),
             last_period: None,
             count: 1,

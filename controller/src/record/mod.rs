@@ -7,7 +7,7 @@ pub mod prune;
 
 use std::collections::HashMap;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 
 use crate::api::{ClaimsRecorded, HistoryEntry, Outcome, ReplacedRun, RunRef, SingletonJobStatus};
 use crate::clock::ClockState;
@@ -33,6 +33,7 @@ pub fn run_entry(
     finished: Option<Timestamp>,
 ) -> HistoryEntry {
     HistoryEntry {
+        late: false,
         period: run.period.clone(),
         last_period: None,
         count: 1,
@@ -48,6 +49,7 @@ pub fn run_entry(
 /// The history entry of a run fenced and deleted for a newer one (concurrencyPolicy Replace).
 pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
     HistoryEntry {
+        late: false,
         period: old.period.clone(),
         last_period: None,
         count: 1,
@@ -63,6 +65,7 @@ pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
 /// The history entry of a claimed period decided without a Job (deduplicated, rejected, ...).
 pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp) -> HistoryEntry {
     HistoryEntry {
+        late: false,
         period: claim.period.clone(),
         last_period: None,
         count: 1,
@@ -115,14 +118,25 @@ pub fn apply_plan(
     new_entries
 }
 
-/// The next three instants of `schedule` after `now`, for `kubectl get` and the metric; returns
-/// the first.
+/// How many periods [`next_times`] looks through for three that run.
+const NEXT_TIMES_SEARCH: usize = 100_000;
+
+/// `status.nextScheduleTime(s)`: when the next periods start, as they will: excluded days left
+/// out (or shifted), each period's jitter added. Returns the first.
 pub fn next_times(
     status: &mut SingletonJobStatus,
     schedule: &Schedule,
+    jitter: impl Fn(Timestamp) -> SignedDuration,
     now: Timestamp,
 ) -> Option<Timestamp> {
-    let next: Vec<Timestamp> = schedule.iter_after(now).take(3).collect();
+    // Bounded: a schedule whose every period is excluded shows none rather than searching on.
+    let next: Vec<Timestamp> = schedule
+        .iter_after(now)
+        .take(NEXT_TIMES_SEARCH)
+        .filter(|t| !schedule.excluded(*t))
+        .take(3)
+        .map(|t| t + jitter(t))
+        .collect();
     status.next_schedule_time = next.first().map(|t| naming::period_rfc3339(*t));
     status.next_schedule_times = next.iter().map(|t| (*t).into()).collect();
     next.first().copied()

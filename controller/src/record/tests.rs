@@ -16,6 +16,7 @@ fn t(s: &str) -> Timestamp {
 
 fn run(period: &str, token: u64) -> RunRef {
     RunRef {
+        late: false,
         period: t(period).into(),
         token,
         job_name: format!("a-{token}"),
@@ -221,6 +222,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
         Some(t("2030-01-02T00:00:01Z"))
     );
     let entry = HistoryEntry {
+        late: false,
         period: created.into(),
         last_period: None,
         count: 1,

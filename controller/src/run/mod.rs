@@ -117,6 +117,7 @@ pub async fn start(
     // 3. Claim (G1, G3): the write fails if anyone else wrote since we read. The runs to replace
     //    are part of the claim, so whoever completes it replaces them.
     let claim = RunRef {
+        late: false,
         period: period.into(),
         token,
         job_name: naming::job_name(sj.metadata.name.as_deref().unwrap_or_default(), period),

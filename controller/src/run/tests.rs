@@ -32,6 +32,7 @@ fn context(client: kube::Client) -> Context {
         ),
         lanes,
         jobs: reflector::store().0,
+        calendars: kube::runtime::reflector::store().0,
         clock,
         gate: Gate::always(),
         backstops: Default::default(),
@@ -152,6 +153,7 @@ fn claimed() -> (SingletonJob, RunRef) {
     let mut sj = sj();
     sj.metadata.uid = Some("sj-uid".into());
     let claim = RunRef {
+        late: false,
         period: Timestamp::from_second(1_800_000_000).unwrap().into(),
         token: 7,
         job_name: "hello-1800000000".into(),

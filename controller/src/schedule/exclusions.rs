@@ -8,6 +8,7 @@ use croner::Cron;
 use jiff::civil::Date;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use super::{ScheduleError, parse_cron};
 
@@ -63,6 +64,8 @@ pub(super) const MAX_SHIFT_DAYS: i32 = 366;
 /// Compiled [`DayRules`] (several sets, joined) and the action.
 #[derive(Clone, Debug)]
 pub struct Exclusions {
+    /// Identifies the rules and the action (see [`Exclusions::digest`]).
+    digest: String,
     dates: BTreeSet<Date>,
     ranges: Vec<(Date, Date)>,
     days: Vec<Cron>,
@@ -75,7 +78,10 @@ impl Exclusions {
         sets: impl IntoIterator<Item = (&'a str, &'a DayRules)>,
         action: ExcludedAction,
     ) -> Result<Exclusions, ScheduleError> {
+        let mut hash = Sha256::new();
+        hash.update(format!("{action:?}"));
         let mut out = Exclusions {
+            digest: String::new(),
             dates: BTreeSet::new(),
             ranges: Vec::new(),
             days: Vec::new(),
@@ -88,6 +94,8 @@ impl Exclusions {
                 value: value.to_string(),
                 message: why,
             };
+            // Serializing plain strings and vectors cannot fail.
+            hash.update(serde_json::to_vec(&(source, rules)).unwrap_or_default());
             for d in &rules.dates {
                 out.dates.insert(date(d).map_err(|e| bad("date", d, e))?);
             }
@@ -105,7 +113,20 @@ impl Exclusions {
                     .push(day_rule(rule).map_err(|e| bad("day rule", rule, e))?);
             }
         }
+        out.digest = hash
+            .finalize()
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
         Ok(out)
+    }
+
+    /// A short hash of the rules and the action: equal rules, equal digest. The cursor's
+    /// fingerprint includes it, so that an edit of the rules (or of a calendar) applies from the
+    /// moment it is seen and never makes a past period run.
+    pub fn digest(&self) -> &str {
+        &self.digest
     }
 
     pub fn action(&self) -> ExcludedAction {

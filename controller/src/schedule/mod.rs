@@ -152,6 +152,8 @@ pub enum ScheduleError {
     },
     #[error("schedules: {0}")]
     Schedules(String),
+    #[error("SingletonCalendar {0:?} named in exclusions.calendars does not exist in this namespace")]
+    MissingCalendar(String),
 }
 
 /// A parsed schedule: which wall-clock times match, in which time zone, and

@@ -77,6 +77,16 @@ impl Schedule {
         self
     }
 
+    /// Whether some days are excluded.
+    pub fn has_exclusions(&self) -> bool {
+        self.exclusions.is_some()
+    }
+
+    /// The excluded days' [`Exclusions::digest`], if any are excluded.
+    pub fn exclusions_digest(&self) -> Option<&str> {
+        self.exclusions.as_ref().map(Exclusions::digest)
+    }
+
     /// The expressions as given, joined by `; `.
     pub fn expr(&self) -> String {
         let exprs: Vec<&str> = self.parts.iter().map(Single::expr).collect();
