@@ -9,12 +9,14 @@ SHELL := bash
 CARGO ?= cargo
 E2E_THREADS ?= 4
 CRD_FILE ?= crds/singletonjob.yaml
+CALENDAR_CRD_FILE ?= crds/singletoncalendar.yaml
 KUBECTL ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/kubernetes-$$K8S_VERSION/kubectl")
 HELM ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/helm-$$HELM_VERSION/helm")
 CHART_DIR ?= charts/singleton-controller
 # The chart's copy of the CRD (a chart cannot read files outside itself): `make crds` writes it,
 # `make chart` fails when it differs from $(CRD_FILE).
 CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
+CHART_CALENDAR_CRD := $(CHART_DIR)/files/singletoncalendar.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
 .PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench
@@ -57,6 +59,9 @@ crds:
 	$(CARGO) run -q -p singleton-controller --bin crdgen > "$$tmp"
 	cat "$$tmp" > $(CRD_FILE)
 	cat "$$tmp" > $(CHART_CRD)
+	$(CARGO) run -q -p singleton-controller --bin crdgen calendar > "$$tmp"
+	cat "$$tmp" > $(CALENDAR_CRD_FILE)
+	cat "$$tmp" > $(CHART_CALENDAR_CRD)
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -64,19 +69,23 @@ lint:
 	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps -q
 	CARGO_TARGET_DIR=$(TARGET_DIR) hack/image-context.sh
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT
-	$(CARGO) run -q -p singleton-controller --bin crdgen > "$$tmp"
-	if ! diff -u --label $(CRD_FILE) --label 'crdgen output' $(CRD_FILE) "$$tmp"; then
-	  echo "$(CRD_FILE) does not match the Rust types: run 'make crds' and commit the result" >&2
-	  exit 1
-	fi
+	for pair in job:$(CRD_FILE) calendar:$(CALENDAR_CRD_FILE); do
+	  $(CARGO) run -q -p singleton-controller --bin crdgen "$${pair%%:*}" > "$$tmp"
+	  if ! diff -u --label "$${pair#*:}" --label 'crdgen output' "$${pair#*:}" "$$tmp"; then
+	    echo "$${pair#*:} does not match the Rust types: run 'make crds' and commit the result" >&2
+	    exit 1
+	  fi
+	done
 
 chart:
 	# A fresh machine has no helm yet: build it (a no-op when cached).
 	hack/build-tools.sh helm
-	if ! diff -u --label $(CRD_FILE) --label $(CHART_CRD) $(CRD_FILE) $(CHART_CRD); then
-	  echo "$(CHART_CRD) differs from $(CRD_FILE): run 'make crds' (it writes both)" >&2
-	  exit 1
-	fi
+	for pair in $(CRD_FILE):$(CHART_CRD) $(CALENDAR_CRD_FILE):$(CHART_CALENDAR_CRD); do
+	  if ! diff -u --label "$${pair%%:*}" --label "$${pair#*:}" "$${pair%%:*}" "$${pair#*:}"; then
+	    echo "$${pair#*:} differs from $${pair%%:*}: run 'make crds' (it writes both)" >&2
+	    exit 1
+	  fi
+	done
 	"$(HELM)" lint --strict $(CHART_DIR)
 	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true
 	HELM="$(HELM)" $(CARGO) test -p e2e --test chart_render

@@ -17,10 +17,21 @@ pub const GROUP: &str = "singleton.dev";
 /// The CRD as it is installed (`crds/singletonjob.yaml`, written by `crdgen`): the schema
 /// generated from these types, with every description reflowed ([`reflow`]) so that
 /// `kubectl explain` wraps whole sentences rather than the doc comments' source lines.
-pub fn crd()
--> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
-    use kube::CustomResourceExt;
-    let crd = SingletonJob::crd();
+pub fn crd() -> Crd {
+    reflowed::<SingletonJob>()
+}
+
+/// The SingletonCalendar CRD (`crds/singletoncalendar.yaml`), made as [`crd`] is.
+pub fn calendar_crd() -> Crd {
+    reflowed::<SingletonCalendar>()
+}
+
+/// A CustomResourceDefinition.
+pub type Crd =
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+fn reflowed<K: kube::CustomResourceExt>() -> Crd {
+    let crd = K::crd();
     let mut value = serde_json::to_value(&crd).unwrap_or_default();
     reflow_descriptions(&mut value);
     serde_json::from_value(value).unwrap_or(crd)
@@ -205,7 +216,7 @@ pub struct SingletonJobSpec {
     /// instant as its identity; deadlines count from the end of the window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 86_400))]
-    pub jitter_seconds: Option<u32>,
+    pub jitter_seconds: Option<i32>,
 
     /// IANA time zone the schedule is read in, such as `Europe/Berlin`. Default: UTC (never the
     /// controller's local zone).
@@ -267,7 +278,7 @@ pub struct SingletonJobSpec {
     /// starts the count again. Unset: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
-    pub suspend_after_consecutive_failures: Option<u32>,
+    pub suspend_after_consecutive_failures: Option<i32>,
 
     /// How many finished successful Jobs to keep. Default 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -294,6 +305,15 @@ pub struct SingletonJobSpec {
     /// by the history limits, so that a Job is never gone before its outcome is recorded.
     #[schemars(schema_with = "job_template_schema")]
     pub job_template: JobTemplate,
+}
+
+impl SingletonJobSpec {
+    /// `jitterSeconds`, 0 when unset (the schema keeps it from 0 to 86400).
+    pub fn jitter_window(&self) -> u32 {
+        self.jitter_seconds
+            .and_then(|j| u32::try_from(j).ok())
+            .unwrap_or(0)
+    }
 }
 
 /// Annotation through which `kubectl singleton trigger` asks for a run now:
@@ -545,7 +565,7 @@ pub struct SingletonJobStatus {
     /// Runs that failed in a row since the last success or the last suspension by
     /// `suspendAfterConsecutiveFailures`.
     #[serde(default, skip_serializing_if = "is_default")]
-    pub consecutive_failures: u32,
+    pub consecutive_failures: i32,
 
     /// The highest fencing token issued to a run of this SingletonJob. Strictly increasing.
     #[serde(default)]

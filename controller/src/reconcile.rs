@@ -249,7 +249,7 @@ async fn record(
         Box::pin(run::retire(sj, b, token)).await?;
     }
     let new_entries = record::apply_plan(status, plan, states);
-    let (key, window) = (sj.key(), sj.spec.jitter_seconds.unwrap_or(0));
+    let (key, window) = (sj.key(), sj.spec.jitter_window());
     let jitter = |t| crate::schedule::jitter(&key, t, window);
     let next = record::next_times(status, &decided.schedule, jitter, now);
     crate::metrics::global().next_run(sj, next);

@@ -102,11 +102,14 @@ fn no_wildcards(role: &Value) -> Result<()> {
     Ok(())
 }
 
-/// The SingletonJob, SingletonJob-status, Job, Event and Secret grants of the controller.
+/// The SingletonJob, SingletonJob-status, SingletonCalendar, Job, Event and Secret grants of the
+/// controller.
 fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
     let rules = &role["rules"];
     no_wildcards(role)?;
-    ensure!(verbs(rules, "singleton.dev", "singletonjobs") == ["get", "list", "watch"]);
+    // patch: `suspend: true` by suspendAfterConsecutiveFailures, the one spec write.
+    ensure!(verbs(rules, "singleton.dev", "singletonjobs") == ["get", "list", "patch", "watch"]);
+    ensure!(verbs(rules, "singleton.dev", "singletoncalendars") == ["get", "list", "watch"]);
     ensure!(verbs(rules, "singleton.dev", "singletonjobs/status") == ["get", "patch", "update"]);
     ensure!(
         verbs(rules, "batch", "jobs") == ["create", "delete", "get", "list", "patch", "watch"],
@@ -356,7 +359,7 @@ fn user_roles_aggregate_into_view_and_edit_only_when_asked() -> Result<()> {
         let rules = role["rules"].as_sequence().context("rules")?;
         ensure!(rules.len() == 1, "{rules:?}");
         ensure!(
-            strs(&rules[0]["resources"]) == ["singletonjobs"],
+            strs(&rules[0]["resources"]) == ["singletonjobs", "singletoncalendars"],
             "{rules:?}"
         );
         ensure!(strs(&rules[0]["verbs"]) == verbs, "{rules:?}");
@@ -408,24 +411,24 @@ fn unsafe_or_invalid_values_are_refused() -> Result<()> {
 #[test]
 fn crd_is_the_generated_one_kept_on_uninstall_and_can_be_turned_off() -> Result<()> {
     let docs = render(&[])?;
-    let crd = one(
-        &docs,
-        "CustomResourceDefinition",
-        "singletonjobs.singleton.dev",
-    )?;
-    ensure!(
-        crd["metadata"]["annotations"]["helm.sh/resource-policy"].as_str() == Some("keep"),
-        "keep annotation: {:?}",
-        crd["metadata"]
-    );
-    // The same schema as crds/singletonjob.yaml, the generated source of truth.
-    let generated: Value = serde_yaml::from_str(&std::fs::read_to_string(repo_file(
-        "crds/singletonjob.yaml",
-    ))?)?;
-    if normalize(&crd["spec"]) != normalize(&generated["spec"]) {
-        bail!(
-            "the chart's CRD differs from crds/singletonjob.yaml: run `make crds` (it copies it into charts/singleton-controller/files/)"
+    for (name, file) in [
+        ("singletonjobs.singleton.dev", "crds/singletonjob.yaml"),
+        ("singletoncalendars.singleton.dev", "crds/singletoncalendar.yaml"),
+    ] {
+        let crd = one(&docs, "CustomResourceDefinition", name)?;
+        ensure!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"].as_str() == Some("keep"),
+            "keep annotation: {:?}",
+            crd["metadata"]
         );
+        // The same schema as the file in crds/, the generated source of truth.
+        let generated: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(repo_file(file))?)?;
+        if normalize(&crd["spec"]) != normalize(&generated["spec"]) {
+            bail!(
+                "the chart's {name} differs from {file}: run `make crds` (it copies it into charts/singleton-controller/files/)"
+            );
+        }
     }
 
     let docs = render(&["crds.keep=false"])?;

@@ -218,7 +218,7 @@ pub fn plan(
     }
 
     // A jittered period may start as late as the end of its window: deadlines count from there.
-    let window = SignedDuration::from_secs(i64::from(spec.jitter_seconds.unwrap_or(0)));
+    let window = SignedDuration::from_secs(i64::from(spec.jitter_window()));
     let deadline = spec
         .starting_deadline_seconds
         .map(SignedDuration::from_secs)
@@ -446,7 +446,7 @@ impl Pending<'_> {
         } else {
             // Never before its instant (G4): candidate <= latest_at_or_before(now) <= now.
             debug_assert!(candidate <= now);
-            let window = spec.jitter_seconds.unwrap_or(0);
+            let window = spec.jitter_window();
             let start_at = candidate + crate::schedule::jitter(self.obs.key, candidate, window);
             if start_at <= now {
                 plan.start = Some(candidate);

@@ -755,7 +755,7 @@ proptest! {
         schedules in day_schedule_strategy(),
         catch_up in prop_oneof![Just(CatchUp::None), Just(CatchUp::Latest), Just(CatchUp::All)],
         shift in any::<bool>(),
-        jitter_seconds in proptest::option::of(1u32..1800),
+        jitter_seconds in proptest::option::of(1i32..1800),
         dates in proptest::collection::vec(0i64..40, 0..5),
         outages in proptest::collection::vec((0i64..40 * 24, 1i64..72), 0..3),
     ) {
@@ -803,7 +803,7 @@ proptest! {
                 }
             }
             if let Some(x) = p.start {
-                let window = jitter_seconds.unwrap_or(0);
+                let window = s.jitter_window();
                 let jitter = crate::schedule::jitter("ns/job", x, window);
                 prop_assert!(x + jitter <= now, "started {x} before its jittered start");
                 prop_assert!(!sc.excluded(x), "started excluded period {x}");
