@@ -20,7 +20,7 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 .PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries (cached in ~/.cache/singleton-controller)'
+	@echo 'make tools    build the pinned control-plane binaries and promtool (cached in ~/.cache/singleton-controller)'
 	echo 'make up       start the local cluster and PostgreSQL (no-op when already up)'
 	echo 'make down     stop them and delete their state'
 	echo 'make status   show what runs'
