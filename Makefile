@@ -26,7 +26,7 @@ help:
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, clippy, rustdoc links and the CRD drift check'
+	echo 'make lint     rustfmt, clippy, rustdoc links, the CRD drift check and the alert rules (promtool)'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
@@ -60,6 +60,8 @@ crds:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	# The chart's alert rules: promtool check and unit tests (builds promtool on first use).
+	hack/rules-test.sh
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps -q
 	CARGO_TARGET_DIR=$(TARGET_DIR) hack/image-context.sh
