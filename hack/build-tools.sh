@@ -126,7 +126,7 @@ kwok_stages() {
 }
 
 mkdir -p "$TOOLS_DIR"
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kwok helm)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kwok helm promtool)
 for t in "${tools[@]}"; do
   case $t in
     kubernetes) build_k8s ;;
@@ -135,6 +135,12 @@ for t in "${tools[@]}"; do
     # Helm's own Makefile stamps the full version; without it `helm version` says only "v4.3".
     helm) build_simple helm helm.sh/helm/v4 "$HELM_VERSION" helm.sh/helm/v4/cmd/helm \
       "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" ;;
+    # Prometheus' Go module v0.MNN.P is release M.NN.P (v0.316.0 is 3.16.0, its VERSION file);
+    # promu stamps that into `promtool --version`, so do the same.
+    promtool) m=${PROMTOOL_VERSION#v0.}; m=${m%%.*}
+      build_simple promtool github.com/prometheus/prometheus "$PROMTOOL_VERSION" \
+      github.com/prometheus/prometheus/cmd/promtool \
+      "-X github.com/prometheus/common/version.Version=$((m / 100)).$((m % 100)).${PROMTOOL_VERSION##*.}" ;;
     *) log "unknown tool $t"; exit 2 ;;
   esac
 done

@@ -6,6 +6,7 @@ K8S_STAGING_VERSION=v0.37.2  # k8s.io/* staging modules matching K8S_VERSION
 ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3
 HELM_VERSION=v4.3.2          # helm.sh/helm/v4
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok (fake node)
+PROMTOOL_VERSION=v0.316.0    # github.com/prometheus/prometheus/cmd/promtool (Prometheus 3.16.0): alert rule tests
 
 # Where built tools, cluster state and logs live: outside the repo, reused across clones.
 SINGLETON_CACHE=${SINGLETON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/singleton-controller}

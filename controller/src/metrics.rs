@@ -122,6 +122,8 @@ pub struct Metrics {
     pub periods_skipped: Family<ReasonLabels, Counter>,
     pub claims_conflicted: Family<JobLabels, Counter>,
     pub claims_deduplicated: Family<JobLabels, Counter>,
+    pub runs_late: Family<JobLabels, Counter>,
+    pub suspended_after_failures: Family<JobLabels, Counter>,
     pub schedule_skew_seconds: Histogram,
     next_runs: std::sync::Arc<NextRuns>,
     // Fencing.
@@ -165,6 +167,8 @@ impl Metrics {
             periods_skipped: Family::default(),
             claims_conflicted: Family::default(),
             claims_deduplicated: Family::default(),
+            runs_late: Family::default(),
+            suspended_after_failures: Family::default(),
             schedule_skew_seconds: Histogram::new(SKEW_BUCKETS),
             next_runs: Default::default(),
             tokens_issued: Family::default(),
@@ -245,6 +249,16 @@ impl Metrics {
             "claims_deduplicated",
             "Periods found already claimed in the backstop: no Job created",
             m.claims_deduplicated.clone(),
+        );
+        r.register(
+            "runs_late",
+            "Runs that had not succeeded by their period's completion deadline (completionDeadlineSeconds)",
+            m.runs_late.clone(),
+        );
+        r.register(
+            "suspended_after_failures",
+            "Times a SingletonJob was suspended by suspendAfterConsecutiveFailures",
+            m.suspended_after_failures.clone(),
         );
         r.register_with_unit(
             "schedule_skew",
@@ -584,6 +598,8 @@ mod tests {
                 1,
             ),
         );
+        m.runs_late.get_or_create(&job(&a)).inc();
+        m.suspended_after_failures.get_or_create(&job(&a)).inc();
         m.next_run(&a, Some(Timestamp::now() + SignedDuration::from_secs(60)));
         m.write_refused(&a, &Error::NotLeader);
         m.backstop_op(
@@ -614,6 +630,8 @@ mod tests {
             ("singleton_periods_skipped", "counter"),
             ("singleton_claims_conflicted", "counter"),
             ("singleton_claims_deduplicated", "counter"),
+            ("singleton_runs_late", "counter"),
+            ("singleton_suspended_after_failures", "counter"),
             ("singleton_schedule_skew_seconds", "histogram"),
             ("singleton_next_run_seconds", "gauge"),
             ("singleton_tokens_issued", "counter"),
@@ -641,6 +659,8 @@ mod tests {
             r#"singleton_periods_missed_total{namespace="ns",name="a",reason="DeadlineExceeded"} 4"#,
             r#"singleton_periods_skipped_total{namespace="ns",name="a",reason="Suspended"} 2"#,
             r#"singleton_claims_deduplicated_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_runs_late_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_suspended_after_failures_total{namespace="ns",name="a"} 1"#,
             r#"singleton_stale_writes_refused_total{namespace="ns",name="a",source="controller"} 1"#,
             r#"singleton_backstop_errors_total{op="read_fence",kind="BackstopUnavailable"} 1"#,
             r#"singleton_backstop_operation_seconds_count{op="read_fence"} 1"#,
