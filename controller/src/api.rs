@@ -567,6 +567,11 @@ pub struct SingletonJobStatus {
     #[serde(default, skip_serializing_if = "is_default")]
     pub consecutive_failures: i32,
 
+    /// When `suspendAfterConsecutiveFailures` suspended the SingletonJob; cleared when it is
+    /// resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_after_failures: Option<Time>,
+
     /// The highest fencing token issued to a run of this SingletonJob. Strictly increasing.
     #[serde(default)]
     #[schemars(schema_with = "token_schema")]

@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::EnvVar;
 use kube::Resource;
 use kube::api::ObjectMeta;
 
-use crate::api::SingletonJob;
+use crate::api::{CompletionDeadlinePolicy, SingletonJob};
 use crate::decide::JobState;
 use crate::naming::{
     ENV_IDEMPOTENCY_KEY, ENV_JOB, ENV_PERIOD, ENV_TOKEN, LABEL_JOB, LABEL_PERIOD, LABEL_TOKEN,
@@ -74,6 +74,26 @@ pub fn build(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
     })
 }
 
+/// `completionDeadlinePolicy: Stop`: the Job's `activeDeadlineSeconds` ends it at its period's
+/// completion deadline (Kubernetes counts it from when the Job is resumed, an instant after
+/// `now`), or earlier if the template says so; at least 1 s, so a run started past its deadline
+/// fails at once rather than never being stopped.
+pub fn stop_at_deadline(job: &mut Job, sj: &SingletonJob, period: Timestamp, now: Timestamp) {
+    if sj.spec.completion_deadline_policy != CompletionDeadlinePolicy::Stop {
+        return;
+    }
+    let Some(seconds) = sj.spec.completion_deadline_seconds else {
+        return;
+    };
+    let left = (period + SignedDuration::from_secs(seconds)).duration_since(now);
+    let left = left.as_secs() + i64::from(left.subsec_nanos() > 0);
+    if let Some(spec) = job.spec.as_mut() {
+        let limit = left.max(1);
+        spec.active_deadline_seconds =
+            Some(spec.active_deadline_seconds.map_or(limit, |d| d.min(limit)));
+    }
+}
+
 /// The fencing token a Job was created with, from its annotation.
 pub fn token(job: &Job) -> Option<u64> {
     job.metadata
@@ -111,5 +131,66 @@ pub fn state(job: &Job) -> JobState {
         JobState::Failed(at)
     } else {
         JobState::Active
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sj(
+        deadline: Option<i64>,
+        policy: CompletionDeadlinePolicy,
+        template_deadline: Option<i64>,
+    ) -> SingletonJob {
+        let template = serde_json::json!({"spec": {
+            "activeDeadlineSeconds": template_deadline,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "w", "image": "busybox"}]}}
+        }});
+        let mut sj = SingletonJob::new(
+            "a",
+            crate::api::SingletonJobSpec {
+                schedule: "0 6 * * *".into(),
+                completion_deadline_seconds: deadline,
+                completion_deadline_policy: policy,
+                job_template: template.into(),
+                ..Default::default()
+            },
+        );
+        sj.metadata.namespace = Some("ns".into());
+        sj
+    }
+
+    fn limit(s: &SingletonJob, now: &str) -> Option<i64> {
+        let period: Timestamp = "2027-01-01T06:00:00Z".parse().unwrap();
+        let mut job = build(s, period, 1).unwrap();
+        stop_at_deadline(&mut job, s, period, now.parse().unwrap());
+        job.spec.unwrap().active_deadline_seconds
+    }
+
+    #[test]
+    fn stop_ends_the_job_at_its_completion_deadline() {
+        use CompletionDeadlinePolicy::{Continue, Stop};
+        let stop = sj(Some(3600), Stop, None);
+        assert_eq!(limit(&stop, "2027-01-01T06:00:00Z"), Some(3600));
+        assert_eq!(
+            limit(&stop, "2027-01-01T06:10:00.5Z"),
+            Some(3000),
+            "rounded up"
+        );
+        assert_eq!(
+            limit(&stop, "2027-01-01T09:00:00Z"),
+            Some(1),
+            "past it: at once"
+        );
+        assert_eq!(
+            limit(&sj(Some(3600), Stop, Some(60)), "2027-01-01T06:00:00Z"),
+            Some(60)
+        );
+        assert_eq!(
+            limit(&sj(Some(3600), Continue, None), "2027-01-01T06:00:00Z"),
+            None
+        );
+        assert_eq!(limit(&sj(None, Stop, None), "2027-01-01T06:00:00Z"), None);
     }
 }

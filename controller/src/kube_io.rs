@@ -180,6 +180,31 @@ pub async fn resume_job(ctx: &Context, ns: &str, name: &str, uid: &str) -> Resul
     }
 }
 
+/// Sets `spec.suspend: true` on the SingletonJob (`suspendAfterConsecutiveFailures`), whatever
+/// its resourceVersion: suspending only stops new runs, so a write over a concurrent edit errs on
+/// the safe side. Returns whether the SingletonJob still exists.
+pub async fn suspend_sj(ctx: &Context, sj: &SingletonJob) -> Result<bool> {
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let name = sj.metadata.name.as_deref().unwrap_or_default();
+    let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "add", "path": "/spec/suspend", "value": true},
+    ]))?;
+    let pp = PatchParams::default();
+    let sent = gated(ctx, Lane::Background, None, || async {
+        let req = kube::core::Request::new(sjs.resource_url())
+            .patch(name, &pp, &Patch::<()>::Json(patch))
+            .map_err(kube::Error::BuildRequest)?;
+        ctx.client.request::<serde::de::IgnoredAny>(req).await
+    })
+    .await?;
+    match sent {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Deletes the Job `name` only if it is still the object with `uid` (never a later one of that
 /// name). Returns whether anything was deleted.
 pub async fn delete_job_uid(

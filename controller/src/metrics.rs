@@ -373,6 +373,16 @@ impl Metrics {
             .inc();
     }
 
+    /// A run passed its completion deadline without succeeding.
+    pub fn run_late(&self, sj: &SingletonJob) {
+        self.runs_late.get_or_create(&job(sj)).inc();
+    }
+
+    /// `suspendAfterConsecutiveFailures` suspended a SingletonJob.
+    pub fn suspended_after_failures(&self, sj: &SingletonJob) {
+        self.suspended_after_failures.get_or_create(&job(sj)).inc();
+    }
+
     /// A period's outcome was recorded in status (a history entry).
     pub fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
         let key = job(sj);

@@ -33,8 +33,8 @@ use crate::lanes::Lane;
 use crate::operate::{self, ManualGates, Operations};
 use crate::record::{self, BackstopSeen, Facts};
 use crate::schedule::{DayRules, Schedule, ScheduleError};
-use kube::runtime::reflector::ObjectRef;
 use crate::{Result, observe, run};
+use kube::runtime::reflector::ObjectRef;
 
 pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
     if let Some(action) = guard(&sj, &ctx) {
@@ -212,6 +212,7 @@ async fn decide_and_act(
     let plan = &decided.plan;
     let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
     Box::pin(after(ctx, sj, &new_entries, notes, started.as_ref())).await?;
+    Box::pin(late_and_failing(ctx, sj, plan)).await?;
 
     // A manual run just started: look again at once (a backfill goes on, or waits for it). An
     // operation waiting on the clock or the backstop is looked at again shortly; one waiting for
@@ -248,7 +249,7 @@ async fn record(
     {
         Box::pin(run::retire(sj, b, token)).await?;
     }
-    let new_entries = record::apply_plan(status, plan, states);
+    let new_entries = record::apply_plan(&sj.spec, status, plan, states, now);
     let (key, window) = (sj.key(), sj.spec.jitter_window());
     let jitter = |t| crate::schedule::jitter(&key, t, window);
     let next = record::next_times(status, &decided.schedule, jitter, now);
@@ -257,6 +258,7 @@ async fn record(
         schedule: &decided.schedule.expr(),
         time_zone: sj.spec.time_zone.as_deref().unwrap_or("UTC"),
         suspended: sj.spec.suspend.unwrap_or(false),
+        suspended_after_failures: status.suspended_after_failures.is_some(),
         clock: &seen.clock,
         backstop: seen_backstop(db),
         waiting: plan.waiting.or(decided.blocked),
@@ -319,7 +321,11 @@ async fn operations(
 
 /// The SingletonJob's periods, with the SingletonCalendars it names as the watch has them.
 fn schedule_of(ctx: &Context, sj: &SingletonJob) -> std::result::Result<Schedule, ScheduleError> {
-    let names = sj.spec.exclusions.as_ref().map_or(&[][..], |x| &x.calendars[..]);
+    let names = sj
+        .spec
+        .exclusions
+        .as_ref()
+        .map_or(&[][..], |x| &x.calendars[..]);
     let calendars: HashMap<String, DayRules> = names
         .iter()
         .filter_map(|name| {
@@ -433,6 +439,7 @@ fn plan(
     let obs = Observed {
         now,
         key: &key,
+        consecutive_failures: status.consecutive_failures,
         created,
         blocked,
         job_states: states,
@@ -512,6 +519,49 @@ async fn after(
         ctx.events.publish(sj, type_, reason, "Operate", note).await;
     }
     Box::pin(record::prune::prune_jobs(ctx, sj)).await
+}
+
+/// Runs past their completion deadline get an Event and the metric, once each; reaching
+/// `suspendAfterConsecutiveFailures` suspends the SingletonJob (after the status write, which
+/// keeps the count until the suspension is seen, so a failed write here is tried again).
+async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Result<()> {
+    let metrics = crate::metrics::global();
+    for run in &plan.late {
+        metrics.run_late(sj);
+        let deadline = sj.spec.completion_deadline_seconds.unwrap_or_default();
+        let note = format!(
+            "run {} of period {} (token {}) has not succeeded within completionDeadlineSeconds ({deadline} s) of its instant",
+            run.job_name,
+            crate::naming::period_rfc3339(run.period.0),
+            run.token
+        );
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "RunLate",
+                "CompletionDeadline",
+                note,
+            )
+            .await;
+    }
+    if plan.suspend && Box::pin(crate::kube_io::suspend_sj(ctx, sj)).await? {
+        metrics.suspended_after_failures(sj);
+        let note = format!(
+            "suspended after {} runs in a row failed (suspendAfterConsecutiveFailures); set spec.suspend to false to resume",
+            plan.consecutive_failures
+        );
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "SuspendedAfterFailures",
+                "Suspend",
+                note,
+            )
+            .await;
+    }
+    Ok(())
 }
 
 /// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.

@@ -147,7 +147,9 @@ pub async fn run(
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         .owns_stream(job_stream)
         // A calendar's edit re-decides the SingletonJobs that name it.
-        .watches_stream(calendar_stream, move |cal| naming_calendar(&by_calendar, &cal))
+        .watches_stream(calendar_stream, move |cal| {
+            naming_calendar(&by_calendar, &cal)
+        })
         .reconcile_all_on(reconcile_all)
         .reconcile_on(confirmed_runs)
         .graceful_shutdown_on(async move {
@@ -170,7 +172,10 @@ fn naming_calendar(
     sjs: &reflector::Store<SingletonJob>,
     cal: &SingletonCalendar,
 ) -> Vec<ObjectRef<SingletonJob>> {
-    let (ns, name) = (cal.metadata.namespace.as_deref(), cal.metadata.name.as_deref());
+    let (ns, name) = (
+        cal.metadata.namespace.as_deref(),
+        cal.metadata.name.as_deref(),
+    );
     sjs.state()
         .iter()
         .filter(|sj| sj.metadata.namespace.as_deref() == ns)
@@ -211,7 +216,9 @@ async fn apis(
     };
     let one = ListParams::default().limit(1);
     sjs.list(&one).await.map_err(installed("SingletonJobs"))?;
-    cals.list(&one).await.map_err(installed("SingletonCalendars"))?;
+    cals.list(&one)
+        .await
+        .map_err(installed("SingletonCalendars"))?;
     Ok((sjs, cals, jobs))
 }
 

@@ -65,14 +65,23 @@ async fn several_schedules_run_their_union_with_one_job_per_instant() -> Result<
     env.create_sj(&yaml).await?;
     // Wait until a multiple of 12 s (both schedules' instant) has passed with runs around it.
     let got = env
-        .wait_for("runs across a shared instant", Duration::from_secs(45), || async {
-            let p = periods(&env.job_list().await?);
-            let shared = p.iter().position(|t| t.as_second() % 12 == 0);
-            Ok(shared.filter(|i| *i >= 1 && *i + 1 < p.len()).map(|_| p))
-        })
+        .wait_for(
+            "runs across a shared instant",
+            Duration::from_secs(45),
+            || async {
+                let p = periods(&env.job_list().await?);
+                let shared = p.iter().position(|t| t.as_second() % 12 == 0);
+                Ok(shared.filter(|i| *i >= 1 && *i + 1 < p.len()).map(|_| p))
+            },
+        )
         .await?;
     let distinct: BTreeSet<_> = got.iter().collect();
-    ensure(&env, distinct.len() == got.len(), ("one Job per instant", &got)).await?;
+    ensure(
+        &env,
+        distinct.len() == got.len(),
+        ("one Job per instant", &got),
+    )
+    .await?;
     ensure(
         &env,
         got.iter()
@@ -86,7 +95,12 @@ async fn several_schedules_run_their_union_with_one_job_per_instant() -> Result<
         .filter(|s| s % 4 == 0 || s % 6 == 0)
         .collect();
     let seconds: Vec<i64> = got.iter().map(|t| t.as_second()).collect();
-    ensure(&env, seconds == union, ("the union, in order", &seconds, &union)).await?;
+    ensure(
+        &env,
+        seconds == union,
+        ("the union, in order", &seconds, &union),
+    )
+    .await?;
     Ok(())
 }
 
@@ -94,7 +108,10 @@ async fn several_schedules_run_their_union_with_one_job_per_instant() -> Result<
 async fn schedule_and_schedules_together_are_refused_by_the_api_server() -> Result<()> {
     let env = Env::new("schedules-bad").await?;
     let yaml = sj_yaml("both", "* * * * *", "  schedules: [\"0 * * * *\"]\n");
-    let err = env.create_sj(&yaml).await.expect_err("both fields must be refused");
+    let err = env
+        .create_sj(&yaml)
+        .await
+        .expect_err("both fields must be refused");
     ensure(
         &env,
         err.to_string()
@@ -128,10 +145,14 @@ async fn periods_on_excluded_days_are_skipped_and_recorded_or_moved_to_the_next_
     ))
     .await?;
     let skipped = env
-        .wait_for("excluded periods recorded", Duration::from_secs(30), || async {
-            let sj = env.get_sj("skip").await?;
-            Ok((excluded_count(&sj) >= 3).then_some(sj))
-        })
+        .wait_for(
+            "excluded periods recorded",
+            Duration::from_secs(30),
+            || async {
+                let sj = env.get_sj("skip").await?;
+                Ok((excluded_count(&sj) >= 3).then_some(sj))
+            },
+        )
         .await?;
     let status = skipped.status.clone().unwrap_or_default();
     // nextScheduleTimes show when periods run: none today or tomorrow.
@@ -140,7 +161,10 @@ async fn periods_on_excluded_days_are_skipped_and_recorded_or_moved_to_the_next_
     ensure(
         &env,
         status.next_schedule_times.iter().all(|t| t.0 >= after),
-        ("next times after the excluded days", &status.next_schedule_times),
+        (
+            "next times after the excluded days",
+            &status.next_schedule_times,
+        ),
     )
     .await?;
     // The shifted job's periods are the same wall time two days on: nothing runs now, and its
@@ -174,17 +198,26 @@ async fn a_calendar_excludes_days_for_the_jobs_that_name_it_and_its_edits_never_
         "  concurrencyPolicy: Allow\n  exclusions:\n    calendars: [holidays]\n",
     ))
     .await?;
-    env.wait_for("the missing calendar named", Duration::from_secs(20), || async {
-        let sj = env.get_sj("c").await?;
-        let named = sj.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.status == "False" && c.message.contains("\"holidays\""))
-        });
-        Ok(named.then_some(()))
-    })
+    env.wait_for(
+        "the missing calendar named",
+        Duration::from_secs(20),
+        || async {
+            let sj = env.get_sj("c").await?;
+            let named = sj.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.status == "False" && c.message.contains("\"holidays\""))
+            });
+            Ok(named.then_some(()))
+        },
+    )
     .await?;
-    ensure(&env, env.job_list().await?.is_empty(), "no run without its calendar").await?;
+    ensure(
+        &env,
+        env.job_list().await?.is_empty(),
+        "no run without its calendar",
+    )
+    .await?;
 
     create_calendar(
         &env,
@@ -195,12 +228,21 @@ async fn a_calendar_excludes_days_for_the_jobs_that_name_it_and_its_edits_never_
         ),
     )
     .await?;
-    env.wait_for("periods skipped by the calendar", Duration::from_secs(30), || async {
-        let sj = env.get_sj("c").await?;
-        Ok((excluded_count(&sj) >= 2).then_some(()))
-    })
+    env.wait_for(
+        "periods skipped by the calendar",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("c").await?;
+            Ok((excluded_count(&sj) >= 2).then_some(()))
+        },
+    )
     .await?;
-    ensure(&env, env.job_list().await?.is_empty(), "no Job on a calendar day").await?;
+    ensure(
+        &env,
+        env.job_list().await?.is_empty(),
+        "no Job on a calendar day",
+    )
+    .await?;
 
     // The edit frees today: runs start from the moment it is seen, never for earlier periods.
     let edited_at = Timestamp::now();
@@ -256,7 +298,12 @@ async fn jitter_delays_each_start_by_its_periods_offset_and_next_times_show_it()
         ensure(
             &env,
             created.is_some_and(|c| c.as_second() >= start.as_second()),
-            ("created at or after its jittered start", period, offset, created),
+            (
+                "created at or after its jittered start",
+                period,
+                offset,
+                created,
+            ),
         )
         .await?;
         ensure(

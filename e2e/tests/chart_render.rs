@@ -413,7 +413,10 @@ fn crd_is_the_generated_one_kept_on_uninstall_and_can_be_turned_off() -> Result<
     let docs = render(&[])?;
     for (name, file) in [
         ("singletonjobs.singleton.dev", "crds/singletonjob.yaml"),
-        ("singletoncalendars.singleton.dev", "crds/singletoncalendar.yaml"),
+        (
+            "singletoncalendars.singleton.dev",
+            "crds/singletoncalendar.yaml",
+        ),
     ] {
         let crd = one(&docs, "CustomResourceDefinition", name)?;
         ensure!(
@@ -422,8 +425,7 @@ fn crd_is_the_generated_one_kept_on_uninstall_and_can_be_turned_off() -> Result<
             crd["metadata"]
         );
         // The same schema as the file in crds/, the generated source of truth.
-        let generated: Value =
-            serde_yaml::from_str(&std::fs::read_to_string(repo_file(file))?)?;
+        let generated: Value = serde_yaml::from_str(&std::fs::read_to_string(repo_file(file))?)?;
         if normalize(&crd["spec"]) != normalize(&generated["spec"]) {
             bail!(
                 "the chart's {name} differs from {file}: run `make crds` (it copies it into charts/singleton-controller/files/)"

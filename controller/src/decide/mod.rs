@@ -40,6 +40,8 @@ pub struct Observed<'a> {
     pub now: Timestamp,
     /// The SingletonJob's `namespace/name`: with the period, it picks the period's jitter.
     pub key: &'a str,
+    /// `status.consecutiveFailures` before this decision.
+    pub consecutive_failures: i32,
     /// When the SingletonJob was created: periods before it are never due.
     pub created: Timestamp,
     /// Why no run may start now, if so: the local clock disagrees with the API server's (a run
@@ -70,6 +72,14 @@ pub struct Plan {
     pub wake_at: Option<Timestamp>,
     /// Why nothing started although a period is pending (for a condition).
     pub waiting: Option<Waiting>,
+    /// Active runs that passed their completion deadline in this decision (marked `late` in
+    /// `still_active`), for their Event and metric.
+    pub late: Vec<RunRef>,
+    /// `status.consecutiveFailures` after the finished runs.
+    pub consecutive_failures: i32,
+    /// `suspendAfterConsecutiveFailures` was reached: the SingletonJob is to be suspended, and
+    /// nothing starts meanwhile.
+    pub suspend: bool,
 }
 
 /// Why a pending period has not started.
@@ -206,6 +216,10 @@ pub fn plan(
     let mut records = Records::default();
     let cursor = cursor(decided_through, status_fingerprint, &fp, obs, &mut records);
     sort_runs(active, obs, &mut plan);
+    mark_late(spec, obs.now, &mut plan);
+    plan.consecutive_failures =
+        consecutive_failures(spec, obs.consecutive_failures, &plan.finished);
+    plan.suspend = suspend_after_failures(spec, plan.consecutive_failures);
 
     // When "now" itself is in doubt nothing is decided, not even which periods are late: a clock
     // running ahead would otherwise record future periods as missed (or a schedule edit's
@@ -230,6 +244,7 @@ pub fn plan(
         obs,
         cursor,
         records,
+        suspending: plan.suspend,
     };
     pending.past_deadline(deadline);
     pending.skip_excluded();
@@ -242,7 +257,74 @@ pub fn plan(
     plan.decided_through = Some(cursor);
     plan.records = records.into_vec();
     plan.wake_at = next_look(schedule, obs.now, cursor, &plan);
+    if let Some(at) = next_completion_deadline(spec, &plan.still_active) {
+        plan.wake_at = Some(plan.wake_at.map_or(at, |w| w.min(at)));
+    }
     plan
+}
+
+/// When a run's period must have succeeded by (`completionDeadlineSeconds` after its instant).
+pub fn completion_deadline(spec: &SingletonJobSpec, run: &RunRef) -> Option<Timestamp> {
+    let seconds = spec.completion_deadline_seconds?;
+    run.period
+        .0
+        .checked_add(SignedDuration::from_secs(seconds))
+        .ok()
+}
+
+/// Runs not succeeded by their completion deadline are late: the active ones are marked (and
+/// listed in `plan.late` the first time), a finished one is late if it finished after it.
+fn mark_late(spec: &SingletonJobSpec, now: Timestamp, plan: &mut Plan) {
+    for run in &mut plan.still_active {
+        if !run.late && completion_deadline(spec, run).is_some_and(|d| d <= now) {
+            run.late = true;
+            plan.late.push(run.clone());
+        }
+    }
+    for (run, _, at) in &mut plan.finished {
+        if completion_deadline(spec, run).is_some_and(|d| d < *at) {
+            run.late = true;
+        }
+    }
+}
+
+/// The earliest completion deadline of an active run not yet late: look again then.
+fn next_completion_deadline(spec: &SingletonJobSpec, active: &[RunRef]) -> Option<Timestamp> {
+    active
+        .iter()
+        .filter(|r| !r.late)
+        .filter_map(|r| completion_deadline(spec, r))
+        .min()
+}
+
+/// `status.consecutiveFailures` after the finished runs, in the order they finished: a failure
+/// adds one, a success starts again at zero. While suspended it stays zero, so that resuming
+/// starts the count again.
+pub fn consecutive_failures(
+    spec: &SingletonJobSpec,
+    before: i32,
+    finished: &[(RunRef, Outcome, Timestamp)],
+) -> i32 {
+    if spec.suspend.unwrap_or(false) {
+        return 0;
+    }
+    let mut by_time: Vec<&(RunRef, Outcome, Timestamp)> = finished.iter().collect();
+    by_time.sort_by_key(|(_, _, at)| *at);
+    by_time
+        .iter()
+        .fold(before, |n, (_, outcome, _)| match outcome {
+            Outcome::Failed => n.saturating_add(1),
+            Outcome::Succeeded => 0,
+            _ => n,
+        })
+}
+
+/// Whether `suspendAfterConsecutiveFailures` suspends the SingletonJob now.
+pub fn suspend_after_failures(spec: &SingletonJobSpec, consecutive_failures: i32) -> bool {
+    !spec.suspend.unwrap_or(false)
+        && spec
+            .suspend_after_consecutive_failures
+            .is_some_and(|n| consecutive_failures >= n)
 }
 
 /// Where pending periods begin. A new SingletonJob starts at its creation; a changed schedule
@@ -299,11 +381,13 @@ struct Pending<'a> {
     /// Every period at or before this is decided.
     cursor: Timestamp,
     records: Records,
+    /// Being suspended by `suspendAfterConsecutiveFailures`: as if suspended already.
+    suspending: bool,
 }
 
 impl Pending<'_> {
     fn suspended(&self) -> bool {
-        self.spec.suspend.unwrap_or(false)
+        self.spec.suspend.unwrap_or(false) || self.suspending
     }
 
     /// Step 1: periods past the deadline, one folded record however many (no "too many missed"

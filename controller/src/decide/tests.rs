@@ -65,6 +65,7 @@ fn decide(
 ) -> Plan {
     let obs = Observed {
         key: "ns/job",
+        consecutive_failures: 0,
         now,
         created,
         blocked: None,
@@ -390,6 +391,7 @@ fn an_untrusted_clock_or_a_rejected_template_starts_nothing() {
     for why in [Waiting::ClockUntrusted, Waiting::JobTemplateInvalid] {
         let obs = Observed {
             key: "ns/job",
+            consecutive_failures: 0,
             now: ts("2027-01-01T00:10:00Z"),
             created,
             blocked: Some(why),
@@ -409,6 +411,7 @@ fn an_untrusted_clock_decides_nothing_not_even_misses() {
     // Our clock says 05:00: by it, dozens of periods are pending; by the API server's, maybe none.
     let obs = Observed {
         key: "ns/job",
+        consecutive_failures: 0,
         now: ts("2027-01-01T05:00:00Z"),
         created,
         blocked: Some(Waiting::ClockUntrusted),
@@ -440,6 +443,7 @@ fn periods_past_their_deadline_while_the_backstop_is_down_say_so() {
     let st = states(NONE);
     let obs = Observed {
         key: "ns/job",
+        consecutive_failures: 0,
         now: ts("2027-01-01T00:35:00Z"),
         created: ts("2027-01-01T00:00:00Z"),
         blocked: Some(Waiting::BackstopUnavailable),
@@ -604,7 +608,11 @@ fn excluded_periods_are_skipped_with_their_reason_and_never_started() {
     while now < ts("2027-01-05T07:00:00Z") {
         let p = decide(&s, &st, now, created, &states(NONE));
         started.extend(p.start);
-        records.extend(recorded(&p).into_iter().map(|(o, r, c)| (o, r.to_string(), c)));
+        records.extend(
+            recorded(&p)
+                .into_iter()
+                .map(|(o, r, c)| (o, r.to_string(), c)),
+        );
         apply(&mut st, &p);
         st.active.clear();
         now = p.wake_at.unwrap();
@@ -667,10 +675,22 @@ fn a_shifted_period_starts_at_its_shifted_instant_not_before() {
     });
     // 1 May 2027 is a Saturday: the period moves to Monday 3 May 06:00.
     let created = ts("2027-04-20T00:00:00Z");
-    let p = decide(&s, &State::default(), ts("2027-05-01T06:00:00Z"), created, &states(NONE));
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-05-01T06:00:00Z"),
+        created,
+        &states(NONE),
+    );
     assert_eq!(p.start, None);
     assert_eq!(p.wake_at, Some(ts("2027-05-03T06:00:00Z")));
-    let p = decide(&s, &State::default(), ts("2027-05-03T06:00:00Z"), created, &states(NONE));
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-05-03T06:00:00Z"),
+        created,
+        &states(NONE),
+    );
     assert_eq!(p.start, Some(ts("2027-05-03T06:00:00Z")));
     assert!(p.records.is_empty());
 }
@@ -704,9 +724,18 @@ fn an_edit_of_the_excluded_days_never_fires_a_past_period() {
     // An edit seen late (after a period that the old rules excluded) records, never runs, it.
     let mut late = st.clone();
     late.decided_through = Some(ts("2027-01-01T06:00:00Z"));
-    let p = decide(&s, &late, ts("2027-01-02T07:00:00Z"), created, &states(NONE));
+    let p = decide(
+        &s,
+        &late,
+        ts("2027-01-02T07:00:00Z"),
+        created,
+        &states(NONE),
+    );
     assert_eq!(p.start, None);
-    assert_eq!(recorded(&p), [(Outcome::Skipped, reason::SCHEDULE_CHANGED, 1)]);
+    assert_eq!(
+        recorded(&p),
+        [(Outcome::Skipped, reason::SCHEDULE_CHANGED, 1)]
+    );
 }
 
 #[test]
@@ -721,8 +750,18 @@ fn jitter_delays_the_start_within_its_window_and_deadlines_count_from_its_end() 
     let p = decide(&s, &State::default(), period, created, &states(NONE));
     assert_eq!(p.start, None);
     assert_eq!(p.wake_at, Some(period + offset));
-    let p = decide(&s, &State::default(), period + offset, created, &states(NONE));
-    assert_eq!(p.start, Some(period), "the period keeps its instant as its identity");
+    let p = decide(
+        &s,
+        &State::default(),
+        period + offset,
+        created,
+        &states(NONE),
+    );
+    assert_eq!(
+        p.start,
+        Some(period),
+        "the period keeps its instant as its identity"
+    );
     // catchUp None's grace counts from the end of the window: still startable 10m30s later.
     let p = decide(
         &s,
@@ -826,4 +865,108 @@ proptest! {
             .count() as u64;
         prop_assert_eq!(excluded_recorded, excluded_due);
     }
+}
+
+#[test]
+fn a_run_not_succeeded_by_its_completion_deadline_is_late_once() {
+    let mut s = spec("0 6 * * *");
+    s.completion_deadline_seconds = Some(3600);
+    let period = ts("2027-01-01T06:00:00Z");
+    let created = ts("2027-01-01T00:00:00Z");
+    let st = State {
+        decided_through: Some(period),
+        fingerprint: Some(fingerprint(&s)),
+        active: vec![run_ref(period)],
+    };
+    let before = decide(&s, &st, ts("2027-01-01T06:59:59Z"), created, &states(NONE));
+    assert!(before.late.is_empty());
+    assert_eq!(
+        before.wake_at,
+        Some(ts("2027-01-01T07:00:00Z")),
+        "woken at the deadline"
+    );
+    let at = decide(&s, &st, ts("2027-01-01T07:00:00Z"), created, &states(NONE));
+    assert_eq!(at.late.len(), 1);
+    assert!(at.still_active[0].late);
+    let mut marked = st.clone();
+    marked.active = at.still_active.clone();
+    let again = decide(
+        &s,
+        &marked,
+        ts("2027-01-01T07:30:00Z"),
+        created,
+        &states(NONE),
+    );
+    assert!(again.late.is_empty(), "the Event and metric come once");
+    assert!(again.still_active[0].late);
+    // A run that finished after its deadline between two looks is late too; one before is not.
+    let job = run_ref(period).job_name;
+    for (finished, late) in [
+        ("2027-01-01T07:00:01Z", true),
+        ("2027-01-01T06:59:00Z", false),
+    ] {
+        let done = states(&[(job.as_str(), JobState::Succeeded(ts(finished)))]);
+        let p = decide(&s, &st, ts("2027-01-01T08:00:00Z"), created, &done);
+        assert_eq!(p.finished[0].0.late, late, "finished at {finished}");
+    }
+}
+
+#[test]
+fn consecutive_failures_suspend_and_a_success_or_a_suspension_starts_the_count_again() {
+    let mut s = spec("*/10 * * * *");
+    s.suspend_after_consecutive_failures = Some(2);
+    s.concurrency_policy = ConcurrencyPolicy::Allow;
+    let created = ts("2027-01-01T00:00:00Z");
+    let failed = |p: &str, at: &str| (run_ref(ts(p)), Outcome::Failed, ts(at));
+    let ok = |p: &str, at: &str| (run_ref(ts(p)), Outcome::Succeeded, ts(at));
+    assert_eq!(
+        consecutive_failures(
+            &s,
+            1,
+            &[failed("2027-01-01T00:10:00Z", "2027-01-01T00:11:00Z")]
+        ),
+        2
+    );
+    // In the order they finished, not their periods'.
+    let runs = [
+        failed("2027-01-01T00:10:00Z", "2027-01-01T00:25:00Z"),
+        ok("2027-01-01T00:20:00Z", "2027-01-01T00:21:00Z"),
+    ];
+    assert_eq!(consecutive_failures(&s, 5, &runs), 1);
+    let mut suspended = s.clone();
+    suspended.suspend = Some(true);
+    assert_eq!(consecutive_failures(&suspended, 5, &runs), 0);
+    assert!(suspend_after_failures(&s, 2));
+    assert!(!suspend_after_failures(&s, 1));
+    assert!(!suspend_after_failures(&suspended, 9));
+
+    // The second failure is seen while a period is due: it does not start, the plan suspends.
+    let mut st = State {
+        decided_through: Some(ts("2027-01-01T00:10:00Z")),
+        fingerprint: Some(fingerprint(&s)),
+        active: vec![run_ref(ts("2027-01-01T00:10:00Z"))],
+    };
+    let job = st.active[0].job_name.clone();
+    let done = states(&[(job.as_str(), JobState::Failed(ts("2027-01-01T00:19:00Z")))]);
+    let obs = Observed {
+        key: "ns/job",
+        consecutive_failures: 1,
+        now: ts("2027-01-01T00:20:00Z"),
+        created,
+        blocked: None,
+        job_states: &done,
+    };
+    let p = plan(
+        &s,
+        &sched(&s),
+        st.decided_through,
+        st.fingerprint.as_deref(),
+        &st.active,
+        &obs,
+    );
+    assert!(p.suspend);
+    assert_eq!(p.consecutive_failures, 2);
+    assert_eq!(p.start, None, "nothing starts while it is being suspended");
+    assert_eq!(p.waiting, Some(Waiting::Suspended));
+    st.active.clear();
 }

@@ -9,7 +9,10 @@ use std::collections::HashMap;
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::api::{ClaimsRecorded, HistoryEntry, Outcome, ReplacedRun, RunRef, SingletonJobStatus};
+use crate::api::{
+    ClaimsRecorded, HistoryEntry, Outcome, ReplacedRun, RunRef, SingletonJobSpec,
+    SingletonJobStatus,
+};
 use crate::clock::ClockState;
 use crate::decide::{JobState, Plan, Waiting, reason};
 use crate::naming;
@@ -33,7 +36,7 @@ pub fn run_entry(
     finished: Option<Timestamp>,
 ) -> HistoryEntry {
     HistoryEntry {
-        late: false,
+        late: run.late,
         period: run.period.clone(),
         last_period: None,
         count: 1,
@@ -82,9 +85,11 @@ pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp)
 /// to the history, the active runs and the cursor move. Returns the new entries, oldest first,
 /// for their Events and metrics. `states` is what was observed of the active runs' Jobs.
 pub fn apply_plan(
+    spec: &SingletonJobSpec,
     status: &mut SingletonJobStatus,
     plan: &Plan,
     states: &HashMap<String, JobState>,
+    now: Timestamp,
 ) -> Vec<HistoryEntry> {
     let mut new_entries = Vec::new();
     for (run, outcome, at) in &plan.finished {
@@ -107,6 +112,7 @@ pub fn apply_plan(
         new_entries.push(run_entry(run, *outcome, why, Some(*at)));
     }
     new_entries.extend(plan.records.iter().cloned());
+    note_suspension(spec, status, plan.consecutive_failures, now);
     for e in &new_entries {
         status.last_result = Some(e.outcome);
         push_history(status, e.clone());
@@ -116,6 +122,27 @@ pub fn apply_plan(
     status.decided_through = plan.decided_through.map(Into::into);
     status.schedule_fingerprint = Some(plan.fingerprint.clone());
     new_entries
+}
+
+/// The failure count, and when `suspendAfterConsecutiveFailures` suspended the SingletonJob:
+/// the first decision that sees `suspend: true` with the count at the limit (the count is held
+/// until the suspension is seen, so a failed write of it is tried again). Resuming clears it.
+fn note_suspension(
+    spec: &SingletonJobSpec,
+    status: &mut SingletonJobStatus,
+    failures: i32,
+    now: Timestamp,
+) {
+    let suspended = spec.suspend.unwrap_or(false);
+    let reached = spec
+        .suspend_after_consecutive_failures
+        .is_some_and(|n| status.consecutive_failures >= n);
+    if suspended && reached {
+        status.suspended_after_failures = Some(now.into());
+    } else if !suspended {
+        status.suspended_after_failures = None;
+    }
+    status.consecutive_failures = failures;
 }
 
 /// How many periods [`next_times`] looks through for three that run.
@@ -156,6 +183,8 @@ pub struct Facts<'a> {
     pub schedule: &'a str,
     pub time_zone: &'a str,
     pub suspended: bool,
+    /// Suspended by `suspendAfterConsecutiveFailures`.
+    pub suspended_after_failures: bool,
     pub clock: &'a ClockState,
     pub backstop: BackstopSeen,
     /// Why no run starts although one is due, if so.
@@ -179,13 +208,20 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
         generation,
         now,
     );
-    let suspended = if f.suspended { "Suspended" } else { "Active" };
+    let (suspended, why) = match (f.suspended, f.suspended_after_failures) {
+        (true, true) => (
+            "SuspendedAfterFailures",
+            "suspendAfterConsecutiveFailures was reached; set spec.suspend to false to resume",
+        ),
+        (true, false) => ("Suspended", ""),
+        (false, _) => ("Active", ""),
+    };
     conditions::set(
         conds,
         conditions::SUSPENDED,
         f.suspended,
         suspended,
-        "",
+        why,
         generation,
         now,
     );

@@ -73,7 +73,13 @@ fn a_finished_run_replaces_its_running_entry_and_keeps_its_reason() {
         ..Plan::default()
     };
     let states = HashMap::from([(b.job_name.clone(), JobState::Gone)]);
-    let new = apply_plan(&mut status, &plan, &states);
+    let new = apply_plan(
+        &Default::default(),
+        &mut status,
+        &plan,
+        &states,
+        Timestamp::now(),
+    );
     assert_eq!(new.len(), 2);
     assert_eq!(
         status.history.len(),
@@ -107,6 +113,7 @@ fn facts<'a>(clock: &'a ClockState, backstop: BackstopSeen, waiting: Option<Wait
         schedule: "*/5 * * * *",
         time_zone: "UTC",
         suspended: false,
+        suspended_after_failures: false,
         clock,
         backstop,
         waiting,

@@ -141,7 +141,10 @@ impl Exclusions {
     /// Whether the day is excluded.
     pub fn excludes(&self, day: Date) -> bool {
         self.dates.contains(&day)
-            || self.ranges.iter().any(|(from, to)| *from <= day && day <= *to)
+            || self
+                .ranges
+                .iter()
+                .any(|(from, to)| *from <= day && day <= *to)
             || self.days.iter().any(|cron| matches_day(cron, day))
     }
 

@@ -152,7 +152,9 @@ pub enum ScheduleError {
     },
     #[error("schedules: {0}")]
     Schedules(String),
-    #[error("SingletonCalendar {0:?} named in exclusions.calendars does not exist in this namespace")]
+    #[error(
+        "SingletonCalendar {0:?} named in exclusions.calendars does not exist in this namespace"
+    )]
     MissingCalendar(String),
 }
 
@@ -567,8 +569,8 @@ fn ever_fires(cron: &Cron) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::Single as Schedule;
+    use super::*;
     use proptest::prelude::*;
 
     const FIRST: DstPolicy = DstPolicy {
@@ -1179,7 +1181,10 @@ mod tests {
             preview(&utc("0 0 * * *").into(), ts("2027-01-01T00:00:00Z"), 1).collect::<Vec<_>>(),
             ["2027-01-02T00:00:00Z 2027-01-02T00:00:00+00:00[UTC]"]
         );
-        assert_eq!(preview(&berlin.clone().into(), ts("2027-01-01T00:00:00Z"), 0).count(), 0);
+        assert_eq!(
+            preview(&berlin.clone().into(), ts("2027-01-01T00:00:00Z"), 0).count(),
+            0
+        );
     }
 
     // ---- DST tables -----------------------------------------------------

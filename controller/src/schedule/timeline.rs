@@ -233,7 +233,11 @@ impl Iterator for Merged<'_> {
     type Item = Timestamp;
 
     fn next(&mut self) -> Option<Timestamp> {
-        let min = self.heads.iter_mut().filter_map(|h| h.peek().copied()).min()?;
+        let min = self
+            .heads
+            .iter_mut()
+            .filter_map(|h| h.peek().copied())
+            .min()?;
         for head in &mut self.heads {
             if head.peek() == Some(&min) {
                 head.next();

@@ -206,7 +206,10 @@ fn rules() -> impl Strategy<Value = DayRules> {
     (
         prop::collection::vec(date.clone(), 0..6),
         prop::collection::vec((date, 0u8..6), 0..2),
-        prop::collection::vec(prop::sample::select(vec!["* * SAT,SUN", "1 * *", "* * 3", "L * *"]), 0..2),
+        prop::collection::vec(
+            prop::sample::select(vec!["* * SAT,SUN", "1 * *", "* * 3", "L * *"]),
+            0..2,
+        ),
     )
         .prop_map(|(dates, ranges, days)| DayRules {
             dates,
