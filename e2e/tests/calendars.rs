@@ -183,7 +183,30 @@ async fn periods_on_excluded_days_are_skipped_and_recorded_or_moved_to_the_next_
         "no Job on an excluded day",
     )
     .await?;
+    // `kubectl singleton schedule sj/NAME` shows the same: skipped days, shifted instants.
+    let skip = preview(&env, "sj/skip")?;
+    ensure(
+        &env,
+        skip.lines().count() == 3 && skip.lines().all(|l| l.ends_with(" skipped (excluded day)")),
+        ("the preview marks excluded periods", &skip),
+    )
+    .await?;
+    let shift = preview(&env, "sj/shift")?;
+    let first = after.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    ensure(
+        &env,
+        shift.lines().next().is_some_and(|l| l.starts_with(&first)),
+        ("the preview shows the shifted instants", &shift, &first),
+    )
+    .await?;
     Ok(())
+}
+
+/// `kubectl singleton schedule <arg> --namespace <test's> -n 3`'s output.
+fn preview(env: &Env, arg: &str) -> Result<String> {
+    let out = e2e::plugin(&["schedule", arg, "--namespace", &env.ns, "-n", "3"], &[])?;
+    anyhow::ensure!(out.status.success(), "{}", e2e::stderr(&out));
+    Ok(e2e::stdout(&out))
 }
 
 #[tokio::test]
@@ -324,6 +347,13 @@ async fn jitter_delays_each_start_by_its_periods_offset_and_next_times_show_it()
             t.0.as_second() == start.as_second()
         }),
         ("next times are the jittered starts", &next),
+    )
+    .await?;
+    let lines = preview(&env, "sj/j")?;
+    ensure(
+        &env,
+        lines.lines().count() == 3 && lines.lines().all(|l| l.contains(" starts ")),
+        ("the preview shows each period's jittered start", &lines),
     )
     .await?;
     Ok(())

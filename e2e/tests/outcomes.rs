@@ -56,7 +56,10 @@ async fn a_run_past_its_completion_deadline_is_late_and_stop_ends_it() -> Result
     let sj = env
         .wait_for("the run marked late", Duration::from_secs(30), || async {
             let sj = env.get_sj("cont").await?;
-            let late = sj.status.as_ref().is_some_and(|s| s.active.iter().any(|r| r.late));
+            let late = sj
+                .status
+                .as_ref()
+                .is_some_and(|s| s.active.iter().any(|r| r.late));
             Ok(late.then_some(sj))
         })
         .await?;
@@ -65,8 +68,15 @@ async fn a_run_past_its_completion_deadline_is_late_and_stop_ends_it() -> Result
     ensure(
         &env,
         job.status.as_ref().and_then(|s| s.failed).unwrap_or(0) == 0
-            && job.spec.as_ref().and_then(|s| s.active_deadline_seconds).is_none(),
-        ("Continue leaves the Job running, without a deadline", &job.status),
+            && job
+                .spec
+                .as_ref()
+                .and_then(|s| s.active_deadline_seconds)
+                .is_none(),
+        (
+            "Continue leaves the Job running, without a deadline",
+            &job.status,
+        ),
     )
     .await?;
     let events = env
@@ -93,16 +103,25 @@ async fn a_run_past_its_completion_deadline_is_late_and_stop_ends_it() -> Result
 
     // Stop: Kubernetes ends the Job at the deadline; the period is Failed and late.
     let entry = env
-        .wait_for("the stopped run recorded", Duration::from_secs(40), || async {
-            let sj = env.get_sj("stop").await?;
-            let st = sj.status.unwrap_or_default();
-            Ok(st
-                .history
-                .into_iter()
-                .find(|h| h.outcome == Outcome::Failed && h.job_name.is_some()))
-        })
+        .wait_for(
+            "the stopped run recorded",
+            Duration::from_secs(40),
+            || async {
+                let sj = env.get_sj("stop").await?;
+                let st = sj.status.unwrap_or_default();
+                Ok(st
+                    .history
+                    .into_iter()
+                    .find(|h| h.outcome == Outcome::Failed && h.job_name.is_some()))
+            },
+        )
         .await?;
-    ensure(&env, entry.late, ("the failed run is recorded late", &entry)).await?;
+    ensure(
+        &env,
+        entry.late,
+        ("the failed run is recorded late", &entry),
+    )
+    .await?;
     let stopped = env
         .jobs()
         .get(entry.job_name.as_deref().unwrap_or_default())
@@ -132,19 +151,27 @@ async fn repeated_failures_suspend_it_with_a_condition_and_an_event_and_resuming
     ))
     .await?;
     let sj = env
-        .wait_for("suspended after two failures", Duration::from_secs(60), || async {
-            let sj = env.get_sj("f").await?;
-            let suspended = sj.spec.suspend == Some(true)
-                && condition(&sj, "Suspended")
-                    == Some(("True".into(), "SuspendedAfterFailures".into()));
-            Ok(suspended.then_some(sj))
-        })
+        .wait_for(
+            "suspended after two failures",
+            Duration::from_secs(60),
+            || async {
+                let sj = env.get_sj("f").await?;
+                let suspended = sj.spec.suspend == Some(true)
+                    && condition(&sj, "Suspended")
+                        == Some(("True".into(), "SuspendedAfterFailures".into()));
+                Ok(suspended.then_some(sj))
+            },
+        )
         .await?;
     let st = sj.status.clone().unwrap_or_default();
     ensure(
         &env,
         failed(&sj) == 2 && st.consecutive_failures == 0 && st.suspended_after_failures.is_some(),
-        ("two failures, the count started again", &st.history, st.consecutive_failures),
+        (
+            "two failures, the count started again",
+            &st.history,
+            st.consecutive_failures,
+        ),
     )
     .await?;
     let events = events_with_reason(&env, "SuspendedAfterFailures").await?;
@@ -159,15 +186,19 @@ async fn repeated_failures_suspend_it_with_a_condition_and_an_event_and_resuming
     .await?;
     // Suspended: the next periods are recorded as such and no Job is created.
     let jobs_before = env.job_list().await?.len();
-    env.wait_for("a period skipped while suspended", Duration::from_secs(20), || async {
-        let sj = env.get_sj("f").await?;
-        let skipped = sj.status.as_ref().is_some_and(|s| {
-            s.history
-                .iter()
-                .any(|h| h.outcome == Outcome::Skipped && h.reason.as_deref() == Some("Suspended"))
-        });
-        Ok(skipped.then_some(()))
-    })
+    env.wait_for(
+        "a period skipped while suspended",
+        Duration::from_secs(20),
+        || async {
+            let sj = env.get_sj("f").await?;
+            let skipped = sj.status.as_ref().is_some_and(|s| {
+                s.history.iter().any(|h| {
+                    h.outcome == Outcome::Skipped && h.reason.as_deref() == Some("Suspended")
+                })
+            });
+            Ok(skipped.then_some(()))
+        },
+    )
     .await?;
     ensure(
         &env,

@@ -1,7 +1,7 @@
 //! `kubectl singleton ...`: the kubectl plugin. Parses arguments and calls the library.
 use clap::{Parser, Subcommand};
 use singleton::decide::ops::{OperationKind, Request};
-use singleton::plugin::preview::write_preview;
+use singleton::plugin::preview::{job_preview, write_lines, write_preview};
 use singleton::plugin::{self, Cluster, Output, PluginError, Wait};
 use singleton::schedule::{DstPolicy, FoldPolicy, GapPolicy, Schedule};
 
@@ -21,13 +21,20 @@ struct Args {
 enum Cmd {
     /// Print the next instants of a schedule, exactly as the controller computes them.
     ///
-    /// Each line: the instant in RFC 3339 UTC, then the local wall time with its offset.
+    /// Each line: the instant in RFC 3339 UTC, then the local wall time with its offset. For
+    /// sj/NAME, the SingletonJob's periods: its schedules, with excluded days (its own and its
+    /// SingletonCalendars') marked "skipped (excluded day)" or moved to the next allowed day, and
+    /// "starts <instant>" where jitterSeconds delays the start.
     Schedule {
-        /// Cron expression (5 fields, 6 with seconds, a macro such as @daily, or @every 15m).
+        /// Cron expression (5 fields, 6 with seconds, a macro such as @daily, or @every 15m), or
+        /// sj/NAME for a SingletonJob in the cluster.
         cron: String,
-        /// IANA time zone the schedule is read in.
+        /// IANA time zone the schedule is read in (a SingletonJob's own is used for sj/NAME).
         #[arg(long, default_value = "UTC")]
         time_zone: String,
+        /// Namespace of sj/NAME (default: the kubeconfig context's).
+        #[arg(long)]
+        namespace: Option<String>,
         /// Print instants strictly after this RFC 3339 instant (default: now).
         #[arg(long)]
         from: Option<jiff::Timestamp>,
@@ -186,31 +193,41 @@ fn parse_fold(s: &str) -> Result<FoldPolicy, String> {
     }
 }
 
+/// The name in `sj/NAME` (or `singletonjob/NAME`), if the schedule argument names a SingletonJob.
+fn job_name(arg: &str) -> Option<&str> {
+    arg.strip_prefix("sj/")
+        .or_else(|| arg.strip_prefix("singletonjob/"))
+        .or_else(|| arg.strip_prefix("singletonjobs/"))
+}
+
 fn main() -> std::process::ExitCode {
     match Args::parse().command {
         Cmd::Schedule {
             cron,
             time_zone,
+            namespace: _,
             from,
             count,
             gap,
             fold,
-        } => match Schedule::parse(&cron, Some(&time_zone), DstPolicy { gap, fold }) {
-            Ok(s) => {
-                let from = from.unwrap_or_else(jiff::Timestamp::now);
-                match write_preview(&mut std::io::stdout().lock(), &s, from, count) {
-                    Ok(()) => std::process::ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        std::process::ExitCode::FAILURE
+        } if job_name(&cron).is_none() => {
+            match Schedule::parse(&cron, Some(&time_zone), DstPolicy { gap, fold }) {
+                Ok(s) => {
+                    let from = from.unwrap_or_else(jiff::Timestamp::now);
+                    match write_preview(&mut std::io::stdout().lock(), &s, from, count) {
+                        Ok(()) => std::process::ExitCode::SUCCESS,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            std::process::ExitCode::FAILURE
+                        }
                     }
                 }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    std::process::ExitCode::from(2)
+                }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                std::process::ExitCode::from(2)
-            }
-        },
+        }
         cmd => {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -245,8 +262,27 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
     };
     let now = jiff::Timestamp::now();
     match cmd {
-        // Runs without a cluster, in main.
-        Cmd::Schedule { .. } => Ok(String::new()),
+        // A cron expression runs without a cluster, in main.
+        Cmd::Schedule {
+            cron,
+            namespace: ns,
+            from,
+            count,
+            ..
+        } => {
+            let name = job_name(&cron).unwrap_or_default();
+            let ns = ns.unwrap_or_else(|| cluster.default_namespace.clone());
+            let sj = cluster.get(&ns, name).await?;
+            let names = sj.spec.exclusions.as_ref().map(|x| x.calendars.clone());
+            let calendars = cluster.calendars(&ns, &names.unwrap_or_default()).await?;
+            let schedule = singleton::decide::schedule(&sj.spec, &calendars)
+                .map_err(|e| PluginError::Usage(format!("{ns}/{name}: {e}")))?;
+            let key = sj.key();
+            let lines = job_preview(&sj, &schedule, &key, from.unwrap_or(now), count);
+            let mut out = Vec::new();
+            write_lines(&mut out, lines).map_err(|e| PluginError::Encode(e.to_string()))?;
+            Ok(String::from_utf8_lossy(&out).into_owned())
+        }
         Cmd::List {
             ns,
             all_namespaces,

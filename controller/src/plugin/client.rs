@@ -6,8 +6,10 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
+use std::collections::HashMap;
+
 use super::error::PluginError;
-use crate::api::SingletonJob;
+use crate::api::{DayRules, SingletonCalendar, SingletonJob};
 
 /// The cluster the kubeconfig selects: a client, and the namespace its context names.
 pub struct Cluster {
@@ -83,6 +85,26 @@ impl Cluster {
             }
             Err(e) => Err(self.api_error(e, "get", Some(ns))),
         }
+    }
+
+    /// The rules of the named SingletonCalendars of `ns` that exist, by name.
+    pub async fn calendars(
+        &self,
+        ns: &str,
+        names: &[String],
+    ) -> Result<HashMap<String, DayRules>, PluginError> {
+        let api: Api<SingletonCalendar> = Api::namespaced(self.client.clone(), ns);
+        let mut found = HashMap::new();
+        for name in names {
+            match api.get_opt(name).await {
+                Ok(Some(cal)) => {
+                    found.insert(name.clone(), cal.spec.rules);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(self.api_error(e, "get", Some(ns))),
+            }
+        }
+        Ok(found)
     }
 
     /// SingletonJobs of `ns`, or of all namespaces when `None`, sorted by namespace and name.

@@ -5,7 +5,8 @@ use std::io::{ErrorKind, Write};
 
 use jiff::Timestamp;
 
-use crate::schedule::{Schedule, preview};
+use crate::api::SingletonJob;
+use crate::schedule::{Schedule, jitter, preview};
 
 /// The most instants one `schedule` command prints: enough for a year of an every-10-minutes
 /// schedule; further ahead is a question for `--from`.
@@ -24,6 +25,31 @@ pub fn parse_count(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
+/// A SingletonJob's next periods as its controller sees them (`schedule sj/NAME`): each
+/// [`preview`] line, followed by ` skipped (excluded day)` for a period on an excluded day, or
+/// ` starts <instant>` when `jitterSeconds` moves its start.
+pub fn job_preview<'a>(
+    sj: &'a SingletonJob,
+    schedule: &'a Schedule,
+    key: &'a str,
+    from: Timestamp,
+    n: usize,
+) -> impl Iterator<Item = String> + 'a {
+    let window = sj.spec.jitter_window();
+    preview(schedule, from, n)
+        .zip(schedule.iter_after(from))
+        .map(move |(line, at)| {
+            if schedule.excluded(at) {
+                format!("{line} skipped (excluded day)")
+            } else if window > 0 {
+                let start = at + jitter(key, at, window);
+                format!("{line} starts {}", start.strftime("%Y-%m-%dT%H:%M:%S%.3fZ"))
+            } else {
+                line
+            }
+        })
+}
+
 /// Writes the preview's lines to `out` as they are computed. A reader that goes away (`| head`)
 /// ends the preview quietly.
 pub fn write_preview(
@@ -32,7 +58,15 @@ pub fn write_preview(
     from: Timestamp,
     n: usize,
 ) -> std::io::Result<()> {
-    for line in preview(schedule, from, n) {
+    write_lines(out, preview(schedule, from, n))
+}
+
+/// Writes lines to `out` as they come; a reader that goes away ends quietly.
+pub fn write_lines(
+    out: &mut impl Write,
+    lines: impl Iterator<Item = String>,
+) -> std::io::Result<()> {
+    for line in lines {
         match writeln!(out, "{line}") {
             Err(e) if e.kind() == ErrorKind::BrokenPipe => return Ok(()),
             other => other?,
