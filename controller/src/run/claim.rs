@@ -52,7 +52,7 @@ pub(super) async fn backstop_claim(
     let mut sj = sj.clone();
     let period = claim.period.0;
     for _ in 0..=RECLAIMS {
-        match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name)).await {
+        match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name, None)).await {
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
                 // The claim's own token never reached the fence (the transaction rolled back):
                 // nothing to retire.
