@@ -404,6 +404,7 @@ impl Records {
             token: None,
             start_time: None,
             finish_time: Some(now.into()),
+            requested_by: None,
         });
     }
 
@@ -413,6 +414,7 @@ impl Records {
 }
 
 pub mod ops;
+pub mod rerun;
 
 #[cfg(test)]
 mod tests;
