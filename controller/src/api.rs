@@ -325,6 +325,10 @@ pub const ANNOTATION_BACKFILL: &str = "singleton.dev/backfill";
 /// Annotation through which `kubectl singleton break-lock` asks to fence out every issued token:
 /// `{"id": "...", "by": "...", "reason": "..."}`.
 pub const ANNOTATION_BREAK_LOCK: &str = "singleton.dev/break-lock";
+/// Annotation through which `kubectl singleton rerun` asks to run a decided period again, with a
+/// new token that fences the earlier run out:
+/// `{"id": "...", "by": "...", "period": "<RFC 3339>", "replace": false}`.
+pub const ANNOTATION_RERUN: &str = "singleton.dev/rerun";
 
 /// A batch/v1 JobTemplateSpec, kept as the user wrote it. The API server stores it without a
 /// schema, so a wrongly typed field inside it must not make the whole SingletonJob undecodable:
@@ -625,8 +629,8 @@ pub struct SingletonJobStatus {
     pub history: Vec<HistoryEntry>,
 
     /// What became of the latest operation of each kind asked for through the annotations
-    /// `singleton.dev/trigger`, `singleton.dev/backfill` and `singleton.dev/break-lock` (which
-    /// `kubectl singleton trigger|backfill|break-lock` set).
+    /// `singleton.dev/trigger`, `singleton.dev/backfill`, `singleton.dev/break-lock` and
+    /// `singleton.dev/rerun` (which `kubectl singleton trigger|backfill|break-lock|rerun` set).
     #[serde(default, skip_serializing_if = "Operations::is_empty")]
     // Boxed: almost always empty, and every cached SingletonJob carries its status.
     pub operations: Box<Operations>,
@@ -663,11 +667,17 @@ pub struct Operations {
     /// The latest broken lock (`kubectl singleton break-lock`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub break_lock: Option<OperationStatus>,
+    /// The latest re-run of a period (`kubectl singleton rerun`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<OperationStatus>,
 }
 
 impl Operations {
     pub fn is_empty(&self) -> bool {
-        self.trigger.is_none() && self.backfill.is_none() && self.break_lock.is_none()
+        self.trigger.is_none()
+            && self.backfill.is_none()
+            && self.break_lock.is_none()
+            && self.rerun.is_none()
     }
 }
 
@@ -695,6 +705,9 @@ pub struct OperationStatus {
     /// Backfill: the last period of the range (inclusive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Time>,
+    /// Rerun: the period run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<Time>,
     /// Backfill: every period of the range before this instant has been considered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<Time>,
@@ -706,10 +719,10 @@ pub struct OperationStatus {
     #[serde(default)]
     #[schemars(schema_with = "token_schema")]
     pub already_run: u64,
-    /// Trigger: the run's Job; break-lock: unset.
+    /// Trigger and rerun: the run's Job; break-lock: unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
-    /// Trigger: the run's token; break-lock: the token the fence was raised to.
+    /// Trigger and rerun: the run's token; break-lock: the token the fence was raised to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_token_schema")]
     pub token: Option<u64>,
@@ -739,6 +752,9 @@ pub enum RunOrigin {
     Trigger,
     /// `kubectl singleton backfill`: a past scheduled period that had not run.
     Backfill,
+    /// `kubectl singleton rerun`: a decided period run again, with a new token that fences the
+    /// earlier run out, under a Job name of its own.
+    Rerun,
 }
 
 impl RunOrigin {
@@ -747,6 +763,7 @@ impl RunOrigin {
         match self {
             RunOrigin::Trigger => "Triggered",
             RunOrigin::Backfill => "Backfill",
+            RunOrigin::Rerun => "Rerun",
         }
     }
 }
@@ -770,9 +787,18 @@ pub struct RunRef {
     /// under the same name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_uid: Option<String>,
-    /// Trigger or Backfill for a run asked for by a user; unset for a scheduled run.
+    /// Trigger, Backfill or Rerun for a run asked for by a user; unset for a scheduled run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<RunOrigin>,
+    /// Who asked for this run (a trigger, backfill or rerun), as the request said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Pending claims of a rerun only: the token of the period's claim row in the backstop that
+    /// this claim takes over (a compare-and-swap from it to this run's token), so the period keeps
+    /// one claim row and the earlier run is fenced out. Unset when the backstop had no row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_token_schema")]
+    pub supersedes: Option<u64>,
     /// Pending claims only (concurrencyPolicy Replace): the active runs this run replaces. Kept
     /// with the claim so that whoever completes it, after a failure or a failover, deletes them
     /// before this run's Job may start.
@@ -885,6 +911,9 @@ pub struct HistoryEntry {
     /// The run had not succeeded by its completion deadline (`completionDeadlineSeconds`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub late: bool,
+    /// Who asked for the run (trigger, backfill, rerun), as the request said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
 }
 
 fn one() -> u64 {

@@ -84,7 +84,7 @@ mod armed {
     }
 
     pub fn hit(point: &'static str) {
-        let action = crate::sync::lock(&armed()).remove(point);
+        let action = crate::sync::lock(armed()).remove(point);
         match action {
             None => {}
             Some(Action::Stop) => {

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::EnvVar;
 use kube::Resource;
 use kube::api::ObjectMeta;
 
-use crate::api::{CompletionDeadlinePolicy, SingletonJob};
+use crate::api::{CompletionDeadlinePolicy, RunRef, SingletonJob};
 use crate::decide::JobState;
 use crate::naming::{
     ENV_IDEMPOTENCY_KEY, ENV_JOB, ENV_PERIOD, ENV_TOKEN, LABEL_JOB, LABEL_PERIOD, LABEL_TOKEN,
@@ -92,6 +92,14 @@ pub fn stop_at_deadline(job: &mut Job, sj: &SingletonJob, period: Timestamp, now
         spec.active_deadline_seconds =
             Some(spec.active_deadline_seconds.map_or(limit, |d| d.min(limit)));
     }
+}
+
+/// Builds the Job of `run`, under the name its claim recorded: the period's own name, or a
+/// re-run's ([`crate::naming::rerun_job_name`]).
+pub fn for_run(sj: &SingletonJob, run: &RunRef) -> Result<Job> {
+    let mut job = build(sj, run.period.0, run.token)?;
+    job.metadata.name = Some(run.job_name.clone());
+    Ok(job)
 }
 
 /// The fencing token a Job was created with, from its annotation.

@@ -590,6 +590,7 @@ mod tests {
             token: None,
             start_time: None,
             finish_time: None,
+            requested_by: None,
         };
         m.recorded(&a, &entry(Outcome::Succeeded, "", 1));
         m.recorded(

@@ -101,6 +101,22 @@ pub fn job_name(sj_name: &str, period: Timestamp) -> String {
     } else {
         period.as_second().to_string()
     };
+    with_suffix(sj_name, &suffix)
+}
+
+/// The Job name of a re-run of `period` (`kubectl singleton rerun`) with fencing token `token`:
+/// the period's name ([`job_name`]) plus `-r<token>`, `<name>-<unix seconds>-r<token>`, shortened
+/// as [`job_name`] is. Distinct from the period's own Job (which may still exist as history), from
+/// a manual period's (whose suffix is digits only) and from every other re-run of the period: a
+/// token is issued once, by the claim's compare-and-swap that records this name (a re-claim above
+/// a fence that rose meanwhile raises the token and keeps the name). Deterministic: whoever
+/// completes the claim creates the Job under the name the claim recorded.
+pub fn rerun_job_name(sj_name: &str, period: Timestamp, token: u64) -> String {
+    with_suffix(sj_name, &format!("{}-r{token}", period.as_second()))
+}
+
+/// `<sj_name>-<suffix>`, or, beyond 63 characters, the name trimmed with a hash of the full name.
+fn with_suffix(sj_name: &str, suffix: &str) -> String {
     let full = format!("{sj_name}-{suffix}");
     if full.len() <= MAX_NAME {
         return full;
@@ -155,6 +171,30 @@ mod tests {
         assert_eq!(period_rfc3339(p), "2027-03-28T01:00:00Z");
         assert_eq!(idempotency_key("ns/a", p).len(), 64);
         assert_ne!(idempotency_key("ns/a", p), idempotency_key("ns/b", p));
+    }
+
+    #[test]
+    fn a_rerun_has_a_name_of_its_own() {
+        let p: Timestamp = "2027-03-28T01:00:00Z".parse().unwrap();
+        let first = rerun_job_name("hello", p, 8);
+        assert_eq!(first, "hello-1806195600-r8");
+        assert_eq!(first, rerun_job_name("hello", p, 8), "deterministic");
+        assert_ne!(first, job_name("hello", p), "not the period's own Job");
+        assert_ne!(first, rerun_job_name("hello", p, 9), "nor another re-run's");
+        let manual = manual_period(p + jiff::SignedDuration::from_micros(8));
+        assert_ne!(first, job_name("hello", manual), "nor a manual period's");
+        // The longest name and token still fit, and stay distinct.
+        let long = "a".repeat(253);
+        let n = rerun_job_name(&long, p, u64::MAX);
+        assert!(
+            n.len() <= 63 && n.ends_with("-1806195600-r18446744073709551615"),
+            "{n}"
+        );
+        assert!(!n.contains("--"), "{n}");
+        assert_ne!(
+            n,
+            rerun_job_name(&format!("{}b", "a".repeat(252)), p, u64::MAX)
+        );
     }
 
     #[test]

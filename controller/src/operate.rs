@@ -1,7 +1,8 @@
-//! Operations users ask for through annotations (`kubectl singleton trigger|backfill|break-lock`),
-//! carried out by the reconcile: requests are accepted, rejected or followed in
-//! `status.operations` (parsing and ranges are pure, in [`crate::decide::ops`]); a run they ask
-//! for is claimed through the run protocol like a scheduled one ([`crate::run::start`]).
+//! Operations users ask for through annotations
+//! (`kubectl singleton trigger|backfill|break-lock|rerun`), carried out by the reconcile: requests
+//! are accepted, rejected or followed in `status.operations` (parsing, ranges and what a rerun may
+//! re-run are pure, in [`crate::decide::ops`] and [`crate::decide::rerun`]); a run they ask for is
+//! claimed through the run protocol like a scheduled one ([`crate::run::start`]).
 
 use std::time::Duration;
 
@@ -10,12 +11,13 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::api::{
-    ConcurrencyPolicy, OperationPhase, RunOrigin, RunRef, SingletonJob, SingletonJobStatus,
+    ConcurrencyPolicy, LockPurpose, OperationPhase, RunOrigin, RunRef, SingletonJob,
+    SingletonJobStatus,
 };
 use crate::backstop::Availability;
 use crate::context::Context;
-use crate::decide::Waiting;
 use crate::decide::ops::{self, Invalid, OperationKind, Request};
+use crate::decide::{Waiting, rerun};
 use crate::lanes::Lane;
 use crate::observe::OwnedJob;
 use crate::schedule::Schedule;
@@ -42,8 +44,9 @@ pub struct ManualGates<'a> {
 
 impl ManualGates<'_> {
     /// Why a manual run cannot start now, if so. Manual runs never replace a run and never
-    /// overlap one unless concurrencyPolicy is Allow.
-    fn waiting(&self, sj: &SingletonJob) -> Option<String> {
+    /// overlap one unless concurrencyPolicy is Allow; a rerun with `--replace` replaces its own
+    /// period's active run (`replacing`), and waits for any other like every manual run.
+    fn waiting(&self, sj: &SingletonJob, replacing: &[RunRef]) -> Option<String> {
         match self.blocked {
             Some(Waiting::ClockUntrusted) => {
                 return Some("waiting for the local clock to agree with the API server's".into());
@@ -53,8 +56,13 @@ impl ManualGates<'_> {
             }
             _ => {}
         }
-        if !self.active.is_empty() && sj.spec.concurrency_policy != ConcurrencyPolicy::Allow {
-            let names: Vec<&str> = self.active.iter().map(|r| r.job_name.as_str()).collect();
+        let others: Vec<&RunRef> = self
+            .active
+            .iter()
+            .filter(|r| !replacing.iter().any(|o| o.job_name == r.job_name))
+            .collect();
+        if !others.is_empty() && sj.spec.concurrency_policy != ConcurrencyPolicy::Allow {
+            let names: Vec<&str> = others.iter().map(|r| r.job_name.as_str()).collect();
             return Some(format!(
                 "waiting for the active run {} to finish (a manual run never overlaps or replaces one unless concurrencyPolicy is Allow)",
                 names.join(", ")
@@ -78,12 +86,48 @@ pub struct Operations<'a> {
     pub notes: Vec<Note>,
 }
 
+/// A manual run to claim now (through [`run::start`], whose claim write also marks its
+/// operation's step done).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManualRun {
+    pub period: Timestamp,
+    pub origin: RunOrigin,
+    /// Rerun with `--replace`: the period's active runs, fenced and deleted first.
+    pub replace: Vec<RunRef>,
+    /// Rerun: the token of the period's claim row in the backstop, which the claim takes over.
+    pub supersedes: Option<u64>,
+}
+
+impl ManualRun {
+    fn new(period: Timestamp, origin: RunOrigin) -> Self {
+        ManualRun {
+            period,
+            origin,
+            replace: Vec::new(),
+            supersedes: None,
+        }
+    }
+
+    /// How [`run::start`] claims it.
+    pub fn cause(&self) -> run::Cause<'_> {
+        match self.origin {
+            RunOrigin::Rerun => run::Cause::Rerun {
+                replace: &self.replace,
+                supersedes: self.supersedes,
+            },
+            origin => run::Cause::Manual(origin),
+        }
+    }
+}
+
 impl Operations<'_> {
-    /// The next step of a trigger or backfill; when a run is to start now, its period (to be
-    /// claimed through [`run::start`], whose claim write also marks the step done).
-    pub async fn next(&mut self) -> Result<Option<(Timestamp, RunOrigin)>> {
+    /// The next step of a trigger, rerun or backfill; the manual run to start now, if any.
+    pub async fn next(&mut self) -> Result<Option<ManualRun>> {
         if let Some(period) = self.trigger() {
-            return Ok(Some((period, RunOrigin::Trigger)));
+            return Ok(Some(ManualRun::new(period, RunOrigin::Trigger)));
+        }
+        if let Some(run) = Box::pin(self.rerun()).await? {
+            return Ok(Some(run));
         }
         if !self.accept_backfill() {
             return Ok(None);
@@ -91,7 +135,7 @@ impl Operations<'_> {
         Ok(self
             .walk_backfill()
             .await?
-            .map(|period| (period, RunOrigin::Backfill)))
+            .map(|period| ManualRun::new(period, RunOrigin::Backfill)))
     }
 
     fn reject(&mut self, kind: OperationKind, id: &str, req: Option<&Request>, message: String) {
@@ -114,7 +158,7 @@ impl Operations<'_> {
         if let Err(msg) = self.gates.template {
             let why = format!("the API server rejects the Job template: {msg}");
             self.reject(OperationKind::Trigger, &req.id, Some(&req), why);
-        } else if let Some(why) = self.gates.waiting(self.sj) {
+        } else if let Some(why) = self.gates.waiting(self.sj, &[]) {
             let mut op = ops::accepted(&req, self.now);
             op.message = why;
             ops::set(&mut self.status.operations.trigger, op);
@@ -123,6 +167,70 @@ impl Operations<'_> {
             return Some(naming::manual_period(self.now));
         }
         None
+    }
+
+    /// Rerun: a period decided before, run again with a new token that fences the earlier run
+    /// out (the refusal rules are [`rerun`]'s). Refused with what to do instead, waiting like any
+    /// manual run (for another period's active run, the clock, the backstop), or started.
+    async fn rerun(&mut self) -> Result<Option<ManualRun>> {
+        let kind = OperationKind::Rerun;
+        let req = match ops::pending(self.sj, kind) {
+            None => return Ok(None),
+            Some(Err(bad)) => {
+                self.reject(kind, &bad.id, None, bad.message);
+                return Ok(None);
+            }
+            Some(Ok(req)) => req,
+        };
+        let Some(period) = req.period else {
+            self.reject(kind, &req.id, Some(&req), "rerun needs a period".into());
+            return Ok(None);
+        };
+        let checked = match self.gates.template {
+            Err(msg) => Err(format!("the API server rejects the Job template: {msg}")),
+            Ok(()) => rerun::check_period(self.schedule, period, self.now, self.decided_through),
+        };
+        if let Err(why) = checked {
+            self.reject(kind, &req.id, Some(&req), why);
+            return Ok(None);
+        }
+        // The period's records: the status, its Jobs, and the backstop's claim row (which the
+        // rerun's claim takes over from the token found here).
+        let claim = match self.db {
+            Availability::Ready(b) => b.claimed(&self.sj.key(), period).await?.map(|r| r.token),
+            Availability::Unavailable(why) if self.sj.purpose() == LockPurpose::Correctness => {
+                let mut op = ops::accepted(&req, self.now);
+                op.message = format!(
+                    "waiting for the backstop database, which holds the period's claim: {why}"
+                );
+                ops::set(&mut self.status.operations.rerun, op);
+                return Ok(None);
+            }
+            _ => None,
+        };
+        let recorded = rerun::recorded(self.status, period)
+            || claim.is_some()
+            || self.gates.owned.iter().any(|j| j.period == Some(period));
+        let replace = match rerun::check_runs(self.status, period, recorded, req.replace) {
+            Ok(replace) => replace,
+            Err(why) => {
+                self.reject(kind, &req.id, Some(&req), why);
+                return Ok(None);
+            }
+        };
+        let mut op = ops::accepted(&req, self.now);
+        if let Some(why) = self.gates.waiting(self.sj, &replace) {
+            op.message = why;
+            ops::set(&mut self.status.operations.rerun, op);
+            return Ok(None);
+        }
+        self.status.operations.rerun = Some(op);
+        Ok(Some(ManualRun {
+            period,
+            origin: RunOrigin::Rerun,
+            replace,
+            supersedes: claim,
+        }))
     }
 
     /// Backfill, first: a new request is checked and its range fixed, once. Returns whether the
@@ -226,7 +334,7 @@ impl Operations<'_> {
                 op.next = Some(ops::after(period).into());
                 continue;
             }
-            if let Some(why) = self.gates.waiting(self.sj) {
+            if let Some(why) = self.gates.waiting(self.sj, &[]) {
                 op.message = why;
                 ops::set(&mut self.status.operations.backfill, op);
                 return Ok(None);
@@ -290,7 +398,7 @@ pub async fn break_lock(
 
 /// The Event of a manual run just started: who asked, and what it got.
 pub fn started_note(origin: RunOrigin, by: Option<&str>, claim: &RunRef) -> Note {
-    let note = format!(
+    let mut note = format!(
         "{} requested by {}: Job {} for period {} with fencing token {}",
         OperationKind::from(origin).command(),
         by.unwrap_or("unknown"),
@@ -298,9 +406,25 @@ pub fn started_note(origin: RunOrigin, by: Option<&str>, claim: &RunRef) -> Note
         naming::period_rfc3339(claim.period.0),
         claim.token
     );
+    if origin == RunOrigin::Rerun {
+        let mut fenced: Vec<String> = claim.supersedes.iter().map(u64::to_string).collect();
+        fenced.extend(claim.replaces.iter().map(|r| r.token.to_string()));
+        fenced.dedup();
+        if !fenced.is_empty() {
+            note.push_str(&format!(
+                "; the period's earlier token {} is fenced out",
+                fenced.join(", ")
+            ));
+        }
+        let replaced: Vec<&str> = claim.replaces.iter().map(|r| r.job_name.as_str()).collect();
+        if !replaced.is_empty() {
+            note.push_str(&format!("; replaced Job {}", replaced.join(", ")));
+        }
+    }
     let reason = match origin {
         RunOrigin::Trigger => "RunTriggered",
         RunOrigin::Backfill => "BackfillRunStarted",
+        RunOrigin::Rerun => "RerunStarted",
     };
     (EventType::Normal, reason, note)
 }

@@ -7,7 +7,7 @@
 //! first    : a broken lock, a half-done claim, a status behind its Jobs, Jobs no claim knows
 //! decide   : the schedule, the template, the active runs' Jobs → decide::plan
 //! record   : what the plan decided, the conditions (pure: crate::record)
-//! operate  : trigger and backfill requests (crate::operate)
+//! operate  : trigger, rerun and backfill requests (crate::operate)
 //! act      : claim and start a run (crate::run), or write the status
 //! after    : Events, metrics, pruning, when to look again
 //! ```
@@ -30,7 +30,7 @@ use crate::context::Context;
 use crate::decide::ops::{self, OperationKind};
 use crate::decide::{self, JobState, Observed, Plan, Waiting};
 use crate::lanes::Lane;
-use crate::operate::{self, ManualGates, Operations};
+use crate::operate::{self, ManualGates, ManualRun, Operations};
 use crate::record::{self, BackstopSeen, Facts};
 use crate::schedule::{DayRules, Schedule, ScheduleError};
 use crate::{Result, observe, run};
@@ -287,15 +287,15 @@ async fn record(
     Ok(new_entries)
 }
 
-/// Operations users asked for (trigger, backfill) come after the schedule's own run: none is
-/// looked at when the plan starts one. The manual run to start now, if any, and the Events to
+/// Operations users asked for (trigger, rerun, backfill) come after the schedule's own run: none
+/// is looked at when the plan starts one. The manual run to start now, if any, and the Events to
 /// publish after the write.
 async fn operations(
     sj: &SingletonJob,
     status: &mut SingletonJobStatus,
     seen: &Seen,
     decided: &Decided,
-) -> Result<(Option<(Timestamp, RunOrigin)>, Vec<operate::Note>)> {
+) -> Result<(Option<ManualRun>, Vec<operate::Note>)> {
     let plan = &decided.plan;
     if plan.start.is_some() {
         return Ok((None, Vec::new()));
@@ -477,7 +477,7 @@ async fn act(
     sj: &SingletonJob,
     status: SingletonJobStatus,
     plan: &Plan,
-    manual: Option<(Timestamp, RunOrigin)>,
+    manual: Option<ManualRun>,
     db: &Availability,
 ) -> Result<Option<Started>> {
     if let Some(period) = plan.start {
@@ -487,12 +487,13 @@ async fn act(
         Box::pin(run::start(ctx, sj, status, period, cause, db)).await?;
         return Ok(None);
     }
-    if let Some((period, origin)) = manual {
+    if let Some(manual) = manual {
+        let origin = manual.origin;
         let by = OperationKind::from(origin)
             .slot(&status.operations)
             .and_then(|o| o.requested_by.clone());
-        let cause = run::Cause::Manual(origin);
-        let claim = Box::pin(run::start(ctx, sj, status, period, cause, db)).await?;
+        let cause = manual.cause();
+        let claim = Box::pin(run::start(ctx, sj, status, manual.period, cause, db)).await?;
         return Ok(Some(Started { origin, by, claim }));
     }
     if sj.status.as_ref() != Some(&status) {

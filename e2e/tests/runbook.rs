@@ -141,8 +141,15 @@ async fn the_operations_runbook_runs_as_written() -> Result<()> {
             .map(|(_, o)| o.as_str())
             .collect()
     };
-    let expect: [(&str, &[&str]); 6] = [
+    let expect: [(&str, &[&str]); 7] = [
         ("kubectl get sj", &["invoices", "0 3 1 * *"]),
+        (
+            "singleton rerun",
+            &[
+                "re-ran period 2026-09-01T01:00:00Z: started Job invoices-1788224400-r",
+                "the period's backstop claim moved from token",
+            ],
+        ),
         (
             "singleton status",
             &["Backstop:", "Fencing Token:", "History"],

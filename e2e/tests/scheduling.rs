@@ -360,6 +360,8 @@ async fn a_claim_whose_job_was_never_created_is_completed_after_a_restart() -> R
         claimed_at: Some(Timestamp::now().into()),
         job_uid: None,
         origin: None,
+        requested_by: None,
+        supersedes: None,
         replaces: Vec::new(),
     };
     let mut obj = sj.clone();

@@ -8,11 +8,14 @@
 //! ```text
 //! token = max(status.fencingToken, backstop.fence(job)) + 1   // G3: survives re-creation
 //! claim the period in status with that token                   // layer 2, as before
-//! backstop.claim(job, period, token, job_name)?                // layer 4, before the Job exists
+//! backstop.claim(job, period, token, job_name, None)?          // layer 4, before the Job exists
 //!     Claimed                     -> create the Job
 //!     Duplicate{token: same, ..}  -> our own earlier claim (retry after a crash): create the Job
 //!     Duplicate{..}               -> the period already ran: record Deduplicated, create nothing
 //! Replace: backstop.advance_fence(job, token) before deleting the old Job            // G5
+//! Rerun: backstop.claim(.., takes_over: Some(old)) moves the period's row from the
+//!     earlier run's token to the new one, in the same transaction as the fence advance
+//!     (one row per period; the earlier token is below the fence from then on)
 //! ```
 //!
 //! Connections: one client per SingletonJob target ([`Backstop`]), opened lazily, replaced when
@@ -200,21 +203,36 @@ impl Backstop {
     /// [`ClaimOutcome::Duplicate`] and changes nothing. `token` must be above the stored fence
     /// (take `max(status.fencingToken, fence(job)) + 1`), else [`Error::StaleToken`].
     /// `period` is stored at microsecond precision.
+    ///
+    /// `takes_over` (a rerun, `kubectl singleton rerun`): the token of the period's existing
+    /// row, which this claim takes over by compare-and-swap: the row (still the one row of the
+    /// period) then names `token` and `job_name`, in the same transaction as the fence advance,
+    /// so the earlier token is refused from then on. A row holding any other token is left alone
+    /// ([`ClaimOutcome::Duplicate`]); a period with no row is claimed as usual.
     pub async fn claim(
         &self,
         job: &str,
         period: Timestamp,
         token: u64,
         job_name: &str,
+        takes_over: Option<u64>,
     ) -> Result<ClaimOutcome> {
         let token_i = to_i64(token)?;
         if token == 0 {
             return Err(Error::Backstop("a claim's token must be at least 1".into()));
         }
+        let takes_over = takes_over.map(to_i64).transpose()?;
+        let claim = Claim {
+            job,
+            period,
+            token: token_i,
+            job_name,
+            takes_over,
+        };
         self.bounded("claim", async {
             let mut slot = self.session().await?;
             let t = slot.tables()?.clone();
-            let r = claim_tx(slot.client_mut()?, &t, job, period, token_i, job_name).await;
+            let r = claim_tx(slot.client_mut()?, &t, &claim).await;
             slot.settle(r)
         })
         .await
@@ -534,30 +552,50 @@ fn upsert_fence_sql(t: &Tables) -> String {
     )
 }
 
-async fn claim_tx(
-    client: &mut Client,
-    t: &Tables,
-    job: &str,
+/// One claim, as [`Backstop::claim`] takes it.
+struct Claim<'a> {
+    job: &'a str,
     period: Timestamp,
     token: i64,
-    job_name: &str,
-) -> Result<ClaimOutcome> {
+    job_name: &'a str,
+    takes_over: Option<i64>,
+}
+
+async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<ClaimOutcome> {
+    let Claim {
+        job,
+        period,
+        token,
+        job_name,
+        takes_over,
+    } = *c;
     let pg = |e| Error::from_pg(e, false);
     // Dropping the transaction without commit rolls it back (also on an early `?`).
     let tx = client.transaction().await.map_err(pg)?;
     // The unique constraint decides between racing claimers: the loser waits for the winner's
-    // insert to commit, then takes the DO NOTHING branch.
-    let inserted = tx
-        .query_opt(
-            &format!(
-                "INSERT INTO {} (job, period, token, job_name) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO NOTHING RETURNING token",
-                t.claims, t.prefix
-            ),
-            &[&job, &period, &token, &job_name],
-        )
-        .await
-        .map_err(pg)?;
+    // insert to commit, then takes the DO NOTHING branch. A rerun takes the period's row over
+    // instead, only from the token it expects (compare-and-swap): the row stays the one claim of
+    // the period, and a row that moved meanwhile is left alone (Duplicate).
+    let sql = match takes_over {
+        None => format!(
+            "INSERT INTO {} (job, period, token, job_name) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO NOTHING RETURNING token",
+            t.claims, t.prefix
+        ),
+        Some(_) => format!(
+            "INSERT INTO {} AS c (job, period, token, job_name) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO UPDATE \
+             SET token = EXCLUDED.token, job_name = EXCLUDED.job_name, claimed_at = now() \
+             WHERE c.token = $5 RETURNING c.token",
+            t.claims, t.prefix
+        ),
+    };
+    let old = takes_over.unwrap_or_default();
+    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = match takes_over {
+        None => &[&job, &period, &token, &job_name],
+        Some(_) => &[&job, &period, &token, &job_name, &old],
+    };
+    let inserted = tx.query_opt(&sql, params).await.map_err(pg)?;
     if inserted.is_none() {
         // A new statement in READ COMMITTED sees the winner's committed row.
         let row = tx

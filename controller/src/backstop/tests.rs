@@ -391,7 +391,7 @@ async fn claim_race_exactly_one_wins() {
                     let token = i as u64 + 1;
                     barrier.wait().await;
                     let r = b
-                        .claim(&job, period, token, &format!("run-{token}"))
+                        .claim(&job, period, token, &format!("run-{token}"), None)
                         .await
                         .unwrap();
                     (token, r)
@@ -442,13 +442,13 @@ async fn stale_token_is_refused_even_behind_an_open_newer_transaction() {
     let job = "billing/invoices";
     assert_eq!(b.rejections().await.unwrap(), 0);
     assert_eq!(
-        b.claim(job, ts("2025-01-01T00:00:00Z"), 1, "invoices-1")
+        b.claim(job, ts("2025-01-01T00:00:00Z"), 1, "invoices-1", None)
             .await
             .unwrap(),
         ClaimOutcome::Claimed
     );
     assert_eq!(
-        b.claim(job, ts("2025-02-01T00:00:00Z"), 2, "invoices-2")
+        b.claim(job, ts("2025-02-01T00:00:00Z"), 2, "invoices-2", None)
             .await
             .unwrap(),
         ClaimOutcome::Claimed
@@ -560,7 +560,7 @@ async fn advance_fence_waits_for_the_running_transaction_then_fences_it() {
     let p = prefix.as_str();
     let b = Arc::new(backstop(&prefix));
     let job = "ns/replace";
-    b.claim(job, ts("2025-03-01T00:00:00Z"), 5, "r-5")
+    b.claim(job, ts("2025-03-01T00:00:00Z"), 5, "r-5", None)
         .await
         .unwrap();
     let fence = format!("SELECT {p}fence($1, $2)");
@@ -601,7 +601,7 @@ async fn claim_behind_a_long_workload_transaction_is_bounded() {
         .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
     let b = Backstop::new(config, prefix.clone()).unwrap();
     let job = "ns/long";
-    b.claim(job, ts("2025-04-01T00:00:00Z"), 1, "l-1")
+    b.claim(job, ts("2025-04-01T00:00:00Z"), 1, "l-1", None)
         .await
         .unwrap();
     let mut run1 = workload().await;
@@ -611,7 +611,7 @@ async fn claim_behind_a_long_workload_transaction_is_bounded() {
         .unwrap();
     let started = Instant::now();
     let e = b
-        .claim(job, ts("2025-05-01T00:00:00Z"), 2, "l-2")
+        .claim(job, ts("2025-05-01T00:00:00Z"), 2, "l-2", None)
         .await
         .unwrap_err();
     let took = started.elapsed();
@@ -632,7 +632,7 @@ async fn claim_behind_a_long_workload_transaction_is_bounded() {
         None
     );
     assert_eq!(
-        b.claim(job, ts("2025-05-01T00:00:00Z"), 2, "l-2")
+        b.claim(job, ts("2025-05-01T00:00:00Z"), 2, "l-2", None)
             .await
             .unwrap(),
         ClaimOutcome::Claimed
@@ -655,11 +655,11 @@ async fn recreation_keeps_claims_and_fence() {
         let first = backstop(&prefix);
         assert_eq!(first.fence(job).await.unwrap(), 0);
         assert_eq!(
-            first.claim(job, p1, 1, "m-1").await.unwrap(),
+            first.claim(job, p1, 1, "m-1", None).await.unwrap(),
             ClaimOutcome::Claimed
         );
         assert_eq!(
-            first.claim(job, p2, 2, "m-2").await.unwrap(),
+            first.claim(job, p2, 2, "m-2", None).await.unwrap(),
             ClaimOutcome::Claimed
         );
     }
@@ -669,7 +669,7 @@ async fn recreation_keeps_claims_and_fence() {
     let fence = second.fence(job).await.unwrap();
     assert_eq!(fence, 2);
     assert_eq!(
-        second.claim(job, p1, 3, "m-new").await.unwrap(),
+        second.claim(job, p1, 3, "m-new", None).await.unwrap(),
         ClaimOutcome::Duplicate {
             token: 1,
             job_name: "m-1".into()
@@ -677,7 +677,7 @@ async fn recreation_keeps_claims_and_fence() {
         "an old period stays claimed"
     );
     for stale in [1, 2] {
-        let e = second.claim(job, p3, stale, "m-3").await.unwrap_err();
+        let e = second.claim(job, p3, stale, "m-3", None).await.unwrap_err();
         assert!(
             matches!(&e, Error::StaleToken { job: j, token, current: 2 } if j == job && *token == stale),
             "{e:?}"
@@ -691,11 +691,11 @@ async fn recreation_keeps_claims_and_fence() {
     );
     let token = status_token.max(fence) + 1;
     assert_eq!(
-        second.claim(job, p3, token, "m-3").await.unwrap(),
+        second.claim(job, p3, token, "m-3", None).await.unwrap(),
         ClaimOutcome::Claimed
     );
     // A retry of the same claim (the controller died before creating the Job) is ours.
-    let retry = second.claim(job, p3, token, "m-3").await.unwrap();
+    let retry = second.claim(job, p3, token, "m-3", None).await.unwrap();
     assert!(retry.is_ours(token), "{retry:?}");
     let row = second.claimed(job, p1).await.unwrap().unwrap();
     assert_eq!((row.job.as_str(), row.period, row.token), (job, p1, 1));
@@ -756,7 +756,7 @@ async fn unavailable_silent_server_times_out() {
     let b = Backstop::new(config, unique_prefix("hung")).unwrap();
     let started = Instant::now();
     let e = b
-        .claim("ns/x", ts("2025-01-01T00:00:00Z"), 1, "x-1")
+        .claim("ns/x", ts("2025-01-01T00:00:00Z"), 1, "x-1", None)
         .await
         .unwrap_err();
     let took = started.elapsed();
@@ -829,7 +829,7 @@ async fn rejection_counter_counts_each_refusal() {
     let p = prefix.as_str();
     let b = backstop(&prefix);
     let job = "ns/counted";
-    b.claim(job, ts("2025-01-01T00:00:00Z"), 7, "c-7")
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 7, "c-7", None)
         .await
         .unwrap();
     let mut w = workload().await;
@@ -845,7 +845,7 @@ async fn rejection_counter_counts_each_refusal() {
         assert_eq!(b.rejections().await.unwrap(), n);
     }
     let e = b
-        .claim(job, ts("2025-02-01T00:00:00Z"), 7, "c-7b")
+        .claim(job, ts("2025-02-01T00:00:00Z"), 7, "c-7b", None)
         .await
         .unwrap_err();
     assert!(matches!(e, Error::StaleToken { current: 7, .. }), "{e}");
@@ -968,7 +968,7 @@ async fn a_retired_token_is_refused_although_it_equals_the_fence() {
     let p = prefix.as_str();
     let b = backstop(&prefix);
     let job = "billing/payouts";
-    b.claim(job, ts("2025-01-01T00:00:00Z"), 7, "payouts-7")
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 7, "payouts-7", None)
         .await
         .unwrap();
     let fence = format!("SELECT {p}fence($1, $2)");
@@ -1004,7 +1004,7 @@ async fn a_retired_token_is_refused_although_it_equals_the_fence() {
     assert!(db_message(&e).starts_with("stale fencing token 6"), "{e}");
     drop(tx);
     assert_eq!(
-        b.claim(job, ts("2025-02-01T00:00:00Z"), 8, "payouts-8")
+        b.claim(job, ts("2025-02-01T00:00:00Z"), 8, "payouts-8", None)
             .await
             .unwrap(),
         ClaimOutcome::Claimed
@@ -1030,6 +1030,103 @@ async fn a_retired_token_is_refused_although_it_equals_the_fence() {
     cleanup(&prefix).await;
 }
 
+/// A workload's write guarded by `fence` (`SELECT <p>fence($1, $2)`), committed when it passes.
+async fn fenced_write(
+    w: &mut tokio_postgres::Client,
+    fence: &str,
+    job: &str,
+    token: i64,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let tx = w.transaction().await.unwrap();
+    tx.query_one(fence, &[&job, &token]).await?;
+    tx.commit().await
+}
+
+/// A rerun takes the period's claim row over by compare-and-swap from the earlier run's token:
+/// still one row for the period, the fence at the new token in the same transaction, the earlier
+/// token refused by `fence()` from then on (also while its run was still writing). A retry is
+/// ours; a row that moved meanwhile, or a token not above the fence, changes nothing.
+#[tokio::test]
+async fn a_rerun_takes_the_period_claim_over() {
+    let prefix = unique_prefix("rerun");
+    let p = prefix.as_str();
+    let b = backstop(&prefix);
+    let job = "billing/ledger";
+    let period = ts("2025-06-01T00:00:00Z");
+    let fence = format!("SELECT {p}fence($1, $2)");
+    let mut w = workload().await;
+    assert_eq!(
+        b.claim(job, period, 1, "ledger-1", None).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    fenced_write(&mut w, &fence, job, 1)
+        .await
+        .expect("the earlier run holds the fence");
+
+    assert_eq!(
+        b.claim(job, period, 2, "ledger-1-r2", Some(1))
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let r = b.claimed(job, period).await.unwrap().unwrap();
+    assert_eq!((r.token, r.job_name.as_str()), (2, "ledger-1-r2"));
+    let rows: i64 = w
+        .query_one(
+            &format!("SELECT count(*) FROM {p}claims WHERE job = $1 AND period = $2"),
+            &[&job, &period],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "one claim per (job, period)");
+    assert_eq!(b.fence(job).await.unwrap(), 2);
+    let e = fenced_write(&mut w, &fence, job, 1).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
+    assert!(db_message(&e).starts_with("stale fencing token 1"), "{e}");
+    fenced_write(&mut w, &fence, job, 2)
+        .await
+        .expect("the rerun's token writes");
+
+    // A retry of the same claim (its completer died) finds its own row.
+    let retry = b
+        .claim(job, period, 2, "ledger-1-r2", Some(1))
+        .await
+        .unwrap();
+    assert!(retry.is_ours(2), "{retry:?}");
+    // Expecting a token the row no longer holds: left alone, nothing issued.
+    assert_eq!(
+        b.claim(job, period, 3, "ledger-1-r3", Some(1))
+            .await
+            .unwrap(),
+        ClaimOutcome::Duplicate {
+            token: 2,
+            job_name: "ledger-1-r2".into()
+        }
+    );
+    assert_eq!(b.fence(job).await.unwrap(), 2);
+    // Not above the fence: refused, and the row rolls back to what it held.
+    let e = b
+        .claim(job, period, 2, "ledger-1-x", Some(2))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::StaleToken { current: 2, .. }), "{e:?}");
+    assert_eq!(
+        b.claimed(job, period).await.unwrap().unwrap().job_name,
+        "ledger-1-r2"
+    );
+    // A period without a row (decided without a claim): claimed as usual.
+    let other = ts("2025-07-01T00:00:00Z");
+    assert_eq!(
+        b.claim(job, other, 4, "ledger-2-r4", Some(9))
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert_eq!(b.claimed(job, other).await.unwrap().unwrap().token, 4);
+    cleanup(&prefix).await;
+}
+
 /// Retiring an older token needs no lock when the fence is above it: a newer run's open
 /// transaction (concurrencyPolicy Allow) does not hold up the decision of the older period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1038,10 +1135,10 @@ async fn retiring_an_older_token_does_not_wait_for_a_newer_run() {
     let p = prefix.as_str();
     let b = backstop(&prefix);
     let job = "ns/allow";
-    b.claim(job, ts("2025-01-01T00:00:00Z"), 5, "a-5")
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 5, "a-5", None)
         .await
         .unwrap();
-    b.claim(job, ts("2025-01-02T00:00:00Z"), 6, "a-6")
+    b.claim(job, ts("2025-01-02T00:00:00Z"), 6, "a-6", None)
         .await
         .unwrap();
     let mut newer = workload().await;

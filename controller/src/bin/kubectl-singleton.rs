@@ -133,6 +133,28 @@ enum Cmd {
         #[command(flatten)]
         op: OpArgs,
     },
+    /// Run a decided period again, with a new fencing token that fences the earlier run out.
+    ///
+    /// The re-run gets the period's SINGLETON_PERIOD and SINGLETON_IDEMPOTENCY_KEY, a token above
+    /// every token issued before (in the backstop the period's claim moves to it, so the earlier
+    /// run's writes are refused by singleton_fence), and a Job of its own, named after the period
+    /// and the token (NAME-SECONDS-rTOKEN). Refused while the period's run is active, unless
+    /// --replace; refused for a period the schedule has not decided (use trigger or backfill).
+    Rerun {
+        name: String,
+        /// The period to run again: a scheduled instant (RFC 3339, as kubectl singleton history
+        /// shows it).
+        #[arg(long)]
+        period: jiff::Timestamp,
+        /// If the period's run is still active, fence it out and delete it first (as
+        /// concurrencyPolicy Replace does) instead of refusing.
+        #[arg(long)]
+        replace: bool,
+        #[command(flatten)]
+        ns: Namespace,
+        #[command(flatten)]
+        op: OpArgs,
+    },
     /// Fence out every token issued so far and stop the active runs.
     ///
     /// For a run stuck holding its job: the fencing token is raised in status and in the
@@ -314,10 +336,22 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
         }
         Cmd::Suspend { name, ns } => cluster.set_suspend(&namespace(ns), &name, true).await,
         Cmd::Resume { name, ns } => cluster.set_suspend(&namespace(ns), &name, false).await,
+        op => ask(&cluster, op, now).await,
+    }
+}
+
+/// The operations (trigger, backfill, rerun, break-lock): the request each writes; then
+/// [`operate`].
+async fn ask(cluster: &Cluster, cmd: Cmd, now: jiff::Timestamp) -> Result<String, PluginError> {
+    let namespace = |n: Namespace| {
+        n.namespace
+            .unwrap_or_else(|| cluster.default_namespace.clone())
+    };
+    match cmd {
         Cmd::Trigger { name, ns, op } => {
             let req = cluster.trigger_request(now).await;
             let kind = OperationKind::Trigger;
-            operate(&cluster, &namespace(ns), &name, kind, req, op, false).await
+            operate(cluster, &namespace(ns), &name, kind, req, op, false).await
         }
         Cmd::Backfill {
             name,
@@ -329,7 +363,18 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
         } => {
             let req = cluster.backfill_request(from, to, now).await?;
             let kind = OperationKind::Backfill;
-            operate(&cluster, &namespace(ns), &name, kind, req, op, wait).await
+            operate(cluster, &namespace(ns), &name, kind, req, op, wait).await
+        }
+        Cmd::Rerun {
+            name,
+            period,
+            replace,
+            ns,
+            op,
+        } => {
+            let req = cluster.rerun_request(period, replace, now).await;
+            let kind = OperationKind::Rerun;
+            operate(cluster, &namespace(ns), &name, kind, req, op, false).await
         }
         Cmd::BreakLock {
             name,
@@ -339,8 +384,10 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
         } => {
             let req = cluster.break_lock_request(reason, now).await?;
             let kind = OperationKind::BreakLock;
-            operate(&cluster, &namespace(ns), &name, kind, req, op, false).await
+            operate(cluster, &namespace(ns), &name, kind, req, op, false).await
         }
+        // Not operations: on_cluster runs them.
+        _ => Ok(String::new()),
     }
 }
 

@@ -607,6 +607,7 @@ impl Records {
             token: None,
             start_time: None,
             finish_time: Some(now.into()),
+            requested_by: None,
         });
     }
 
@@ -631,6 +632,7 @@ impl Records {
 }
 
 pub mod ops;
+pub mod rerun;
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! Operations users ask for with `kubectl singleton trigger|backfill|break-lock`.
+//! Operations users ask for with `kubectl singleton trigger|backfill|break-lock|rerun`.
 //!
 //! The plugin only asks: it writes a request into an annotation of the SingletonJob (so who may
 //! ask is decided by RBAC on `patch singletonjobs`), and the controller, the only writer of runs
@@ -7,14 +7,15 @@
 //! handled; a request with that id is never acted on again, so a retried or re-applied annotation
 //! starts nothing twice.
 //!
-//! Everything here is pure: parsing and checking requests, and where a backfill stands.
+//! Everything here is pure: parsing and checking requests, and where a backfill stands; what a
+//! rerun may re-run is in [`super::rerun`].
 
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    ANNOTATION_BACKFILL, ANNOTATION_BREAK_LOCK, ANNOTATION_TRIGGER, OperationPhase,
-    OperationStatus, Operations, RunOrigin, RunRef, SingletonJob,
+    ANNOTATION_BACKFILL, ANNOTATION_BREAK_LOCK, ANNOTATION_RERUN, ANNOTATION_TRIGGER,
+    OperationPhase, OperationStatus, Operations, RunOrigin, RunRef, SingletonJob,
 };
 use crate::schedule::Schedule;
 
@@ -30,12 +31,14 @@ pub enum OperationKind {
     Trigger,
     Backfill,
     BreakLock,
+    Rerun,
 }
 
 impl OperationKind {
-    pub const ALL: [OperationKind; 3] = [
+    pub const ALL: [OperationKind; 4] = [
         OperationKind::BreakLock,
         OperationKind::Trigger,
+        OperationKind::Rerun,
         OperationKind::Backfill,
     ];
 
@@ -44,6 +47,7 @@ impl OperationKind {
             OperationKind::Trigger => ANNOTATION_TRIGGER,
             OperationKind::Backfill => ANNOTATION_BACKFILL,
             OperationKind::BreakLock => ANNOTATION_BREAK_LOCK,
+            OperationKind::Rerun => ANNOTATION_RERUN,
         }
     }
 
@@ -53,6 +57,7 @@ impl OperationKind {
             OperationKind::Trigger => "trigger",
             OperationKind::Backfill => "backfill",
             OperationKind::BreakLock => "break-lock",
+            OperationKind::Rerun => "rerun",
         }
     }
 
@@ -61,6 +66,7 @@ impl OperationKind {
             OperationKind::Trigger => ops.trigger.as_ref(),
             OperationKind::Backfill => ops.backfill.as_ref(),
             OperationKind::BreakLock => ops.break_lock.as_ref(),
+            OperationKind::Rerun => ops.rerun.as_ref(),
         }
     }
 
@@ -69,6 +75,7 @@ impl OperationKind {
             OperationKind::Trigger => &mut ops.trigger,
             OperationKind::Backfill => &mut ops.backfill,
             OperationKind::BreakLock => &mut ops.break_lock,
+            OperationKind::Rerun => &mut ops.rerun,
         }
     }
 }
@@ -78,6 +85,7 @@ impl From<RunOrigin> for OperationKind {
         match origin {
             RunOrigin::Trigger => OperationKind::Trigger,
             RunOrigin::Backfill => OperationKind::Backfill,
+            RunOrigin::Rerun => OperationKind::Rerun,
         }
     }
 }
@@ -100,6 +108,28 @@ pub struct Request {
     /// Backfill: last instant of the range (inclusive).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<Timestamp>,
+    /// Rerun: the period to run again (RFC 3339).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "instant"
+    )]
+    pub period: Option<Timestamp>,
+    /// Rerun: fence and delete the period's run if it is still active, instead of refusing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replace: bool,
+}
+
+/// An RFC 3339 instant, with an error that says so (rather than serde's "invalid type").
+fn instant<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    text.parse().map(Some).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "period {text:?} is not an RFC 3339 instant such as 2026-11-01T00:00:00Z ({e})"
+        ))
+    })
 }
 
 /// An annotation that is not a valid request: rejected under `id` (the request's own id when it
@@ -172,11 +202,26 @@ pub fn parse(kind: OperationKind, raw: &str) -> Result<Request, Invalid> {
             }
             _ => return bad("backfill needs both from and to (RFC 3339 instants)".into()),
         },
-        OperationKind::Trigger | OperationKind::BreakLock => {
+        OperationKind::Trigger | OperationKind::BreakLock | OperationKind::Rerun => {
             if req.from.is_some() || req.to.is_some() {
                 return bad(format!("{} takes no from/to", kind.command()));
             }
         }
+    }
+    match kind {
+        OperationKind::Rerun if req.period.is_none() => {
+            return bad(
+                "rerun needs the period to run again (an RFC 3339 instant of the schedule)".into(),
+            );
+        }
+        OperationKind::Rerun => {}
+        _ if req.period.is_some() || req.replace => {
+            return bad(format!(
+                "{} takes no period/replace (those are rerun's)",
+                kind.command()
+            ));
+        }
+        _ => {}
     }
     Ok(req)
 }
@@ -190,6 +235,9 @@ fn example(kind: OperationKind) -> &'static str {
         OperationKind::BreakLock => {
             r#"{"id":"2026-12-02T10:00:00.123456Z","reason":"run stuck on a dead node"}"#
         }
+        OperationKind::Rerun => {
+            r#"{"id":"2026-12-02T10:00:00.123456Z","period":"2026-12-01T00:00:00Z","replace":false}"#
+        }
     }
 }
 
@@ -202,6 +250,7 @@ pub fn accepted(req: &Request, now: Timestamp) -> OperationStatus {
         reason: req.reason.clone(),
         from: req.from.map(Into::into),
         to: req.to.map(Into::into),
+        period: req.period.map(Into::into),
         updated: Some(now.into()),
         ..OperationStatus::default()
     }
@@ -244,7 +293,7 @@ pub fn set(slot: &mut Option<OperationStatus>, mut new: OperationStatus) -> bool
 
 /// Whether an operation waits or goes on (then the controller looks again soon).
 pub fn in_progress(ops: &Operations) -> bool {
-    [&ops.trigger, &ops.backfill, &ops.break_lock]
+    [&ops.trigger, &ops.backfill, &ops.break_lock, &ops.rerun]
         .into_iter()
         .flatten()
         .any(|o| matches!(o.phase, OperationPhase::Pending | OperationPhase::Running))
@@ -329,13 +378,17 @@ pub fn on_claim(ops: &mut Operations, origin: RunOrigin, claim: &RunRef) {
     let (slot, done) = match origin {
         RunOrigin::Trigger => (&mut ops.trigger, true),
         RunOrigin::Backfill => (&mut ops.backfill, false),
+        RunOrigin::Rerun => (&mut ops.rerun, true),
     };
     let Some(op) = slot.as_mut() else { return };
     op.started += 1;
     op.job_name = Some(claim.job_name.clone());
     op.token = Some(claim.token);
     op.updated = claim.claimed_at.clone();
-    if done {
+    if origin == RunOrigin::Rerun {
+        op.phase = OperationPhase::Done;
+        op.message = rerun_message(claim);
+    } else if done {
         op.phase = OperationPhase::Done;
         op.message = format!(
             "started Job {} with fencing token {}",
@@ -351,12 +404,41 @@ pub fn on_claim(ops: &mut Operations, origin: RunOrigin, claim: &RunRef) {
     }
 }
 
+/// What a rerun's record says once its claim is written: the Job, the new token, and what it
+/// fences out.
+fn rerun_message(claim: &RunRef) -> String {
+    let mut message = format!(
+        "re-ran period {}: started Job {} with fencing token {}",
+        crate::naming::period_rfc3339(claim.period.0),
+        claim.job_name,
+        claim.token
+    );
+    if let Some(old) = claim.supersedes {
+        message.push_str(&format!(
+            "; the period's backstop claim moved from token {old} to it, so {old} is refused from now on"
+        ));
+    }
+    let replaced: Vec<String> = claim
+        .replaces
+        .iter()
+        .map(|r| format!("{} (token {})", r.job_name, r.token))
+        .collect();
+    if !replaced.is_empty() {
+        message.push_str(&format!(
+            "; replaced the active run {} (fenced, then deleted)",
+            replaced.join(", ")
+        ));
+    }
+    message
+}
+
 /// A manual claim re-issued with a higher `token` (the backstop's fence was above the first one):
 /// the operation's record names the token the run really carries.
 pub fn on_reclaim(ops: &mut Operations, claim: &RunRef, token: u64) {
     let slot = match claim.origin {
         Some(RunOrigin::Trigger) => &mut ops.trigger,
         Some(RunOrigin::Backfill) => &mut ops.backfill,
+        Some(RunOrigin::Rerun) => &mut ops.rerun,
         None => return,
     };
     if let Some(op) = slot
@@ -486,6 +568,46 @@ mod tests {
                 r#"{"id":"x","from":"yesterday","to":"today"}"#,
                 "not a valid request",
             ),
+            (
+                OperationKind::Rerun,
+                r#"{"id":"x"}"#,
+                "rerun needs the period",
+            ),
+            (
+                OperationKind::Rerun,
+                r#"{"id":"x","period":"yesterday"}"#,
+                "period \"yesterday\" is not an RFC 3339 instant",
+            ),
+            (
+                OperationKind::Rerun,
+                r#"{"id":"x","period":7}"#,
+                "not a valid request",
+            ),
+            (
+                OperationKind::Rerun,
+                r#"{"id":"x","period":"2026-01-01T00:00:00Z","replace":"yes"}"#,
+                "not a valid request",
+            ),
+            (
+                OperationKind::Rerun,
+                r#"{"id":"x","period":"2026-01-01T00:00:00Z","from":"2026-01-01T00:00:00Z"}"#,
+                "takes no from/to",
+            ),
+            (
+                OperationKind::Trigger,
+                r#"{"id":"x","period":"2026-01-01T00:00:00Z"}"#,
+                "takes no period/replace",
+            ),
+            (
+                OperationKind::Backfill,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","replace":true}"#,
+                "takes no period/replace",
+            ),
+            (
+                OperationKind::Rerun,
+                "{\"id\":\"x\",",
+                "singleton.dev/rerun is not a valid request",
+            ),
         ] {
             let e = parse(kind, raw).expect_err(raw);
             assert!(e.message.contains(says), "{raw}: {}", e.message);
@@ -505,7 +627,13 @@ mod tests {
                     e.message.clone(),
                     ts("2026-01-01T00:00:00Z"),
                 )),
-                break_lock: Some(rejected(&e.id, None, e.message, ts("2026-01-01T00:00:00Z"))),
+                break_lock: Some(rejected(
+                    &e.id,
+                    None,
+                    e.message.clone(),
+                    ts("2026-01-01T00:00:00Z"),
+                )),
+                rerun: Some(rejected(&e.id, None, e.message, ts("2026-01-01T00:00:00Z"))),
             };
             assert!(pending(&sj(&[(kind.annotation(), raw)], rejected_once), kind).is_none());
         }
@@ -516,6 +644,70 @@ mod tests {
                 .id
                 .starts_with("invalid-")
         );
+    }
+
+    #[test]
+    fn a_rerun_request_round_trips_and_its_record_says_what_it_fenced() {
+        let raw = r#"{"id":"r1","by":"alice","period":"2026-01-01T09:00:00Z","replace":true}"#;
+        let req = parse(OperationKind::Rerun, raw).unwrap();
+        assert_eq!(req.period, Some(ts("2026-01-01T09:00:00Z")));
+        assert!(req.replace);
+        assert_eq!(serde_json::to_string(&req).unwrap(), raw);
+        // `replace` is left out when false, as the plugin writes it.
+        let plain = Request {
+            replace: false,
+            ..req.clone()
+        };
+        assert!(!serde_json::to_string(&plain).unwrap().contains("replace"));
+        let mut ops = Operations {
+            rerun: Some(accepted(&req, ts("2026-01-01T10:00:00Z"))),
+            ..Default::default()
+        };
+        let op = ops.rerun.as_ref().unwrap();
+        assert_eq!(op.period.as_ref().map(|t| t.0), req.period);
+        let p = ts("2026-01-01T09:00:00Z");
+        let claim = RunRef {
+            late: false,
+            period: p.into(),
+            token: 9,
+            job_name: crate::naming::rerun_job_name("a", p, 9),
+            claimed_at: None,
+            job_uid: None,
+            origin: Some(RunOrigin::Rerun),
+            requested_by: Some("alice".into()),
+            supersedes: Some(4),
+            replaces: vec![crate::api::ReplacedRun {
+                period: p.into(),
+                token: 4,
+                job_name: "a-1767258000".into(),
+                job_uid: None,
+                claimed_at: None,
+            }],
+        };
+        on_claim(&mut ops, RunOrigin::Rerun, &claim);
+        let op = ops.rerun.clone().unwrap();
+        assert_eq!(op.phase, OperationPhase::Done);
+        assert_eq!(
+            (op.job_name.as_deref(), op.token),
+            (Some("a-1767258000-r9"), Some(9))
+        );
+        for want in [
+            "re-ran period 2026-01-01T09:00:00Z: started Job a-1767258000-r9 with fencing token 9",
+            "moved from token 4 to it, so 4 is refused from now on",
+            "replaced the active run a-1767258000 (token 4)",
+        ] {
+            assert!(op.message.contains(want), "{want:?} in {}", op.message);
+        }
+        // A fence that rose meanwhile re-issues the claim; the record follows.
+        on_reclaim(&mut ops, &claim, 12);
+        let op = ops.rerun.unwrap();
+        assert_eq!(op.token, Some(12));
+        assert!(
+            op.message.contains("with fencing token 12"),
+            "{}",
+            op.message
+        );
+        assert!(op.message.contains("from token 4 to it"), "{}", op.message);
     }
 
     #[test]
@@ -596,6 +788,8 @@ mod tests {
                 claimed_at: None,
                 job_uid: None,
                 origin: Some(RunOrigin::Backfill),
+                requested_by: None,
+                supersedes: None,
                 replaces: Vec::new(),
             };
             on_claim(&mut ops, RunOrigin::Backfill, &claim);
@@ -684,6 +878,8 @@ mod tests {
                         claimed_at: None,
                         job_uid: None,
                         origin: Some(RunOrigin::Backfill),
+                        requested_by: None,
+                        supersedes: None,
                         replaces: Vec::new(),
                     };
                     let mut ops = Operations { backfill: Some(op), ..Default::default() };

@@ -52,6 +52,8 @@ fn run_ref(p: Timestamp) -> RunRef {
         claimed_at: None,
         job_uid: None,
         origin: None,
+        requested_by: None,
+        supersedes: None,
         replaces: Vec::new(),
     }
 }

@@ -192,6 +192,8 @@ pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> 
                 claimed_at: None,
                 job_uid: Some(j.uid.clone()),
                 origin: None,
+                requested_by: None,
+                supersedes: None,
                 replaces: Vec::new(),
             })
         })
@@ -233,6 +235,8 @@ mod tests {
             claimed_at: None,
             job_uid: Some(j.uid.clone()),
             origin: None,
+            requested_by: None,
+            supersedes: None,
             replaces: Vec::new(),
         }
     }
@@ -361,6 +365,7 @@ mod tests {
             token: Some(7),
             start_time: None,
             finish_time: None,
+            requested_by: None,
         });
         assert!(ran(&st, &[], p));
         st.history[0].outcome = crate::api::Outcome::Missed;

@@ -29,6 +29,7 @@ pub(super) fn entry(
         token,
         start_time: token.map(|_| t(period)),
         finish_time: Some(t(period)),
+        requested_by: None,
     }
 }
 
@@ -60,6 +61,8 @@ pub(super) fn sj() -> SingletonJob {
             claimed_at: None,
             job_uid: None,
             origin: None,
+            requested_by: None,
+            supersedes: None,
             replaces: Vec::new(),
         }],
         conditions: vec![Condition {

@@ -1,7 +1,8 @@
 //! `kubectl singleton schedule|convert|list|status|history|suspend|resume|trigger|backfill|
-//! break-lock`: the plugin's commands against the API server, and the pure rendering of
-//! SingletonJobs to text (tested without a cluster). The operations (trigger, backfill, break-lock) only ask: they write a
-//! request annotation and wait for the controller to record what it did (see [`crate::decide::ops`]).
+//! rerun|break-lock`: the plugin's commands against the API server, and the pure rendering of
+//! SingletonJobs to text (tested without a cluster). The operations (trigger, backfill, rerun,
+//! break-lock) only ask: they write a request annotation and wait for the controller to record
+//! what it did (see [`crate::decide::ops`]).
 //!
 //! - [`client`]: talking to the cluster: reading SingletonJobs, suspending and resuming them.
 //! - [`operate`]: asking for an operation and waiting for the controller's record of it.

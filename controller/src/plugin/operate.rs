@@ -1,4 +1,4 @@
-//! Asking for an operation (trigger, backfill, break-lock): the plugin only asks. It builds the
+//! Asking for an operation (trigger, backfill, break-lock, rerun): the plugin only asks. It builds the
 //! request, writes it into the SingletonJob's annotation and waits for the controller to record
 //! what it did in `status.operations` (the controller's side is [`crate::decide::ops`]).
 
@@ -54,6 +54,16 @@ impl Cluster {
         req.from = Some(from);
         req.to = Some(to);
         Ok(req)
+    }
+
+    /// A rerun of `period`; with `replace`, a run of the period still active is fenced and
+    /// deleted first instead of the rerun being refused. Whether the period may be re-run is the
+    /// controller's to judge (it knows the period's records); the plugin only asks.
+    pub async fn rerun_request(&self, period: Timestamp, replace: bool, now: Timestamp) -> Request {
+        let mut req = new_request(self.whoami().await, now);
+        req.period = Some(period);
+        req.replace = replace;
+        req
     }
 
     /// A break-lock. It must say why: the reason is recorded in status and in the LockBroken
@@ -281,6 +291,17 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<OperationStatus>(&json).unwrap(),
             done
+        );
+
+        // A rerun's line names the period, the Job and the token.
+        let mut rerun = ops::accepted(&req, now());
+        rerun.phase = OperationPhase::Done;
+        rerun.message = "re-ran period 2026-01-01T09:00:00Z: started Job hello-1767258000-r22 with fencing token 22".into();
+        let line =
+            format_operation(OperationKind::Rerun, "ns", "hello", &rerun, Output::Table).unwrap();
+        assert!(
+            line.starts_with("singletonjob ns/hello: re-ran period 2026-01-01T09:00:00Z: started Job hello-1767258000-r22 with fencing token 22 (request "),
+            "{line}"
         );
 
         // The handled request in the annotation: a new one may be written.

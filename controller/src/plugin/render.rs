@@ -98,6 +98,7 @@ pub fn format_operation(
         (OperationKind::BreakLock, OperationPhase::Done) => {
             format!("singletonjob {ns}/{name}: lock broken")
         }
+        (OperationKind::Rerun, OperationPhase::Done) => format!("singletonjob {ns}/{name}"),
         (OperationKind::Backfill, OperationPhase::Done) => {
             format!("singletonjob {ns}/{name}: backfill done")
         }
@@ -356,6 +357,7 @@ pub fn render_history(history: &[HistoryEntry]) -> String {
                 dash(h.reason.as_deref()),
                 dash(h.job_name.as_deref()),
                 token(h),
+                dash(h.requested_by.as_deref()),
                 opt_ts(h.start_time.as_ref()),
                 opt_ts(h.finish_time.as_ref()),
             ]
@@ -370,6 +372,7 @@ pub fn render_history(history: &[HistoryEntry]) -> String {
             "REASON",
             "JOB",
             "TOKEN",
+            "BY",
             "START",
             "FINISH",
         ],
@@ -608,11 +611,20 @@ mod tests {
         ];
         h[1].last_period = Some(t("2026-01-01T00:04:00Z"));
         h[1].count = 5;
+        // A rerun says who asked for it.
+        h[0].reason = Some("Rerun".into());
+        h[0].requested_by = Some("alice".into());
         let out = render_history(&h);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 3, "{out}");
         assert!(lines[0].starts_with("PERIOD   "), "{out}");
         assert!(lines[0].ends_with("FINISH"), "{out}");
+        assert!(lines[0].contains("   BY   "), "{out}");
+        let rerun: Vec<&str> = lines[1].split("   ").map(str::trim).collect();
+        assert!(
+            rerun.contains(&"Rerun") && rerun.contains(&"alice"),
+            "{rerun:?}"
+        );
         let skipped: Vec<&str> = lines[2].split("   ").map(str::trim).collect();
         assert!(skipped.contains(&"Skipped"), "{skipped:?}");
         assert!(skipped.contains(&"Suspended"), "{skipped:?}");

@@ -46,6 +46,7 @@ pub fn run_entry(
         token: Some(run.token),
         start_time: run.claimed_at.clone(),
         finish_time: finished.map(Into::into),
+        requested_by: run.requested_by.clone(),
     }
 }
 
@@ -62,6 +63,7 @@ pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
         token: Some(old.token),
         start_time: old.claimed_at.clone(),
         finish_time: Some(at.into()),
+        requested_by: None,
     }
 }
 
@@ -78,6 +80,7 @@ pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp)
         token: Some(claim.token),
         start_time: claim.claimed_at.clone(),
         finish_time: Some(at.into()),
+        requested_by: claim.requested_by.clone(),
     }
 }
 

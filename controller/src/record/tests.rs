@@ -23,6 +23,8 @@ fn run(period: &str, token: u64) -> RunRef {
         claimed_at: Some(t(period).into()),
         job_uid: Some(format!("uid-{token}")),
         origin: None,
+        requested_by: None,
+        supersedes: None,
         replaces: Vec::new(),
     }
 }
@@ -239,6 +241,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
         token: None,
         start_time: None,
         finish_time: None,
+        requested_by: None,
     };
     let mut with_history = SingletonJobStatus::default();
     with_history.history.push(entry);

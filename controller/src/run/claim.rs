@@ -51,15 +51,23 @@ pub(super) async fn backstop_claim(
     };
     let mut sj = sj.clone();
     let period = claim.period.0;
+    let key = sj.key();
     for _ in 0..=RECLAIMS {
-        match Box::pin(b.claim(&sj.key(), period, claim.token, &claim.job_name)).await {
+        // A rerun takes the period's row over from the token it found there (`supersedes`).
+        let claimed = b.claim(&key, period, claim.token, &claim.job_name, claim.supersedes);
+        match Box::pin(claimed).await {
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
                 // The claim's own token never reached the fence (the transaction rolled back):
                 // nothing to retire.
-                let note = format!(
-                    "period {} was already claimed in the backstop by {job_name} with token {token}; no Job created",
-                    naming::period_rfc3339(period)
-                );
+                let p = naming::period_rfc3339(period);
+                let note = match claim.supersedes {
+                    Some(old) => format!(
+                        "rerun of period {p} not started: its backstop claim moved from token {old} to {token} ({job_name}) since the rerun was accepted; no Job created"
+                    ),
+                    None => format!(
+                        "period {p} was already claimed in the backstop by {job_name} with token {token}; no Job created"
+                    ),
+                };
                 let d = decided::Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note);
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);

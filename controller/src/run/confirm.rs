@@ -29,6 +29,8 @@ pub(super) fn status_after_confirm(
         .retain(|r| !claim.replaces.iter().any(|o| o.job_name == r.job_name));
     let mut run = claim.clone();
     run.replaces.clear();
+    // The backstop's row is taken over by now (step 4).
+    run.supersedes = None;
     status.active.push(run);
     status.active_count = status.active.len() as i32;
     let now = Timestamp::now();
@@ -112,7 +114,13 @@ pub async fn resume(
     match resumed {
         Resumed::Yes => {
             ctx.events.run_started(sj, run);
-            crate::metrics::global().run_started(sj, run.period.0, Timestamp::now());
+            // A rerun is not late for its (past) period: it was due when it was asked for.
+            let due = match run.origin {
+                Some(crate::api::RunOrigin::Rerun) => run.claimed_at.as_ref().map(|t| t.0),
+                _ => None,
+            };
+            let now = Timestamp::now();
+            crate::metrics::global().run_started(sj, due.unwrap_or(run.period.0), now);
         }
         Resumed::Already => {}
         Resumed::Gone => {

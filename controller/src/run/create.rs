@@ -38,7 +38,7 @@ pub(super) async fn create(
 ) -> Result<Option<String>> {
     let ns = fresh.metadata.namespace.clone().unwrap_or_default();
     // On the heap: a Job is kilobytes, and this future waits in a lane with it.
-    let mut job = Box::new(job::build(fresh, claim.period.0, claim.token)?);
+    let mut job = Box::new(job::for_run(fresh, claim)?);
     job::stop_at_deadline(&mut job, fresh, claim.period.0, jiff::Timestamp::now());
     if let Some(spec) = job.spec.as_mut() {
         spec.suspend = Some(true);

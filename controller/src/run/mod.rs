@@ -51,7 +51,12 @@
 //!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::decide::ops`]) take the same
 //! steps ([`Cause::Manual`]); their claim write also marks the request handled, so a request is
-//! claimed once. Breaking a lock ([`break_lock()`]) has its own numbered steps below.
+//! claimed once. A rerun (`kubectl singleton rerun`, [`Cause::Rerun`]) takes them too, for a
+//! period decided before: its claim names a Job of its own (the period's earlier Job may still
+//! exist), takes the period's backstop claim row over from the earlier token in step 4 (so the
+//! new token fences the earlier run out, and the period keeps one claim row), and with
+//! `--replace` names the period's active run to replace, as concurrencyPolicy Replace does.
+//! Breaking a lock ([`break_lock()`]) has its own numbered steps below.
 
 pub mod break_lock;
 pub mod claim;
@@ -116,28 +121,39 @@ pub async fn start(
 
     // 3. Claim (G1, G3): the write fails if anyone else wrote since we read. The runs to replace
     //    are part of the claim, so whoever completes it replaces them.
+    let name = sj.metadata.name.as_deref().unwrap_or_default();
+    let origin = cause.origin();
     let claim = RunRef {
         late: false,
         period: period.into(),
         token,
-        job_name: naming::job_name(sj.metadata.name.as_deref().unwrap_or_default(), period),
+        job_name: match cause {
+            Cause::Rerun { .. } => naming::rerun_job_name(name, period, token),
+            _ => naming::job_name(name, period),
+        },
         claimed_at: Some(Timestamp::now().into()),
         job_uid: None,
-        origin: cause.origin(),
+        origin,
+        requested_by: origin
+            .and_then(|o| crate::decide::ops::OperationKind::from(o).slot(&status.operations))
+            .and_then(|op| op.requested_by.clone()),
+        supersedes: match cause {
+            Cause::Rerun { supersedes, .. } => supersedes,
+            _ => None,
+        },
         replaces: cause.replaces().iter().map(ReplacedRun::from).collect(),
     };
     status.fencing_token = token;
     status.pending_claim = Some(claim.clone());
-    match cause {
+    match (cause, origin) {
         // Only the schedule moves the schedule's cursor; a manual run is outside it.
-        Cause::Scheduled { .. } => {
+        (Cause::Scheduled { .. }, _) => {
             status.decided_through = Some(period.into());
             status.last_schedule_time = Some(period.into());
         }
         // The operation is marked handled by this same write: asked once, claimed once.
-        Cause::Manual(origin) => {
-            crate::decide::ops::on_claim(&mut status.operations, origin, &claim)
-        }
+        (_, Some(origin)) => crate::decide::ops::on_claim(&mut status.operations, origin, &claim),
+        (_, None) => {}
     }
     let claimed = write_status(ctx, sj, status, Lane::Claim)
         .await
@@ -166,6 +182,15 @@ pub enum Cause<'a> {
     Scheduled { replace: &'a [RunRef] },
     /// A user asked for it (trigger, backfill): it moves no schedule cursor and replaces nothing.
     Manual(RunOrigin),
+    /// A user asked to run a decided period again (`kubectl singleton rerun`): it moves no
+    /// schedule cursor; its Job has a name of its own; `supersedes` is the token of the period's
+    /// backstop claim row, which the claim takes over (None: the backstop has no row, or there is
+    /// no backstop); `replace` are the period's active runs to fence and delete first
+    /// (`--replace`, as concurrencyPolicy Replace does).
+    Rerun {
+        replace: &'a [RunRef],
+        supersedes: Option<u64>,
+    },
 }
 
 impl Cause<'_> {
@@ -173,12 +198,13 @@ impl Cause<'_> {
         match self {
             Cause::Scheduled { .. } => None,
             Cause::Manual(o) => Some(o),
+            Cause::Rerun { .. } => Some(RunOrigin::Rerun),
         }
     }
 
     fn replaces(&self) -> &[RunRef] {
         match self {
-            Cause::Scheduled { replace } => replace,
+            Cause::Scheduled { replace } | Cause::Rerun { replace, .. } => replace,
             Cause::Manual(_) => &[],
         }
     }

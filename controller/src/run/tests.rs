@@ -160,6 +160,8 @@ fn claimed() -> (SingletonJob, RunRef) {
         claimed_at: None,
         job_uid: Some("job-uid".into()),
         origin: None,
+        requested_by: None,
+        supersedes: None,
         replaces: Vec::new(),
     };
     sj.status = Some(SingletonJobStatus {
@@ -452,4 +454,154 @@ async fn a_write_waiting_for_a_lane_when_the_gate_closes_is_never_sent() {
             .is_err(),
         "nothing was sent"
     );
+}
+
+/// A rerun (`kubectl singleton rerun --replace`) takes the run protocol's steps for a period
+/// decided before: the claim names a Job of its own and the run it replaces, marks the operation
+/// done and leaves the schedule's cursor alone; the replaced run's Job is deleted (by uid) before
+/// the new Job exists; the new Job carries the period's SINGLETON_PERIOD and idempotency key and
+/// the new token; the confirm records the run as Rerun with who asked, the old one as Replaced.
+#[tokio::test]
+async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (confirming, mut done) = InFlight::new();
+    let ctx = Arc::new(Context {
+        confirming,
+        ..context(kube::Client::new(svc, "ns"))
+    });
+    let mut sj = sj();
+    sj.metadata.uid = Some("sj-uid".into());
+    sj.spec.job_template = serde_json::json!({"spec": {"template": {"spec": {
+        "restartPolicy": "Never",
+        "containers": [{"name": "work", "image": "busybox"}],
+    }}}})
+    .into();
+    let period = Timestamp::from_second(1_800_000_000).unwrap();
+    let (_, earlier) = claimed();
+    let req = crate::decide::ops::Request {
+        id: "r1".into(),
+        by: Some("alice".into()),
+        period: Some(period),
+        replace: true,
+        ..Default::default()
+    };
+    let mut status = SingletonJobStatus {
+        fencing_token: 7,
+        decided_through: Some(Timestamp::from_second(1_800_000_060).unwrap().into()),
+        active: vec![earlier.clone()],
+        active_count: 1,
+        ..Default::default()
+    };
+    status.operations.rerun = Some(crate::decide::ops::accepted(&req, Timestamp::now()));
+    let server = async {
+        let (req, send) = next(&mut handle, "the claim").await;
+        assert_eq!(req.method(), http::Method::PUT);
+        let written: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        let st = &written["status"];
+        let claim = &st["pendingClaim"];
+        assert_eq!(claim["jobName"], "hello-1800000000-r8", "{claim}");
+        assert_eq!(
+            (&claim["token"], &claim["origin"], &claim["requestedBy"]),
+            (&8.into(), &"Rerun".into(), &"alice".into())
+        );
+        assert_eq!(claim["replaces"][0]["jobName"], "hello-1800000000");
+        assert_eq!(st["fencingToken"], 8);
+        assert_eq!(
+            st["decidedThrough"], "2027-01-15T08:01:00Z",
+            "the cursor is the schedule's"
+        );
+        assert_eq!(st["operations"]["rerun"]["phase"], "Done");
+        assert_eq!(st["operations"]["rerun"]["token"], 8);
+        respond(send, 200, serde_json::to_vec(&written).unwrap());
+        // Runs to replace: the claim is re-read before anything is deleted.
+        let (req, send) = next(&mut handle, "the re-read").await;
+        assert_eq!(req.method(), http::Method::GET);
+        respond(send, 200, serde_json::to_vec(&written).unwrap());
+        let (req, send) = next(&mut handle, "the delete of the replaced run").await;
+        assert_eq!(req.method(), http::Method::DELETE);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(
+            body["preconditions"]["uid"], "job-uid",
+            "only that run's Job"
+        );
+        let gone = serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "hello-1800000000", "namespace": "ns", "uid": "job-uid"}});
+        respond(send, 200, serde_json::to_vec(&gone).unwrap());
+        let (req, send) = next(&mut handle, "the create").await;
+        assert_eq!(req.method(), http::Method::POST);
+        let mut job: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(job["metadata"]["name"], "hello-1800000000-r8");
+        assert_eq!(job["spec"]["suspend"], true);
+        let env: std::collections::BTreeMap<String, String> =
+            job["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let s = |k: &str| e[k].as_str().unwrap().to_string();
+                    (s("name"), s("value"))
+                })
+                .collect();
+        assert_eq!(env["SINGLETON_PERIOD"], "2027-01-15T08:00:00Z");
+        assert_eq!(env["SINGLETON_FENCING_TOKEN"], "8");
+        assert_eq!(
+            env["SINGLETON_IDEMPOTENCY_KEY"],
+            naming::idempotency_key("ns/hello", period),
+            "the period's key, as its earlier run had"
+        );
+        job["metadata"]["uid"] = "rerun-uid".into();
+        respond(send, 201, serde_json::to_vec(&job).unwrap());
+        let (req, send) = next(&mut handle, "the confirm").await;
+        assert_eq!(req.method(), http::Method::PUT);
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        let st = &body["status"];
+        assert_eq!(st["active"].as_array().unwrap().len(), 1, "{st}");
+        assert_eq!(st["active"][0]["jobUid"], "rerun-uid");
+        assert!(st["active"][0].get("supersedes").is_none());
+        let history = st["history"].as_array().unwrap();
+        assert_eq!(
+            (
+                &history[0]["jobName"],
+                &history[0]["reason"],
+                &history[0]["requestedBy"]
+            ),
+            (
+                &"hello-1800000000-r8".into(),
+                &"Rerun".into(),
+                &"alice".into()
+            )
+        );
+        assert_eq!(
+            (&history[1]["jobName"], &history[1]["outcome"]),
+            (&"hello-1800000000".into(), &"Replaced".into())
+        );
+        respond(send, 200, serde_json::to_vec(&body).unwrap());
+        let (req, send) = next(&mut handle, "the resume").await;
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000-r8"
+        );
+        respond(send, 200, b"{}".to_vec());
+    };
+    let cause = Cause::Rerun {
+        replace: std::slice::from_ref(&earlier),
+        supersedes: None,
+    };
+    let db = Availability::NotConfigured;
+    let (started, ()) = tokio::join!(start(&ctx, &sj, status, period, cause, &db), server);
+    let claim = started.expect("started");
+    assert_eq!(
+        (claim.job_name.as_str(), claim.token),
+        ("hello-1800000000-r8", 8)
+    );
+    assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
 }
