@@ -28,7 +28,7 @@ pub use env::{
     Controller, Env, FAST_ELECTION, controller_bin, ensure, events_with_reason, skewed_clock,
 };
 pub use http::{HttpResponse, health_addr_in, http_get, metric};
-pub use manifest::{never_scheduled, sj_yaml};
+pub use manifest::{never_scheduled, periods, sj_yaml, token_of};
 pub use observer::Observer;
 pub use proxy::Proxy;
 pub use service_account::{can_i, client_from_kubeconfig};

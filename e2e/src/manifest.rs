@@ -31,3 +31,31 @@ pub fn never_scheduled(yaml: String) -> String {
         "          restartPolicy: Never\n          nodeSelector:\n            singleton.dev/no-such-node: \"true\"\n",
     )
 }
+
+/// The fencing token a Job was created with (its `singleton.dev/fencing-token` annotation), 0 if
+/// none.
+pub fn token_of(job: &k8s_openapi::api::batch::v1::Job) -> u64 {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("singleton.dev/fencing-token"))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default()
+}
+
+/// The periods of these Jobs (their `singleton.dev/period` annotations), sorted.
+pub fn periods(jobs: &[k8s_openapi::api::batch::v1::Job]) -> Vec<jiff::Timestamp> {
+    let mut v: Vec<jiff::Timestamp> = jobs
+        .iter()
+        .filter_map(|j| {
+            j.metadata
+                .annotations
+                .as_ref()?
+                .get("singleton.dev/period")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    v.sort();
+    v
+}

@@ -10,20 +10,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::{Env, ensure, sj_yaml};
+use e2e::{Env, ensure, periods, sj_yaml};
 use jiff::{SignedDuration, Timestamp, ToSpan};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use singleton::api::{Outcome, SingletonCalendar, SingletonJob};
-
-fn periods(jobs: &[k8s_openapi::api::batch::v1::Job]) -> Vec<Timestamp> {
-    let mut v: Vec<Timestamp> = jobs
-        .iter()
-        .filter_map(|j| j.annotations().get("singleton.dev/period")?.parse().ok())
-        .collect();
-    v.sort();
-    v
-}
 
 /// `YYYY-MM-DD` of today (UTC) moved by `days`.
 fn day(days: i64) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use e2e::{
     Env, backstop_secret, backstop_spec, database_url, ensure, events_with_reason, never_scheduled,
-    pg, plugin, sj_yaml, stderr, stdout, table_prefix,
+    pg, plugin, sj_yaml, stderr, stdout, table_prefix, token_of,
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
@@ -17,13 +17,6 @@ use singleton::api::{OperationPhase, OperationStatus, Outcome, SingletonJob};
 /// A schedule that never fires during a test: daily at 03:00 UTC, unless the test happens to run
 /// across it (then the scheduled run only adds a Job with its own period, checked apart).
 const DAILY: &str = "0 3 * * *";
-
-fn token_of(job: &Job) -> u64 {
-    job.annotations()
-        .get("singleton.dev/fencing-token")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_default()
-}
 
 fn period_of(job: &Job) -> String {
     job.annotations()

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use e2e::{
     Env, backstop_secret, backstop_spec, database_url, ensure, events_with_reason, never_scheduled,
-    pg, plugin, sj_yaml, stderr, stdout, table_prefix,
+    pg, plugin, sj_yaml, stderr, stdout, table_prefix, token_of,
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
@@ -25,13 +25,6 @@ use singleton::schedule::Schedule;
 /// which only adds a Job of another period). The periods re-run are backfilled ones from before
 /// the SingletonJob existed.
 const DAILY: &str = "0 3 * * *";
-
-fn token_of(job: &Job) -> u64 {
-    job.annotations()
-        .get("singleton.dev/fencing-token")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_default()
-}
 
 /// The `SINGLETON_*` environment of a Job's first container.
 fn run_env(job: &Job) -> BTreeMap<String, String> {

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::{Env, ensure, sj_yaml};
+use e2e::{Env, ensure, periods, sj_yaml};
 use jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -17,15 +17,6 @@ use singleton::api::{Outcome, RunRef, SingletonJob};
 /// A SingletonJob whose Jobs never finish (their pods never get a node).
 fn stuck_yaml(name: &str, schedule: &str, extra_spec: &str) -> String {
     e2e::never_scheduled(sj_yaml(name, schedule, extra_spec))
-}
-
-fn periods(jobs: &[k8s_openapi::api::batch::v1::Job]) -> Vec<Timestamp> {
-    let mut v: Vec<Timestamp> = jobs
-        .iter()
-        .filter_map(|j| j.annotations().get("singleton.dev/period")?.parse().ok())
-        .collect();
-    v.sort();
-    v
 }
 
 fn history_has(sj: &SingletonJob, outcome: Outcome, reason: Option<&str>) -> bool {

@@ -6,7 +6,7 @@ use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 
 use super::*;
-use crate::api::{CatchUp, ConcurrencyPolicy, Outcome, RunRef, SingletonJobSpec};
+use crate::api::{CatchUp, ConcurrencyPolicy, HistoryEntry, Outcome, RunRef, SingletonJobSpec};
 use crate::schedule::{DstPolicy, Schedule};
 
 fn ts(s: &str) -> Timestamp {
@@ -488,6 +488,76 @@ fn finished_runs_are_reported_with_their_outcome() {
 }
 
 /// A random schedule from a small generator of common shapes.
+/// What a simulated controller did: its final state, the periods it started, its records.
+struct Simulated {
+    state: State,
+    started: Vec<Timestamp>,
+    records: Vec<HistoryEntry>,
+}
+
+impl Simulated {
+    /// Every period is started at most once, in order, and every period up to the cursor was
+    /// started or recorded, exactly once. Returns the cursor.
+    fn check_each_period_decided_once(
+        &self,
+        sc: &Schedule,
+        created: Timestamp,
+    ) -> Result<Timestamp, TestCaseError> {
+        for w in self.started.windows(2) {
+            prop_assert!(w[0] < w[1], "started out of order or twice: {:?}", w);
+        }
+        let through = self.state.decided_through.unwrap();
+        let due = sc.count_between(created, through, u64::MAX);
+        let recorded: u64 = self.records.iter().map(|r| r.count).sum();
+        prop_assert_eq!(self.started.len() as u64 + recorded, due);
+        Ok(through)
+    }
+}
+
+/// A controller that wakes when its plans say, from `created` to `end`, down during `down`;
+/// `check` sees every plan. Runs finish at once (the specs use Allow, which never waits).
+fn simulate(
+    s: &SingletonJobSpec,
+    created: Timestamp,
+    end: Timestamp,
+    down: &[(Timestamp, Timestamp)],
+    mut check: impl FnMut(&Plan, Timestamp) -> Result<(), TestCaseError>,
+) -> Result<Simulated, TestCaseError> {
+    let mut run = Simulated {
+        state: State::default(),
+        started: vec![],
+        records: vec![],
+    };
+    let none = states(NONE);
+    let mut now = created;
+    for _ in 0..200_000 {
+        if now > end {
+            break;
+        }
+        if let Some(back) = down
+            .iter()
+            .filter(|(a, b)| now >= *a && now < *b)
+            .map(|(_, b)| *b)
+            .max()
+        {
+            now = back;
+            continue;
+        }
+        let p = decide(s, &run.state, now, created, &none);
+        check(&p, now)?;
+        run.records.extend(p.records.iter().cloned());
+        run.started.extend(p.start);
+        apply(&mut run.state, &p);
+        run.state.active.clear();
+        now = match p.wake_at {
+            Some(w) if w > now => w,
+            Some(_) => now,
+            None => break,
+        };
+    }
+    Ok(run)
+}
+
 fn schedule_strategy() -> impl Strategy<Value = String> {
     prop_oneof![
         (5u32..30).prop_map(|n| format!("*/{n} * * * * *")),
@@ -522,39 +592,13 @@ proptest! {
             let a = created + SignedDuration::from_secs(*a * 10);
             (a, a + SignedDuration::from_secs(*len))
         }).collect();
-        let is_down = |t: Timestamp| down.iter().any(|(a, b)| t >= *a && t < *b);
-
-        let mut st = State::default();
-        let mut started: Vec<Timestamp> = vec![];
-        let mut recorded_count = 0u64;
-        let mut now = created;
-        let none = states(NONE);
-        let mut steps = 0;
-        while now <= end && steps < 200_000 {
-            steps += 1;
-            if is_down(now) {
-                now = down.iter().filter(|(a, b)| now >= *a && now < *b).map(|(_, b)| *b).max().unwrap();
-                continue;
-            }
-            let p = decide(&s, &st, now, created, &none);
-            recorded_count += p.records.iter().map(|r| r.count).sum::<u64>();
+        let run = simulate(&s, created, end, &down, |p, now| {
             if let Some(x) = p.start {
                 prop_assert!(x <= now, "started {x} before its instant (now {now})");
-                started.push(x);
             }
-            apply(&mut st, &p);
-            // Finished instantly: Allow never waits anyway.
-            st.active.clear();
-            now = match p.wake_at { Some(w) if w > now => w, Some(_) => now, None => break };
-        }
-        // Started strictly increasing: never twice.
-        for w in started.windows(2) {
-            prop_assert!(w[0] < w[1], "started out of order or twice: {:?}", w);
-        }
-        // Nothing lost: every period up to the cursor was started or recorded, exactly once.
-        let through = st.decided_through.unwrap();
-        let due = sc.count_between(created, through, u64::MAX);
-        prop_assert_eq!(started.len() as u64 + recorded_count, due);
+            Ok(())
+        })?;
+        run.check_each_period_decided_once(&sc, created)?;
     }
 }
 
@@ -824,42 +868,21 @@ proptest! {
                 (a, a + SignedDuration::from_hours(*len))
             })
             .collect();
-        let mut st = State::default();
-        let mut started: Vec<Timestamp> = vec![];
-        let (mut recorded_count, mut excluded_recorded) = (0u64, 0u64);
-        let mut now = created;
-        let none = states(NONE);
-        let mut steps = 0;
-        while now <= end && steps < 100_000 {
-            steps += 1;
-            if let Some((_, b)) = down.iter().find(|(a, b)| now >= *a && now < *b) {
-                now = *b;
-                continue;
-            }
-            let p = decide(&s, &st, now, created, &none);
-            for r in &p.records {
-                recorded_count += r.count;
-                if r.reason.as_deref() == Some(reason::EXCLUDED) {
-                    excluded_recorded += r.count;
-                }
-            }
+        let run = simulate(&s, created, end, &down, |p, now| {
             if let Some(x) = p.start {
-                let window = s.jitter_window();
-                let jitter = crate::schedule::jitter("ns/job", x, window);
+                let jitter = crate::schedule::jitter("ns/job", x, s.jitter_window());
                 prop_assert!(x + jitter <= now, "started {x} before its jittered start");
                 prop_assert!(!sc.excluded(x), "started excluded period {x}");
-                started.push(x);
             }
-            apply(&mut st, &p);
-            st.active.clear();
-            now = match p.wake_at { Some(w) if w > now => w, Some(_) => now, None => break };
-        }
-        for w in started.windows(2) {
-            prop_assert!(w[0] < w[1], "started out of order or twice: {:?}", w);
-        }
-        let through = st.decided_through.unwrap();
-        let due = sc.count_between(created, through, u64::MAX);
-        prop_assert_eq!(started.len() as u64 + recorded_count, due);
+            Ok(())
+        })?;
+        let through = run.check_each_period_decided_once(&sc, created)?;
+        let excluded_recorded: u64 = run
+            .records
+            .iter()
+            .filter(|r| r.reason.as_deref() == Some(reason::EXCLUDED))
+            .map(|r| r.count)
+            .sum();
         let excluded_due = sc
             .iter_after(created)
             .take_while(|t| *t <= through)

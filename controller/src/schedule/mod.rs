@@ -316,14 +316,7 @@ impl Single {
 
     /// Number of scheduled instants in (after, until], counting at most `cap`.
     pub fn count_between(&self, after: Timestamp, until: Timestamp, cap: u64) -> u64 {
-        let mut count = 0;
-        for at in self.iter_after(after) {
-            if at > until || count >= cap {
-                break;
-            }
-            count += 1;
-        }
-        count
+        count_until(self.iter_after(after), until, cap)
     }
 
     /// Local wall time of an instant with its offset, e.g.
@@ -498,6 +491,18 @@ impl Iterator for Upcoming<'_> {
             self.next_match = self.schedule.next_match(wall, false);
         }
     }
+}
+
+/// How many of the increasing `instants` are at or before `until`, counting at most `cap`.
+fn count_until(instants: impl Iterator<Item = Timestamp>, until: Timestamp, cap: u64) -> u64 {
+    let mut count = 0;
+    for at in instants {
+        if at > until || count >= cap {
+            break;
+        }
+        count += 1;
+    }
+    count
 }
 
 /// The tz database compiled into the binary (see the module docs).

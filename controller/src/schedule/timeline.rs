@@ -14,7 +14,7 @@ use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use sha2::{Digest, Sha256};
 
-use super::{DstPolicy, ExcludedAction, Exclusions, ScheduleError, Single};
+use super::{DstPolicy, ExcludedAction, Exclusions, ScheduleError, Single, count_until};
 
 const ONE_NANO: SignedDuration = SignedDuration::from_nanos(1);
 
@@ -163,14 +163,7 @@ impl Schedule {
 
     /// Number of periods in (after, until], counting at most `cap`.
     pub fn count_between(&self, after: Timestamp, until: Timestamp, cap: u64) -> u64 {
-        let mut count = 0;
-        for at in self.iter_after(after) {
-            if at > until || count >= cap {
-                break;
-            }
-            count += 1;
-        }
-        count
+        count_until(self.iter_after(after), until, cap)
     }
 
     /// Local wall time of an instant with its offset, e.g.
