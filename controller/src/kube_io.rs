@@ -180,14 +180,17 @@ pub async fn resume_job(ctx: &Context, ns: &str, name: &str, uid: &str) -> Resul
     }
 }
 
-/// Sets `spec.suspend: true` on the SingletonJob (`suspendAfterConsecutiveFailures`), whatever
-/// its resourceVersion: suspending only stops new runs, so a write over a concurrent edit errs on
-/// the safe side. Returns whether the SingletonJob still exists.
+/// Sets `spec.suspend: true` on the SingletonJob (`suspendAfterConsecutiveFailures`), only if its
+/// spec is still the generation the decision was made on: a copy decided again before the watch
+/// delivers the suspension (or a user's concurrent edit) fails the test and changes nothing, and
+/// the next decision, on the new spec, tries again if it must. Returns whether this call
+/// suspended it.
 pub async fn suspend_sj(ctx: &Context, sj: &SingletonJob) -> Result<bool> {
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let name = sj.metadata.name.as_deref().unwrap_or_default();
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
     let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": "/metadata/generation", "value": sj.metadata.generation},
         {"op": "add", "path": "/spec/suspend", "value": true},
     ]))?;
     let pp = PatchParams::default();
@@ -201,6 +204,12 @@ pub async fn suspend_sj(ctx: &Context, sj: &SingletonJob) -> Result<bool> {
     match sent {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        // The `test` failed: the spec changed since this decision.
+        Err(kube::Error::Api(s))
+            if matches!(s.code, 409 | 422 | 400) && s.message.contains("test") =>
+        {
+            Ok(false)
+        }
         Err(e) => Err(e.into()),
     }
 }
