@@ -24,7 +24,7 @@ enum Cmd {
     /// Each line: the instant in RFC 3339 UTC, then the local wall time with its offset. For
     /// sj/NAME, the SingletonJob's periods: its schedules, with excluded days (its own and its
     /// SingletonCalendars') marked "skipped (excluded day)" or moved to the next allowed day, and
-    /// "starts <instant>" where jitterSeconds delays the start.
+    /// "starts" and the start instant where jitterSeconds delays it.
     Schedule {
         /// Cron expression (5 fields, 6 with seconds, a macro such as @daily, or @every 15m), or
         /// sj/NAME for a SingletonJob in the cluster.
