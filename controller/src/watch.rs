@@ -99,20 +99,10 @@ pub async fn run(
     let clock_rx = clock.subscribe();
 
     let (jobs, job_stream) = {
-        let (reader, writer) = reflector::store::<Job>();
         let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
-        let stream = reflector::reflector(writer, watcher(jobs_api, job_watch).modify(slim_job))
-            .default_backoff()
-            .touched_objects();
-        (reader, stream)
+        cached(watcher(jobs_api, job_watch).modify(slim_job))
     };
-    let (calendars, calendar_stream) = {
-        let (reader, writer) = reflector::store::<SingletonCalendar>();
-        let stream = reflector::reflector(writer, watcher(cals, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects();
-        (reader, stream)
-    };
+    let (calendars, calendar_stream) = cached(watcher(cals, watcher::Config::default()));
     let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
     let sj_stream = reflector::reflector(
         sj_writer,
@@ -165,6 +155,24 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// A reflector over a watch: its cache, and the objects it touched (backing off on errors).
+fn cached<K>(
+    watch: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+) -> (
+    reflector::Store<K>,
+    impl futures::Stream<Item = watcher::Result<K>> + Send + 'static,
+)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store::<K>();
+    let stream = reflector::reflector(writer, watch)
+        .default_backoff()
+        .touched_objects();
+    (reader, stream)
 }
 
 /// The SingletonJobs in a calendar's namespace that name it.
