@@ -153,31 +153,20 @@ pub enum Resumed {
 /// name, and make a second resume change nothing (so it is told apart from the first).
 pub async fn resume_job(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<Resumed> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+    let ops = serde_json::json!([
         {"op": "test", "path": "/metadata/uid", "value": uid},
         {"op": "test", "path": "/spec/suspend", "value": true},
         {"op": "replace", "path": "/spec/suspend", "value": false},
-    ]))?;
-    let pp = PatchParams::default();
-    let sent = gated(ctx, Lane::Create, Some(failpoint::RESUME), || async {
-        // Only the verdict matters: the Job in the response is skipped unparsed.
-        let req = kube::core::Request::new(jobs.resource_url())
-            .patch(name, &pp, &Patch::<()>::Json(patch))
-            .map_err(kube::Error::BuildRequest)?;
-        ctx.client.request::<serde::de::IgnoredAny>(req).await
-    })
-    .await?;
-    match sent {
-        Ok(_) => Ok(Resumed::Yes),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Resumed::Gone),
-        // A `test` failed: another object of that name, or resumed already.
-        Err(kube::Error::Api(s))
-            if matches!(s.code, 409 | 422 | 400) && s.message.contains("test") =>
-        {
-            Ok(Resumed::Already)
-        }
-        Err(e) => Err(e.into()),
-    }
+    ]);
+    let point = Some(failpoint::RESUME);
+    Ok(
+        match guarded_patch(ctx, jobs.resource_url(), name, ops, Lane::Create, point).await? {
+            Patched::Done => Resumed::Yes,
+            Patched::Gone => Resumed::Gone,
+            // Another object of that name, or resumed already.
+            Patched::TestFailed => Resumed::Already,
+        },
+    )
 }
 
 /// Sets `spec.suspend: true` on the SingletonJob (`suspendAfterConsecutiveFailures`), only if its
@@ -189,26 +178,50 @@ pub async fn suspend_sj(ctx: &Context, sj: &SingletonJob) -> Result<bool> {
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let name = sj.metadata.name.as_deref().unwrap_or_default();
     let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
-    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+    let ops = serde_json::json!([
         {"op": "test", "path": "/metadata/generation", "value": sj.metadata.generation},
         {"op": "add", "path": "/spec/suspend", "value": true},
-    ]))?;
+    ]);
+    let patched = guarded_patch(ctx, sjs.resource_url(), name, ops, Lane::Background, None).await?;
+    Ok(patched == Patched::Done)
+}
+
+/// What a [`guarded_patch`] came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Patched {
+    Done,
+    /// No object of that name.
+    Gone,
+    /// A `test` of the patch failed: the object is not the one it was written for.
+    TestFailed,
+}
+
+/// Sends a JSON patch of `name` (under the resource `url`) through the gate ([`gated`]); its `test` operations are its
+/// preconditions. Only the verdict matters: the object in the response is skipped unparsed.
+async fn guarded_patch(
+    ctx: &Context,
+    url: &str,
+    name: &str,
+    ops: serde_json::Value,
+    lane: Lane,
+    point: Option<&'static str>,
+) -> Result<Patched> {
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
     let pp = PatchParams::default();
-    let sent = gated(ctx, Lane::Background, None, || async {
-        let req = kube::core::Request::new(sjs.resource_url())
+    let sent = gated(ctx, lane, point, || async {
+        let req = kube::core::Request::new(url)
             .patch(name, &pp, &Patch::<()>::Json(patch))
             .map_err(kube::Error::BuildRequest)?;
         ctx.client.request::<serde::de::IgnoredAny>(req).await
     })
     .await?;
     match sent {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        // The `test` failed: the spec changed since this decision.
+        Ok(_) => Ok(Patched::Done),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Patched::Gone),
         Err(kube::Error::Api(s))
             if matches!(s.code, 409 | 422 | 400) && s.message.contains("test") =>
         {
-            Ok(false)
+            Ok(Patched::TestFailed)
         }
         Err(e) => Err(e.into()),
     }

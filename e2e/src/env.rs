@@ -311,6 +311,16 @@ impl Env {
         }
     }
 
+    /// Waits up to 30 s until the Job `name` no longer exists (`what` says which Job, for the
+    /// failure's message).
+    pub async fn wait_job_gone(&self, what: &str, name: &str) -> Result<()> {
+        let what = format!("{what} ({name}) to be gone");
+        self.wait_for(&what, Duration::from_secs(30), || async {
+            Ok(self.jobs().get_opt(name).await?.is_none().then_some(()))
+        })
+        .await
+    }
+
     /// Fails, naming it, when a singleton-controller that this test did not start has published
     /// Events in its namespace, e.g. a `make demo` controller or a `make run` left watching every
     /// namespace. Such a controller serves the test's "controller down" or "wrong clock" scenarios

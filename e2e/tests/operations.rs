@@ -447,19 +447,7 @@ async fn break_lock_fences_out_a_stuck_run() -> Result<()> {
         ("status and Event", &record, &note, &st.history),
     )
     .await?;
-    env.wait_for(
-        "the stuck Job to be gone",
-        Duration::from_secs(30),
-        || async {
-            Ok(env
-                .jobs()
-                .get_opt(&stuck_job)
-                .await?
-                .is_none()
-                .then_some(()))
-        },
-    )
-    .await?;
+    env.wait_job_gone("the stuck Job", &stuck_job).await?;
 
     // The waiting trigger now runs, above the broken fence; the new token writes.
     let started = env

@@ -242,19 +242,7 @@ async fn a_rerun_fences_out_the_earlier_run_and_replace_replaces_an_active_one()
     )
     .await?;
 
-    env.wait_for(
-        "the replaced Job to be gone",
-        Duration::from_secs(30),
-        || async {
-            Ok(env
-                .jobs()
-                .get_opt(&first_name)
-                .await?
-                .is_none()
-                .then_some(()))
-        },
-    )
-    .await?;
+    env.wait_job_gone("the replaced Job", &first_name).await?;
     // History: the rerun with who asked, the earlier run as Replaced; an Event says the same.
     let by = rerun.requested_by.clone().unwrap_or_default();
     let st = sj_status(&env, "ledger").await?;
