@@ -54,7 +54,9 @@ as_pg() { (cd / && runuser -u postgres -- "$@"); }
 psql_q() { "$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -tA "$@"; }
 running() { [ -n "${DATA:-}" ] && [ -f "$DATA/postmaster.pid" ] && as_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
 
-url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB"; }
+# sslmode=disable, said explicitly: the controller verifies the server by default (verify-full),
+# and this loopback database trusts every local connection anyway.
+url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB?sslmode=disable"; }
 
 # ensure_tls: a throwaway CA and a server certificate (SAN localhost and 127.0.0.1) in the data
 # dir, and ssl = on. The server still accepts plain TCP (the pg_hba `host` line matches both), so

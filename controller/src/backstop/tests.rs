@@ -146,7 +146,11 @@ fn url_and_discrete_keys_parse() {
     .unwrap();
     assert_eq!((c.host.0.as_str(), c.port), ("10.0.0.7", 5432));
     assert_eq!(c.password.as_ref().unwrap().0, "pw with spaces ");
-    assert_eq!(c.sslmode, SslMode::Prefer, "libpq's default");
+    assert_eq!(
+        c.sslmode,
+        SslMode::VerifyFull,
+        "verified by default, unlike libpq"
+    );
 
     // IPv6, and a discrete key overriding the URL's part.
     let c = ConnectionConfig::from_secret(
@@ -1196,4 +1200,161 @@ async fn schema_1_is_upgraded_in_place() {
         .unwrap_err();
     assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
     cleanup(&prefix).await;
+}
+
+// ---------------------------------------------------------------- who gets the password
+
+/// A fake PostgreSQL server for one connection: answers SSLRequest with `N` (no TLS), then asks
+/// for a password with authentication request `code` (3 cleartext, 5 MD5). Returns its port and
+/// what the client sent after the request.
+async fn fake_server(code: u32) -> (u16, tokio::task::JoinHandle<Vec<u8>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        // Untyped startup packets: length, then a code (SSLRequest's is 80877103).
+        let read_packet = async |sock: &mut tokio::net::TcpStream| {
+            let len = sock.read_u32().await.ok()? as usize;
+            let mut body = vec![0; len - 4];
+            sock.read_exact(&mut body).await.ok()?;
+            Some(body)
+        };
+        let mut first = read_packet(&mut sock).await.unwrap();
+        if first[..4] == 80877103u32.to_be_bytes() {
+            sock.write_all(b"N").await.unwrap();
+            match read_packet(&mut sock).await {
+                Some(startup) => first = startup,
+                // A client that needs TLS hangs up here.
+                None => return Vec::new(),
+            }
+        }
+        assert_eq!(
+            first[..4],
+            196608u32.to_be_bytes(),
+            "a protocol 3.0 startup message"
+        );
+        let mut request = vec![b'R'];
+        let salt: &[u8] = if code == 5 { b"salt" } else { b"" };
+        request.extend_from_slice(&(8 + salt.len() as u32).to_be_bytes());
+        request.extend_from_slice(&code.to_be_bytes());
+        request.extend_from_slice(salt);
+        sock.write_all(&request).await.unwrap();
+        let mut sent = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(1), sock.read_to_end(&mut sent)).await;
+        sent
+    });
+    (port, task)
+}
+
+/// Over a connection whose server nobody verified (plain TCP, or TLS that the server declined),
+/// a request for a cleartext or MD5 password is refused and the password is never sent: not in
+/// clear, not hashed. The default mode (verify-full) does not even get that far.
+#[tokio::test]
+async fn a_fake_server_never_gets_the_password() {
+    for mode in [Some("disable"), Some("prefer"), None] {
+        for code in [3u32, 5] {
+            let (port, fake) = fake_server(code).await;
+            let mut pairs = vec![
+                ("host", "127.0.0.1".to_string()),
+                ("port", port.to_string()),
+                ("user", "app".to_string()),
+                ("password", PW.to_string()),
+            ];
+            if let Some(mode) = mode {
+                pairs.push(("sslmode", mode.to_string()));
+            }
+            let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let config = ConnectionConfig::from_secret(&data(&refs), &SecretKeys::default())
+                .unwrap()
+                .with_timeouts(Duration::from_secs(2), Duration::from_secs(3));
+            let e = Backstop::new(config, unique_prefix("fake"))
+                .unwrap()
+                .ping()
+                .await
+                .unwrap_err();
+            let case = format!("sslmode {mode:?}, request {code}");
+            let sent = fake.await.unwrap();
+            let text = String::from_utf8_lossy(&sent);
+            assert!(
+                sent.first() != Some(&b'p') && !text.contains(PW) && !text.contains("md5"),
+                "{case}: the client answered the password request: {text:?}"
+            );
+            if mode.is_some() {
+                assert!(
+                    matches!(e, Error::BackstopConfig(ref m) if m.contains("not verified") && m.contains("not sent")),
+                    "{case}: {e}"
+                );
+            } else {
+                assert!(
+                    matches!(e, Error::BackstopUnavailable(ref m) if m.contains("TLS")),
+                    "{case}: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Without `sslmode` the server must prove its name with a certificate from `sslrootcert` (or
+/// the system roots): the test server's certificate passes with its CA; a certificate for another
+/// host, or from another CA, fails.
+#[tokio::test]
+async fn the_default_verifies_the_server() {
+    let ca = ca_pem();
+    let port = e2e_port();
+    let build = |extra: &[(&str, &str)]| {
+        let port = port.to_string();
+        let mut pairs = vec![
+            ("host", "127.0.0.1"),
+            ("port", port.as_str()),
+            ("user", "postgres"),
+            ("dbname", "singleton"),
+        ];
+        pairs.extend_from_slice(extra);
+        let config = ConnectionConfig::from_secret(&data(&pairs), &SecretKeys::default())
+            .unwrap()
+            .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+        assert_eq!(config.sslmode(), SslMode::VerifyFull);
+        Backstop::new(config, unique_prefix("dflt"))
+    };
+    let b = build(&[("sslrootcert", &ca)]).unwrap();
+    assert!(session_tls(&b).await.unwrap(), "encrypted and verified");
+    cleanup(b.prefix()).await;
+    let refused =
+        |e: &Error| matches!(e, Error::BackstopUnavailable(m) if m.contains("certificate"));
+    // A certificate for another host: the right CA, a name the certificate does not hold.
+    let wrong_name = [
+        ("sslrootcert", ca.as_str()),
+        ("host", "db.wrong-name.invalid"),
+        ("hostaddr", "127.0.0.1"),
+    ];
+    let e = build(&wrong_name).unwrap().ping().await.unwrap_err();
+    assert!(refused(&e), "{e}");
+    let e = build(&[("sslrootcert", include_str!("testdata/unrelated-ca.pem"))])
+        .unwrap()
+        .ping()
+        .await
+        .unwrap_err();
+    assert!(refused(&e), "{e}");
+    // No sslrootcert: the system roots, which never signed the test CA (or, on a host without
+    // any, a configuration error before connecting).
+    match build(&[]) {
+        Ok(b) => {
+            let e = b.ping().await.unwrap_err();
+            assert!(refused(&e), "{e}");
+        }
+        Err(e) => assert!(matches!(e, Error::BackstopConfig(_)), "{e}"),
+    }
+}
+
+/// The port of the test server, from `$DATABASE_URL`.
+fn e2e_port() -> u16 {
+    let url = database_url();
+    let after = url.rsplit_once(':').unwrap().1;
+    after
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
