@@ -29,9 +29,17 @@ use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 const CLEARTEXT: u32 = 3;
 const MD5: u32 = 5;
 
-/// Which password request was refused (0: none), shared between the guards of one connection
-/// and the code that reports the failure.
+/// Which password request was refused (0: none; [`NOT_POSTGRES`]: the server is not speaking
+/// PostgreSQL), shared between the guards of one connection and the code that reports the failure.
 pub(crate) type Refused = Arc<AtomicU32>;
+
+/// Recorded in [`Refused`] when the server's first bytes are no PostgreSQL reply (an HTTP server
+/// at that port, say); the driver's own error for that ("bytes remaining on stream") says little.
+pub(crate) const NOT_POSTGRES: u32 = u32::MAX;
+
+/// The text for a server that does not speak PostgreSQL.
+pub(crate) const NOT_POSTGRES_MESSAGE: &str =
+    "the server does not speak the PostgreSQL protocol: check the host and port";
 
 /// The text for a refused request `code`, naming no value from the Secret.
 pub(crate) fn refusal_message(code: u32) -> Option<String> {
@@ -69,6 +77,8 @@ pub(crate) struct Scanner {
     state: Scan,
     header: [u8; 5],
     code: [u8; 4],
+    /// Whether a reply the protocol does not allow before authentication was seen.
+    pub(crate) foreign: bool,
 }
 
 impl Scanner {
@@ -83,6 +93,7 @@ impl Scanner {
             state,
             header: [0; 5],
             code: [0; 4],
+            foreign: false,
         }
     }
 
@@ -99,6 +110,7 @@ impl Scanner {
                     continue;
                 }
                 Scan::SslReply => {
+                    self.foreign |= b != b'S' && b != b'N';
                     self.state = if b == b'S' {
                         Scan::Done
                     } else {
@@ -106,6 +118,9 @@ impl Scanner {
                     };
                 }
                 Scan::Header { have } => {
+                    // Before authentication ends: Authentication, ErrorResponse, NoticeResponse,
+                    // NegotiateProtocolVersion.
+                    self.foreign |= have == 0 && !b"RENv".contains(&b);
                     self.header[have] = b;
                     self.state = if have + 1 < 5 {
                         Scan::Header { have: have + 1 }
@@ -209,6 +224,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthGuard<S> {
             // The request never reaches the driver, so it never answers it.
             buf.set_filled(before);
             return Poll::Ready(Err(this.refusal(code)));
+        }
+        if this.scanner.foreign {
+            let _ = this.refused.compare_exchange(
+                0,
+                NOT_POSTGRES,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
         Poll::Ready(Ok(()))
     }
@@ -335,5 +358,22 @@ mod tests {
             verdict(true, &[b"S".to_vec(), auth(CLEARTEXT, &[])].concat()),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_server_that_is_not_postgres_is_noticed() {
+        for (ssl, bytes) in [
+            (true, &b"HTTP/1.1 400"[..]),
+            (false, b"HTTP/1.1 400"),
+            (false, b"SSH-2.0"),
+        ] {
+            let mut s = Scanner::new(ssl);
+            assert_eq!(s.feed(bytes), Ok(()));
+            assert!(s.foreign, "{bytes:?}");
+        }
+        let mut s = Scanner::new(true);
+        s.feed(&[b"N".to_vec(), auth(10, b"SCRAM-SHA-256\0\0")].concat())
+            .unwrap();
+        assert!(!s.foreign);
     }
 }
