@@ -52,7 +52,9 @@ pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,
 };
-pub use schema::{SCHEMA_VERSION, STALE_TOKEN_SQLSTATE};
+pub use schema::{
+    NEVER_ISSUED_SQLSTATE, NOT_PERMITTED_SQLSTATE, SCHEMA_VERSION, STALE_TOKEN_SQLSTATE,
+};
 
 use schema::Tables;
 
@@ -468,9 +470,12 @@ impl Backstop {
         let tcp = self.open_socket().await?;
         let refused = guard::Refused::default();
         let stream = guard::AuthGuard::new(tcp, c.sslmode != SslMode::Disable, refused.clone());
-        let connecting = |e| match guard::refusal_message(refused.load(Ordering::Relaxed)) {
-            Some(why) => Error::BackstopConfig(why),
-            None => Error::from_pg(e, true),
+        let connecting = |e| match refused.load(Ordering::Relaxed) {
+            guard::NOT_POSTGRES => Error::BackstopUnavailable(guard::NOT_POSTGRES_MESSAGE.into()),
+            code => match guard::refusal_message(code) {
+                Some(why) => Error::BackstopConfig(why),
+                None => Error::from_pg(e, true),
+            },
         };
         let client = match &self.tls {
             None => {

@@ -488,7 +488,11 @@ async fn stale_token_is_refused_even_behind_an_open_newer_transaction() {
         tx.commit().await.unwrap();
     }
 
-    // 2. Behind an open newer transaction: the newer run (token 3) has fenced but not committed.
+    // 2. Behind an open newer transaction: the newer run (token 3, claimed) has fenced but not
+    // committed.
+    b.claim(job, ts("2025-03-01T00:00:00Z"), 3, "invoices-3", None)
+        .await
+        .unwrap();
     let mut newer = workload().await;
     let newer_tx = newer.transaction().await.unwrap();
     newer_tx.query_one(&fence, &[&job, &3i64]).await.unwrap();
