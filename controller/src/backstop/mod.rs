@@ -682,6 +682,21 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
     Ok(ClaimOutcome::Claimed)
 }
 
+/// The token after `highest`. Tokens are PostgreSQL bigints (also without a backstop: one may be
+/// added later), so the last one is `i64::MAX`; past it this is an error, never a wrap or a panic.
+/// `fence()` refuses tokens never issued, so only a hand-edited status can get here.
+pub fn next_token(highest: u64) -> Result<u64> {
+    highest
+        .checked_add(1)
+        .filter(|t| i64::try_from(*t).is_ok())
+        .ok_or_else(|| {
+            Error::Backstop(format!(
+                "no fencing token after {highest}: tokens end at {} (PostgreSQL's bigint)",
+                i64::MAX
+            ))
+        })
+}
+
 fn to_i64(token: u64) -> Result<i64> {
     i64::try_from(token)
         .map_err(|_| Error::Backstop(format!("token {token} exceeds PostgreSQL's bigint")))

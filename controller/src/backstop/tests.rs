@@ -1362,3 +1362,213 @@ fn e2e_port() -> u16 {
         .parse()
         .unwrap()
 }
+
+// ---------------------------------------------------------------- fence per tenant (schema 3)
+
+/// A client of the test server logged in as `role` (trust authentication).
+async fn role_client(role: &str) -> tokio_postgres::Client {
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config.user(role);
+    let (client, conn) = config.connect(NoTls).await.expect("connect as a role");
+    tokio::spawn(conn);
+    client
+}
+
+/// The controller's connection as `role`.
+fn backstop_as(prefix: &TablePrefix, role: &str) -> Backstop {
+    let config = ConnectionConfig::from_secret(
+        &data(&[
+            ("url", &database_url()),
+            ("user", role),
+            ("sslmode", "disable"),
+        ]),
+        &SecretKeys::default(),
+    )
+    .unwrap();
+    Backstop::new(config, prefix.clone()).unwrap()
+}
+
+/// Creates login roles `names` (dropped by [`drop_roles`]).
+async fn create_roles(admin: &tokio_postgres::Client, names: &[&str]) {
+    for r in names {
+        admin
+            .batch_execute(&format!("CREATE ROLE {r} LOGIN"))
+            .await
+            .unwrap();
+    }
+}
+
+async fn drop_roles(names: &[&str]) {
+    let admin = workload().await;
+    let list = names.join(", ");
+    let _ = admin
+        .batch_execute(&format!("DROP OWNED BY {list}; DROP ROLE {list}"))
+        .await;
+}
+
+/// Two tenants share a database and a table prefix; EXECUTE on the fence function is granted
+/// to everyone. Tenant X can neither fence tenant B's job (with its current token, its next
+/// one, or the maximum bigint) nor create a fence row for a job of B's that no claim created.
+/// B's workload role, a member of B's controller role, fences as before; a token the controller
+/// never issued is refused even to B; B's next claim and run are unaffected.
+#[tokio::test]
+async fn fence_is_per_tenant() {
+    let prefix = unique_prefix("tenant");
+    let p = prefix.as_str();
+    let (ctl_b, ctl_x, app_b) = (format!("{p}b"), format!("{p}x"), format!("{p}app"));
+    let roles = [ctl_b.as_str(), ctl_x.as_str(), app_b.as_str()];
+    let admin = workload().await;
+    create_roles(&admin, &roles).await;
+    admin
+        .batch_execute(&format!(
+            "GRANT CREATE ON SCHEMA public TO {ctl_b}; GRANT {ctl_b} TO {app_b}"
+        ))
+        .await
+        .unwrap();
+    let b = backstop_as(&prefix, &ctl_b);
+    let job = "tenant-b/payouts";
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 1, "payouts-1", None)
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION {p}fence(text, bigint) TO PUBLIC"
+        ))
+        .await
+        .unwrap();
+    let owner: String = admin
+        .query_one(
+            &format!("SELECT owner::text FROM {p}fences WHERE job = $1"),
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, ctl_b, "the row names the login role that claimed it");
+    let fence = format!("SELECT {p}fence($1, $2)");
+
+    let mut x = role_client(&ctl_x).await;
+    for token in [1i64, 2, i64::MAX] {
+        let e = fenced_write(&mut x, &fence, job, token).await.unwrap_err();
+        assert_eq!(sqlstate(&e), Some(NOT_PERMITTED_SQLSTATE), "{token}: {e}");
+        assert_eq!(
+            db_message(&e),
+            format!("role {ctl_x} may not fence job {job}")
+        );
+    }
+    let e = fenced_write(&mut x, &fence, "tenant-b/later", 5)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), Some(NEVER_ISSUED_SQLSTATE), "{e}");
+    assert_eq!(
+        b.fence("tenant-b/later").await.unwrap(),
+        0,
+        "no row squatted"
+    );
+    assert_eq!(b.fence(job).await.unwrap(), 1);
+
+    let mut w = role_client(&app_b).await;
+    fenced_write(&mut w, &fence, job, 1)
+        .await
+        .expect("B's workload fences with its token");
+    for token in [2i64, i64::MAX] {
+        let e = fenced_write(&mut w, &fence, job, token).await.unwrap_err();
+        assert_eq!(sqlstate(&e), Some(NEVER_ISSUED_SQLSTATE), "{token}: {e}");
+    }
+    assert_eq!(b.fence(job).await.unwrap(), 1);
+    // Counted: the never-issued tokens (X's squat and B's two); X's refusals for lack of right
+    // are not.
+    assert_eq!(b.rejections().await.unwrap(), 3);
+    assert_eq!(
+        b.claim(job, ts("2025-02-01T00:00:00Z"), 2, "payouts-2", None)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    fenced_write(&mut w, &fence, job, 2)
+        .await
+        .expect("B's next run fences");
+    assert_eq!(
+        b.claim(
+            "tenant-b/later",
+            ts("2025-02-01T00:00:00Z"),
+            1,
+            "later-1",
+            None
+        )
+        .await
+        .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    cleanup(&prefix).await;
+    drop_roles(&roles).await;
+}
+
+/// A database at schema 2 (fence rows without an owner) is upgraded in place: its rows belong
+/// to the role that ran the upgrade (the controller's), whose members fence as before, and to
+/// no one else. The claim statements are unchanged, so an older controller's rows get their
+/// owner from the column default.
+#[tokio::test]
+async fn schema_2_is_upgraded_to_per_tenant_fences() {
+    let prefix = unique_prefix("upgr3");
+    let p = prefix.as_str();
+    let other = format!("{p}other");
+    let admin = workload().await;
+    let schema: String = admin
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tables = schema::Tables::new(&schema, &prefix);
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()); {} {} INSERT INTO {} (version) VALUES (1), (2); INSERT INTO {} (job, token) VALUES ('ns/old', 4);",
+            tables.version,
+            schema::migration_sql(1, &tables).unwrap(),
+            schema::migration_sql(2, &tables).unwrap(),
+            tables.version,
+            tables.fences
+        ))
+        .await
+        .unwrap();
+    create_roles(&admin, &[&other]).await;
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION {p}fence(text, bigint) TO {other}"
+        ))
+        .await
+        .unwrap();
+    let b = backstop(&prefix);
+    assert_eq!(b.ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    assert_eq!(b.fence("ns/old").await.unwrap(), 4);
+    let fence = format!("SELECT {p}fence($1, $2)");
+    let mut w = workload().await;
+    fenced_write(&mut w, &fence, "ns/old", 4)
+        .await
+        .expect("the upgrading role's own job fences");
+    let mut o = role_client(&other).await;
+    let e = fenced_write(&mut o, &fence, "ns/old", 4).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some(NOT_PERMITTED_SQLSTATE), "{e}");
+    // What an older controller does against the newer schema: its INSERT names no owner.
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO {p}fences (job, token) VALUES ('ns/by-old-controller', 1)"
+        ))
+        .await
+        .unwrap();
+    fenced_write(&mut w, &fence, "ns/by-old-controller", 1)
+        .await
+        .expect("a row without an explicit owner belongs to its writer");
+    cleanup(&prefix).await;
+    drop_roles(&[&other]).await;
+}
+
+#[test]
+fn token_allocation_never_wraps() {
+    assert_eq!(next_token(0).unwrap(), 1);
+    assert_eq!(next_token(i64::MAX as u64 - 1).unwrap(), i64::MAX as u64);
+    for highest in [i64::MAX as u64, u64::MAX] {
+        let e = next_token(highest).unwrap_err();
+        assert!(e.to_string().contains("no fencing token after"), "{e}");
+    }
+}
