@@ -1572,3 +1572,51 @@ fn token_allocation_never_wraps() {
         assert!(e.to_string().contains("no fencing token after"), "{e}");
     }
 }
+
+/// The same over TLS that verifies nothing (`prefer`, `require` without `sslrootcert`), against
+/// the real server: roles that log in with a cleartext password or MD5 (pg_hba lines of
+/// `hack/postgres.sh`) are refused before the password is sent; with the server verified
+/// (`verify-full` and the CA) the same roles connect.
+#[tokio::test]
+async fn an_unverified_tls_server_never_gets_the_password() {
+    let admin = workload().await;
+    let rules: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_hba_file_rules WHERE 'singleton_pw_md5' = ANY(user_name)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        rules, 1,
+        "the test server lacks the password roles' pg_hba lines: run `hack/postgres.sh up`"
+    );
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN CREATE ROLE singleton_pw_cleartext LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             DO $$ BEGIN CREATE ROLE singleton_pw_md5 LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             ALTER ROLE singleton_pw_cleartext PASSWORD '{PW}'; \
+             SET password_encryption = 'md5'; ALTER ROLE singleton_pw_md5 PASSWORD '{PW}'; \
+             GRANT CREATE ON SCHEMA public TO singleton_pw_cleartext, singleton_pw_md5"
+        ))
+        .await
+        .unwrap();
+    let ca = ca_pem();
+    for (role, what) in [
+        ("singleton_pw_cleartext", "cleartext"),
+        ("singleton_pw_md5", "MD5"),
+    ] {
+        let login = [("user", role), ("password", PW)];
+        for mode in ["prefer", "require"] {
+            let e = tls_backstop(mode, None, &login).ping().await.unwrap_err();
+            assert!(
+                matches!(e, Error::BackstopConfig(ref m) if m.contains(what) && m.contains("not sent")),
+                "{role} over {mode}: {e}"
+            );
+        }
+        let b = tls_backstop("verify-full", Some(&ca), &login);
+        assert!(session_tls(&b).await.unwrap(), "{role} over verify-full");
+        cleanup(b.prefix()).await;
+    }
+}
