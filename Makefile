@@ -67,6 +67,8 @@ lint:
 	$(CARGO) fmt --all -- --check
 	# Dependencies: licenses, duplicate versions, sources (offline); advisories where reachable.
 	hack/deny.sh
+	# The cached Go-built tools match the hashes committed in hack/tools/SHA256SUMS.
+	hack/tools-test.sh
 	# The chart's alert rules: promtool check and unit tests (builds promtool on first use).
 	hack/rules-test.sh
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
