@@ -284,7 +284,7 @@ async fn check_job_policy(env: &Env, sa: &Client, owner_sj: &str, release_ns: &s
     };
     // Owned and labelled, in a namespace served: what the controller does, allowed.
     let r = create(&env.ns, job_like(&env.ns, Some(&owner), true)).await;
-    ensure(&env, r.is_ok(), ("an owned Job refused", &r)).await?;
+    ensure(env, r.is_ok(), ("an owned Job refused", &r)).await?;
     for ns in ["kube-system", release_ns] {
         let r = create(ns, job_like(ns, Some(&owner), true)).await;
         ensure(
