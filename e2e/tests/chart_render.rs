@@ -102,9 +102,9 @@ fn no_wildcards(role: &Value) -> Result<()> {
     Ok(())
 }
 
-/// The SingletonJob, SingletonJob-status, SingletonCalendar, Job, Event and Secret grants of the
-/// controller.
-fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
+/// The SingletonJob, SingletonJob-status, SingletonCalendar, Job and Event grants of the
+/// controller, and no Secrets: those are opt-in per namespace (backstop-secrets.yaml).
+fn check_work_rules(role: &Value) -> Result<()> {
     let rules = &role["rules"];
     no_wildcards(role)?;
     // patch: `suspend: true` by suspendAfterConsecutiveFailures, the one spec write.
@@ -118,9 +118,8 @@ fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
     );
     ensure!(verbs(rules, "events.k8s.io", "events") == ["create", "patch"]);
     ensure!(verbs(rules, "", "events") == ["create", "patch"]);
-    let want: &[&str] = if secrets { &["get"] } else { &[] };
     ensure!(
-        verbs(rules, "", "secrets") == want,
+        verbs(rules, "", "secrets").is_empty(),
         "secrets: {:?}",
         verbs(rules, "", "secrets")
     );
@@ -280,7 +279,7 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
 fn defaults_render_cluster_rbac_and_a_namespaced_lease_role() -> Result<()> {
     let docs = render(&[])?;
     let cr = one(&docs, "ClusterRole", FULLNAME)?;
-    check_work_rules(cr, true)?;
+    check_work_rules(cr)?;
     let crb = one(&docs, "ClusterRoleBinding", FULLNAME)?;
     ensure!(crb["roleRef"]["name"].as_str() == Some(FULLNAME));
     ensure!(crb["subjects"][0]["name"].as_str() == Some(FULLNAME));
@@ -309,7 +308,7 @@ fn watch_namespaces_renders_roles_and_no_cluster_role() -> Result<()> {
         .find(|d| kind_of(d) == "Role" && name_of(d) == FULLNAME)
         .context("no Role")?;
     ensure!(role["metadata"]["namespace"].as_str() == Some("team-a"));
-    check_work_rules(role, true)?;
+    check_work_rules(role)?;
     let rb = docs
         .iter()
         .find(|d| kind_of(d) == "RoleBinding" && name_of(d) == FULLNAME)
@@ -465,9 +464,160 @@ fn service_monitor_and_secret_access_are_toggles() -> Result<()> {
     );
 
     let docs = render(&["rbac.backstopSecrets=false"])?;
-    check_work_rules(one(&docs, "ClusterRole", FULLNAME)?, false)?;
+    check_work_rules(one(&docs, "ClusterRole", FULLNAME)?)?;
+    ensure!(
+        !docs
+            .iter()
+            .any(|d| name_of(d).ends_with("-backstop-secrets")),
+        "a backstop-secrets role with rbac.backstopSecrets=false"
+    );
+    let err = render_err(&["rbac.backstopSecrets=false", "rbac.backstopNamespaces={a}"])?;
+    ensure!(err.contains("rbac.backstopNamespaces"), "{err}");
     let docs = render(&["rbac.backstopSecrets=false", "watchNamespaces={team-a}"])?;
-    check_work_rules(one(&docs, "Role", FULLNAME)?, false)?;
+    check_work_rules(one(&docs, "Role", FULLNAME)?)?;
+    Ok(())
+}
+
+const SECRETS_ROLE: &str = "sc-singleton-controller-backstop-secrets";
+
+/// The RoleBindings to the backstop-secrets role: (namespace, role kind).
+fn secret_bindings(docs: &[Value]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = docs
+        .iter()
+        .filter(|d| {
+            matches!(kind_of(d), "RoleBinding" | "ClusterRoleBinding")
+                && d["roleRef"]["name"].as_str() == Some(SECRETS_ROLE)
+        })
+        .map(|d| {
+            let ns = d["metadata"]["namespace"].as_str().unwrap_or("<cluster>");
+            let kind = d["roleRef"]["kind"].as_str().unwrap_or_default();
+            (ns.to_string(), kind.to_string())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn secret_access_is_bound_only_in_the_namespaces_listed() -> Result<()> {
+    // Defaults: the role is shipped for namespace owners to bind, and bound nowhere.
+    let docs = render(&[])?;
+    let role = one(&docs, "ClusterRole", SECRETS_ROLE)?;
+    no_wildcards(role)?;
+    ensure!(verbs(&role["rules"], "", "secrets") == ["get"]);
+    ensure!(
+        role["rules"].as_sequence().map(Vec::len) == Some(1),
+        "{role:?}"
+    );
+    ensure!(
+        role["metadata"]["labels"]["singleton.dev/grants"].as_str() == Some("backstop-secrets")
+    );
+    ensure!(
+        secret_bindings(&docs).is_empty(),
+        "{:?}",
+        secret_bindings(&docs)
+    );
+    for d in &docs {
+        if kind_of(d).ends_with("Role") {
+            ensure!(
+                name_of(d) == SECRETS_ROLE || verbs(&d["rules"], "", "secrets").is_empty(),
+                "{} {} grants Secrets",
+                kind_of(d),
+                name_of(d)
+            );
+        }
+    }
+
+    let docs = render(&["rbac.backstopNamespaces={team-a,team-b}"])?;
+    let want = [("team-a", "ClusterRole"), ("team-b", "ClusterRole")];
+    let got = secret_bindings(&docs);
+    ensure!(
+        got.iter().map(|(a, b)| (a.as_str(), b.as_str())).eq(want),
+        "{got:?}"
+    );
+    let rb = one(&docs, "RoleBinding", SECRETS_ROLE)?;
+    ensure!(rb["subjects"][0]["name"].as_str() == Some(FULLNAME));
+    ensure!(rb["subjects"][0]["namespace"].as_str() == Some(NS));
+
+    // One namespace served: a Role there, bound only if listed, and only that one may be.
+    let docs = render(&["watchNamespaces={team-a}"])?;
+    ensure!(one(&docs, "Role", SECRETS_ROLE)?["metadata"]["namespace"].as_str() == Some("team-a"));
+    ensure!(secret_bindings(&docs).is_empty());
+    let docs = render(&[
+        "watchNamespaces={team-a}",
+        "rbac.backstopNamespaces={team-a}",
+    ])?;
+    ensure!(secret_bindings(&docs) == [("team-a".to_string(), "Role".to_string())]);
+    let err = render_err(&[
+        "watchNamespaces={team-a}",
+        "rbac.backstopNamespaces={team-b}",
+    ])?;
+    ensure!(err.contains("team-b is not the namespace served"), "{err}");
+    let err = render_err(&["rbac.backstopNamespaces={Bad_Name}"])?;
+    ensure!(err.contains("backstopNamespaces"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn admission_policies_render_by_default_and_can_be_turned_off() -> Result<()> {
+    let requester = format!("{FULLNAME}-operation-requester");
+    let jobs = format!("{FULLNAME}-controller-jobs");
+    let docs = render(&[])?;
+    for name in [&requester, &jobs] {
+        let p = one(&docs, "ValidatingAdmissionPolicy", name)?;
+        ensure!(p["apiVersion"].as_str() == Some("admissionregistration.k8s.io/v1"));
+        ensure!(p["spec"]["failurePolicy"].as_str() == Some("Fail"));
+        let b = one(&docs, "ValidatingAdmissionPolicyBinding", name)?;
+        ensure!(b["spec"]["policyName"].as_str() == Some(name.as_str()));
+        ensure!(strs(&b["spec"]["validationActions"]) == ["Deny"]);
+        ensure!(
+            b["spec"]["matchResources"].is_null(),
+            "bound cluster-wide: {b:?}"
+        );
+    }
+    let p = one(&docs, "ValidatingAdmissionPolicy", &jobs)?;
+    let user = format!("system:serviceaccount:{NS}:{FULLNAME}");
+    let cond = p["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(cond.contains(&format!("\"{user}\"")), "{cond}");
+    let ns_rule = p["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(
+        ns_rule.contains(r#"["kube-system","kube-public","kube-node-lease","singleton-system"]"#),
+        "{ns_rule}"
+    );
+
+    // Serving one namespace: the requester policy is bound to it only.
+    let docs = render(&["watchNamespaces={team-a}"])?;
+    let b = one(&docs, "ValidatingAdmissionPolicyBinding", &requester)?;
+    ensure!(
+        b["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
+            ["kubernetes.io/metadata.name"]
+            .as_str()
+            == Some("team-a"),
+        "{b:?}"
+    );
+    // A namespace served that is protected could run nothing: refused, unless opted in.
+    let err = render_err(&[&format!("watchNamespaces={{{NS}}}")])?;
+    ensure!(err.contains("is protected"), "{err}");
+    let docs = render(&[
+        &format!("watchNamespaces={{{NS}}}"),
+        "admissionPolicies.protectReleaseNamespace=false",
+    ])?;
+    let p = one(&docs, "ValidatingAdmissionPolicy", &jobs)?;
+    let ns_rule = p["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(!ns_rule.contains(NS), "{ns_rule}");
+
+    let docs = render(&[
+        "admissionPolicies.operationRequester=false",
+        "admissionPolicies.controllerJobs=false",
+    ])?;
+    ensure!(all(&docs, "ValidatingAdmissionPolicy").is_empty());
+    ensure!(all(&docs, "ValidatingAdmissionPolicyBinding").is_empty());
     Ok(())
 }
 

@@ -1197,3 +1197,23 @@ async fn schema_1_is_upgraded_in_place() {
     assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
     cleanup(&prefix).await;
 }
+
+#[test]
+fn a_forbidden_secret_says_how_to_grant_it() {
+    let api = r#"secrets "db" is forbidden: User "system:serviceaccount:sys:sc-singleton-controller" cannot get resource "secrets" in API group "" in the namespace "team-a""#;
+    let m = secret_forbidden("team-a", "db", api);
+    assert!(
+        m.starts_with("the controller may not read Secret team-a/db:"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kubectl create rolebinding singleton-backstop-secrets -n team-a --clusterrole=sc-singleton-controller-backstop-secrets --serviceaccount=sys:sc-singleton-controller"),
+        "{m}"
+    );
+    assert!(m.contains("rbac.backstopNamespaces={team-a}"), "{m}");
+    // Not a ServiceAccount (a user's kubeconfig): the user is named, the binding described.
+    let m = secret_forbidden("team-a", "db", r#"User "alice" cannot get"#);
+    assert!(m.contains("for alice") && m.contains("RoleBinding"), "{m}");
+    let m = secret_forbidden("team-a", "db", "forbidden");
+    assert!(m.contains("the controller's ServiceAccount"), "{m}");
+}
