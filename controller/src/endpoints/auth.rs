@@ -283,6 +283,79 @@ mod tests {
         assert!(!format!("{c:?}").contains("secret-token"));
     }
 
+    /// The reviews' shape, and that a cached decision sends nothing: the mock answers three
+    /// requests and then is gone, so a fourth would fail the check.
+    #[tokio::test]
+    async fn a_token_is_reviewed_then_authorised_for_get_metrics_once_per_ttl() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let auth = super::Authorizer::new(kube::Client::new(svc, "default"), policy(8));
+        let server = tokio::spawn(async move {
+            let mut answer = async |path: &str, reply: serde_json::Value| {
+                let (req, send) = handle.next_request().await.expect("a request");
+                assert_eq!((req.method().as_str(), req.uri().path()), ("POST", path));
+                let body: serde_json::Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                        .unwrap();
+                send.send_response(Response::new(Body::from(
+                    serde_json::to_vec(&reply).unwrap(),
+                )));
+                body
+            };
+            let review = "/apis/authentication.k8s.io/v1/tokenreviews";
+            let access = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+            let user = serde_json::json!({"username": "system:serviceaccount:mon:prom",
+                "uid": "u-1", "groups": ["system:serviceaccounts"], "extra": {"k": ["v"]}});
+            let body = answer(
+                review,
+                serde_json::json!({"apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview", "spec": {},
+                "status": {"authenticated": true, "user": user}}),
+            )
+            .await;
+            assert_eq!(body["spec"]["token"], "good");
+            let body = answer(
+                access,
+                serde_json::json!({"apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview", "spec": {}, "status": {"allowed": true}}),
+            )
+            .await;
+            let spec = &body["spec"];
+            assert_eq!(spec["user"], "system:serviceaccount:mon:prom");
+            assert_eq!(spec["uid"], "u-1");
+            assert_eq!(spec["groups"][0], "system:serviceaccounts");
+            assert_eq!(spec["extra"]["k"][0], "v");
+            assert_eq!(spec["nonResourceAttributes"]["path"], "/metrics");
+            assert_eq!(spec["nonResourceAttributes"]["verb"], "get");
+            assert!(spec["resourceAttributes"].is_null());
+            // An unknown token: no access review at all.
+            let body = answer(
+                review,
+                serde_json::json!({"apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview", "spec": {}, "status": {"authenticated": false}}),
+            )
+            .await;
+            assert_eq!(body["spec"]["token"], "forged");
+        });
+        assert_eq!(auth.check("good").await.unwrap(), Decision::Allowed);
+        assert_eq!(
+            auth.check("forged").await.unwrap(),
+            Decision::Unauthenticated
+        );
+        server.await.unwrap();
+        // From the cache: the mock is gone, a request would fail.
+        assert_eq!(auth.check("good").await.unwrap(), Decision::Allowed);
+        assert_eq!(
+            auth.check("forged").await.unwrap(),
+            Decision::Unauthenticated
+        );
+        assert!(
+            auth.check("new").await.is_err(),
+            "an uncached token asks the API server"
+        );
+    }
+
     #[test]
     fn bearer_tokens_are_read_from_the_authorization_header() {
         assert_eq!(bearer_token(Some("Bearer abc")), Some("abc"));
