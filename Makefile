@@ -93,7 +93,8 @@ chart:
 	  fi
 	done
 	"$(HELM)" lint --strict $(CHART_DIR)
-	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true
+	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true \
+	  --set networkPolicy.enabled=true --set 'networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}' --set metrics.tlsSecret=metrics-tls
 	HELM="$(HELM)" $(CARGO) test -p e2e --test chart_render
 
 # The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).

@@ -12,7 +12,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use e2e::{Env, can_i, chart_dir, client_from_kubeconfig, ensure, helm, kubectl, run_ok, sj_yaml};
+use e2e::{
+    Env, can_i, chart_dir, client_from_kubeconfig, ensure, helm, https_get, kubectl, run_ok,
+    sj_yaml,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -372,6 +375,14 @@ async fn check_uninstalled(env: &Env, release: &Release, sa: &Client, watched: &
             .get_opt(&full)
             .await?
             .is_none(),
+        Api::<ClusterRole>::all(c.clone())
+            .get_opt(&format!("{full}-metrics-reader"))
+            .await?
+            .is_none(),
+        Api::<ClusterRoleBinding>::all(c.clone())
+            .get_opt(&format!("{full}-metrics-auth"))
+            .await?
+            .is_none(),
         Api::<ClusterRoleBinding>::all(c.clone())
             .get_opt(&full)
             .await?
@@ -514,12 +525,13 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
         ("job annotations", job.annotations()),
     )
     .await?;
-    // The paths the chart's probes and metrics Service use answer on the health port.
+    // The paths the chart's probes use answer on the health port; /metrics is not there (it has
+    // its own port: chart_metrics_answer_only_tokens_allowed_to_get_them).
     let log = env.controller_log(idx);
     let addr = e2e::health_addr_in(&log).context("no health address in the log")?;
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    for (path, status) in [("/healthz", 200), ("/readyz", 200), ("/metrics", 404)] {
         let resp = e2e::http_get(addr, path).await?;
-        ensure(&env, resp.status == 200, (path, resp.status, &resp.body)).await?;
+        ensure(&env, resp.status == status, (path, resp.status, &resp.body)).await?;
     }
     ensure(
         &env,
@@ -546,6 +558,9 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
             &["patch", "jobs.batch", "-n", "default"],
             &["create", "events.events.k8s.io", "-n", "default"],
             &["update", &lease, "-n", &sys_ns],
+            // /metrics checks its callers' tokens (metrics-rbac.yaml).
+            &["create", "tokenreviews.authentication.k8s.io"],
+            &["create", "subjectaccessreviews.authorization.k8s.io"],
         ],
         &[
             // Secrets: none by default, anywhere (opt-in per namespace: rbac.backstopNamespaces
@@ -931,5 +946,151 @@ async fn chart_secret_access_is_opt_in_per_namespace_and_a_namespace_admin_may_g
     env.stop_controller(idx, false).await?;
     release.uninstall()?;
     drop(team_a);
+    Ok(())
+}
+
+/// A ClusterRoleBinding made by a test, deleted on drop (a failed test leaves none behind).
+struct TestBinding(String);
+
+impl TestBinding {
+    fn create(name: &str, cluster_role: &str, sa: &str) -> Result<TestBinding> {
+        run_ok(kubectl().args([
+            "create",
+            "clusterrolebinding",
+            name,
+            &format!("--clusterrole={cluster_role}"),
+            &format!("--serviceaccount={sa}"),
+        ]))?;
+        Ok(TestBinding(name.into()))
+    }
+}
+
+impl Drop for TestBinding {
+    fn drop(&mut self) {
+        let _ = kubectl()
+            .args([
+                "delete",
+                "clusterrolebinding",
+                &self.0,
+                "--ignore-not-found",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `/metrics` as the chart serves it (metrics.auth=kubernetes, the default): over HTTPS, only for
+/// a bearer token whose user may `get /metrics`. The controller runs as the chart's
+/// ServiceAccount, so its TokenReviews and SubjectAccessReviews against the real API server go
+/// through the chart's own RBAC; the scrapers are two ServiceAccounts, one bound to the chart's
+/// `<fullname>-metrics-reader` ClusterRole and one not. The probes need no token.
+#[tokio::test]
+async fn chart_metrics_answer_only_tokens_allowed_to_get_them() -> Result<()> {
+    let mut env = Env::new("chart-metrics").await?;
+    let release = Release::install(&env, &["replicaCount=1".into()])?;
+    let (ns, full) = (env.ns.clone(), release.fullname());
+    let kubeconfig = env.service_account_kubeconfig(&ns, &full)?;
+    let (envs, args) = as_deployment(&env.client, &release, &kubeconfig).await?;
+    ensure(
+        &env,
+        args.contains(&"--metrics-auth=kubernetes".into()),
+        ("Deployment args", &args),
+    )
+    .await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let idx = env.start_controller_with_env(&envs, &args).await?;
+    let addr = env.metrics_addr(idx).await?;
+
+    for sa in ["scraper", "stranger"] {
+        run_ok(kubectl().args(["create", "serviceaccount", sa, "-n", &ns]))?;
+    }
+    let _binding = TestBinding::create(
+        &format!("{ns}-scraper"),
+        &format!("{full}-metrics-reader"),
+        &format!("{ns}:scraper"),
+    )?;
+    let token = |sa: &str| -> Result<String> {
+        let t = run_ok(kubectl().args(["create", "token", sa, "-n", &ns, "--duration=1h"]))?;
+        Ok(t.trim().to_string())
+    };
+    let (scraper, stranger) = (token("scraper")?, token("stranger")?);
+
+    // No token, a token the API server does not know: 401, with the scheme to use.
+    let none = https_get(addr, "/metrics", None).await?;
+    ensure(
+        &env,
+        none.status == 401 && none.header("www-authenticate") == Some("Bearer"),
+        ("no token", none.status, &none.headers, &none.body),
+    )
+    .await?;
+    let forged = https_get(addr, "/metrics", Some("not-a-token")).await?;
+    ensure(
+        &env,
+        forged.status == 401,
+        ("a made-up token", forged.status, &forged.body),
+    )
+    .await?;
+    // A valid token whose user may not get /metrics: 403, and no metric in the answer.
+    let denied = https_get(addr, "/metrics", Some(&stranger)).await?;
+    ensure(
+        &env,
+        denied.status == 403 && !denied.body.contains("singleton_"),
+        ("an unbound ServiceAccount", denied.status, &denied.body),
+    )
+    .await?;
+    // The bound ServiceAccount reads the metrics (the binding may take a moment to be seen, and
+    // a refusal is cached for 10 s).
+    let body = env
+        .wait_for(
+            "the metrics-reader's token to be let in",
+            Duration::from_secs(40),
+            || async {
+                let r = https_get(addr, "/metrics", Some(&scraper)).await?;
+                Ok((r.status == 200).then_some(r.body))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        body.contains("singleton_leader") && body.ends_with("# EOF\n"),
+        ("metrics text", &body),
+    )
+    .await?;
+    // Still refused after the reader got in: decisions are per token.
+    let denied = https_get(addr, "/metrics", Some(&stranger)).await?;
+    ensure(
+        &env,
+        denied.status == 403,
+        ("the stranger again", denied.status),
+    )
+    .await?;
+    // Plain HTTP on the metrics port gets no metrics.
+    let plain = e2e::http_get(addr, "/metrics").await;
+    ensure(
+        &env,
+        !matches!(&plain, Ok(r) if r.status == 200),
+        ("plain HTTP on the metrics port", &plain),
+    )
+    .await?;
+    // The probes answer without a token, in plain HTTP.
+    let health = env.health_addr(idx).await?;
+    for path in ["/healthz", "/readyz"] {
+        let resp = env
+            .wait_for(path, Duration::from_secs(30), || async {
+                let r = e2e::http_get(health, path).await?;
+                Ok((r.status == 200).then_some(r))
+            })
+            .await?;
+        ensure(&env, resp.status == 200, (path, resp.status)).await?;
+    }
+    // The controller's reviews passed the chart's RBAC: no forbidden review in its log.
+    let log = env.controller_log(idx);
+    ensure(
+        &env,
+        !log.contains("cannot review"),
+        "a failed token review in the controller's log",
+    )
+    .await?;
     Ok(())
 }
