@@ -22,13 +22,13 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 .PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries and promtool (cached in ~/.cache/singleton-controller)'
+	@echo 'make tools    build the pinned control-plane binaries, promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
 	echo 'make up       start the local cluster and PostgreSQL (no-op when already up)'
 	echo 'make down     stop them and delete their state'
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, clippy, rustdoc links, the CRD drift check and the alert rules (promtool)'
+	echo 'make lint     rustfmt, cargo deny, clippy, rustdoc links, the image context, the CRD drift check and the alert rules (promtool)'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
@@ -65,6 +65,10 @@ crds:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	# Dependencies: licenses, duplicate versions, sources (offline); advisories where reachable.
+	hack/deny.sh
+	# The cached Go-built tools match the hashes committed in hack/tools/SHA256SUMS.
+	hack/tools-test.sh
 	# The chart's alert rules: promtool check and unit tests (builds promtool on first use).
 	hack/rules-test.sh
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -89,7 +93,8 @@ chart:
 	  fi
 	done
 	"$(HELM)" lint --strict $(CHART_DIR)
-	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true
+	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true \
+	  --set networkPolicy.enabled=true --set 'networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}' --set metrics.tlsSecret=metrics-tls
 	HELM="$(HELM)" $(CARGO) test -p e2e --test chart_render
 
 # The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).

@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # Builds the control-plane binaries from the Go module proxy (no Docker, no release downloads) and
 # caches them outside the repo. Idempotent: a tool whose versioned directory is complete is reused.
-# Usage: hack/build-tools.sh [tool ...]   (default: all)
+#
+# Supply chain: each tool is built from a module committed under hack/tools/<tool>/ (go.mod and
+# go.sum), with -mod=readonly, so every dependency is the version and the bytes (go.sum) that were
+# reviewed. Builds are reproducible (-trimpath, no VCS stamp, CGO off, fixed ldflags), so
+# hack/tools/SHA256SUMS records the hash of each binary for the Go version named in its first
+# line: a fresh build must match it before it enters the cache, and a cached binary is checked
+# against it every time it is about to be used (a corrupted or replaced cache entry is refused).
+#
+# Usage: hack/build-tools.sh [tool ...]        build (or verify) these tools (default: all)
+#        hack/build-tools.sh pin tool ...      after bumping a version in hack/versions.sh:
+#                                              regenerate hack/tools/<tool>/, build, record hashes
+#        hack/build-tools.sh verify [tool ...] check cached binaries only (no build)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=SCRIPTDIR/versions.sh
@@ -9,6 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
 log() { printf '[build-tools] %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
 
 # quiet <cmd...>: hides the chatter of a successful step, shows it all when the step fails.
 quiet() {
@@ -27,23 +39,114 @@ finish() { # finish <tmpdir> <destdir>
   rm -rf "$2"; mkdir -p "$(dirname "$2")"; mv "$1" "$2"
 }
 
+MODS=$here/tools
+SUMS=$MODS/SHA256SUMS
+TOOLCHAIN="$(go env GOVERSION) $(go env GOOS)/$(go env GOARCH)"
+# The toolchain the committed hashes were made with ("# go1.26.8 linux/amd64").
+pinned_toolchain() { sed -n '1s/^# //p' "$SUMS" 2>/dev/null; }
+MODE=build
+
+# expected <path relative to TOOLS_DIR>: the committed hash, if it applies to this toolchain.
+expected() {
+  [ "$(pinned_toolchain)" = "$TOOLCHAIN" ] || return 0
+  awk -v f="$1" '$2 == f { print $1 }' "$SUMS"
+}
+
+# check <dir> <name...>: every binary matches its committed hash (or, with another toolchain than
+# the one the hashes were made with, the hash recorded when it was built). Returns 1 on mismatch.
+check() {
+  local dir=$1 rel f want got; shift
+  for f in "$@"; do
+    rel=$(basename "$dir")/$f
+    [ -x "$dir/$f" ] || return 1
+    got=$(sha256sum "$dir/$f" | cut -d' ' -f1)
+    want=$(expected "$rel")
+    [ -n "$want" ] || want=$(awk -v f="$f" '$2 == f { print $1 }' "$dir/.sha256" 2>/dev/null)
+    if [ -z "$want" ]; then
+      log "$rel: no recorded hash (built by an older build-tools.sh?); rebuilding"; return 1
+    fi
+    if [ "$got" != "$want" ]; then
+      log "$rel: sha256 $got, expected $want"; return 1
+    fi
+  done
+}
+
+# ready <dest> <name...>: the cached tool is complete and verified. A mismatch is never used: in
+# verify mode it fails, otherwise the entry is rebuilt (and the rebuild must match).
+ready() {
+  local dest=$1; shift
+  [ "$MODE" != pin ] || return 1   # pinning always rebuilds from the new module
+  local f; for f in "$@"; do [ -e "$dest/$f" ] || { [ "$MODE" != verify ] || die "$dest/$f missing"; return 1; }; done
+  check "$dest" "$@" && return 0
+  [ "$MODE" != verify ] || die "$dest does not match hack/tools/SHA256SUMS: delete it and run make tools"
+  log "$dest does not match its recorded hashes: rebuilding it"; return 1
+}
+
+# seal <bin dir> <cache dir name> <name...>: records the build's hashes, and (pin mode) commits
+# them to SHA256SUMS, else requires them to equal the committed ones.
+seal() {
+  local bin=$1 name=$2 f got want; shift 2
+  : > "$bin/.sha256"
+  for f in "$@"; do
+    got=$(sha256sum "$bin/$f" | cut -d' ' -f1)
+    printf '%s  %s\n' "$got" "$f" >> "$bin/.sha256"
+    if [ "$MODE" = pin ]; then
+      record "$name/$f" "$got"
+    else
+      want=$(expected "$name/$f")
+      if [ -n "$want" ] && [ "$got" != "$want" ]; then
+        die "$name/$f built with sha256 $got, but hack/tools/SHA256SUMS says $want: the build is not the reviewed one"
+      fi
+    fi
+  done
+  [ "$(pinned_toolchain)" = "$TOOLCHAIN" ] || [ "$MODE" = pin ] \
+    || log "$name: hashes in hack/tools/SHA256SUMS are for $(pinned_toolchain), this is $TOOLCHAIN: checked against this build's own record only"
+}
+
+record() { # record <path> <hash>: replaces the path's line in SHA256SUMS
+  local tmp; tmp=$(mktemp)
+  touch "$SUMS"
+  { echo "# $TOOLCHAIN"; sed '1{/^#/d}' "$SUMS" | awk -v f="$1" '$2 != f'; printf '%s  %s\n' "$2" "$1"; } \
+    | { read -r head; echo "$head"; sort -k2; } > "$tmp"
+  mv "$tmp" "$SUMS"
+}
+
+# module <tool> <module> <version>: the committed module directory, checked to pin this version.
+module() {
+  local dir=$MODS/$1
+  [ -s "$dir/go.mod" ] && [ -s "$dir/go.sum" ] \
+    || die "hack/tools/$1 is missing: run hack/build-tools.sh pin $1"
+  grep -qE "^[[:space:]]*(require )?$2 $3\$" "$dir/go.mod" \
+    || die "hack/tools/$1/go.mod does not require $2 $3 (hack/versions.sh): run hack/build-tools.sh pin $1"
+  echo "$dir"
+}
+
+# Pin mode: (re)generate hack/tools/<tool>/ from scratch: a module that depends on the tool at the
+# version of hack/versions.sh, resolved by the go command and written down in go.mod and go.sum.
+fresh_module() { # fresh_module <tool> <module path>
+  [ "$MODE" = pin ] || return 0
+  rm -rf "${MODS:?}/$1"; mkdir -p "$MODS/$1"
+  (cd "$MODS/$1" && go mod init "$2" >/dev/null 2>&1)
+}
+
 build_k8s() {
-  local dest=$TOOLS_DIR/kubernetes-$K8S_VERSION
-  [ -x "$dest/kube-apiserver" ] && [ -x "$dest/kubectl" ] && [ -x "$dest/kube-controller-manager" ] \
-    && [ -x "$dest/kube-scheduler" ] && return 0
+  local dest=$TOOLS_DIR/kubernetes-$K8S_VERSION bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  ready "$dest" "${bins[@]}" && return 0
   log "building kubernetes $K8S_VERSION (cold: tens of minutes on 2 cores)"
   local work; work=$(newwork k8s); WORKDIRS+=("$work")
-  mkdir -p "$work/mod" "$work/bin"
-  # k8s.io/kubernetes replaces its staging modules with local paths; a consumer must replace each
-  # with the published v0.X.Y. The list is read from the pinned go.mod so it never goes stale.
-  (cd "$work/mod" && go mod init singleton.dev/k8s-tools >/dev/null 2>&1
-   go mod download -json "k8s.io/kubernetes@$K8S_VERSION" > dl.json
-   gomod=$(python3 -c 'import json,sys;print(json.load(open("dl.json"))["GoMod"])')
-   {
-     echo "require k8s.io/kubernetes $K8S_VERSION"
-     grep -E '^\s*k8s\.io/[^ ]+ => \./staging/' "$gomod" | awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
-   } >> go.mod
-   cat > tools.go <<'GO'
+  mkdir -p "$work/bin"
+  if [ "$MODE" = pin ]; then
+    fresh_module k8s singleton.dev/k8s-tools
+    # k8s.io/kubernetes replaces its staging modules with local paths; a consumer must replace
+    # each with the published v0.X.Y. The list is read from the pinned go.mod so it never goes stale.
+    (cd "$MODS/k8s"
+     go mod download -json "k8s.io/kubernetes@$K8S_VERSION" > "$work/dl.json"
+     gomod=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["GoMod"])' "$work/dl.json")
+     {
+       echo "require k8s.io/kubernetes $K8S_VERSION"
+       grep -E '^\s*k8s\.io/[^ ]+ => \./staging/' "$gomod" | awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
+     } >> go.mod
+     cat > tools.go <<'GO'
 //go:build tools
 
 package tools
@@ -55,29 +158,34 @@ import (
 	_ "k8s.io/kubectl/pkg/cmd"
 )
 GO
-   go mod tidy -e >/dev/null 2>&1 || true
-   go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
-   local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-   local ld="-s -w"
-   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-   done
-   go build -trimpath -ldflags "$ld" -o "$work/bin/" \
+     go mod tidy -e >/dev/null 2>&1 || true
+     go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
+  fi
+  local mod; mod=$(module k8s k8s.io/kubernetes "$K8S_VERSION")
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "$ld" -o "$work/bin/" \
      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  seal "$work/bin" "kubernetes-$K8S_VERSION" "${bins[@]}"
   finish "$work/bin" "$dest"; rm -rf "$work"
 }
 
 build_etcd() {
   local dest=$TOOLS_DIR/etcd-$ETCD_VERSION
-  [ -x "$dest/etcd" ] && return 0
+  ready "$dest" etcd && return 0
   log "building etcd $ETCD_VERSION"
   local work; work=$(newwork etcd); WORKDIRS+=("$work")
-  mkdir -p "$work/mod" "$work/bin"
-  # etcd's own main package lives in a module that is awkward to consume; a three-line wrapper
-  # around server/v3's etcdmain builds the same server.
-  (cd "$work/mod" && go mod init singleton.dev/etcd >/dev/null 2>&1
-   cat > main.go <<'GO'
+  mkdir -p "$work/bin"
+  if [ "$MODE" = pin ]; then
+    fresh_module etcd singleton.dev/etcd
+    # etcd's own main package lives in a module that is awkward to consume; a three-line
+    # wrapper around server/v3's etcdmain builds the same server.
+    (cd "$MODS/etcd"
+     cat > main.go <<'GO'
 package main
 
 import (
@@ -88,24 +196,48 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-   quiet go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-   go mod tidy >/dev/null
-   go build -trimpath -ldflags "-s -w" -o "$work/bin/etcd" .)
+     quiet go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+     go mod tidy >/dev/null)
+  fi
+  local mod; mod=$(module etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION")
+  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$work/bin/etcd" .)
+  seal "$work/bin" "etcd-$ETCD_VERSION" etcd
   finish "$work/bin" "$dest"; rm -rf "$work"
 }
 
 build_simple() { # build_simple <name> <module> <version> <package> [extra ldflags]
   local name=$1 module=$2 version=$3 pkg=$4 ldextra=${5:-}
   local dest=$TOOLS_DIR/$name-$version
-  [ -x "$dest/$name" ] && return 0
+  ready "$dest" "$name" && return 0
   log "building $name $version"
   local work; work=$(newwork "$name"); WORKDIRS+=("$work")
-  mkdir -p "$work/mod" "$work/bin"
-  (cd "$work/mod" && go mod init "singleton.dev/$name-tool" >/dev/null 2>&1
-   printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
-   quiet go get "$module@$version"
-   go mod tidy -e >/dev/null 2>&1 || true
-   go build -trimpath -ldflags "-s -w $ldextra" -o "$work/bin/$name" "$pkg")
+  mkdir -p "$work/bin"
+  if [ "$MODE" = pin ]; then
+    fresh_module "$name" "singleton.dev/$name-tool"
+    (cd "$MODS/$name"
+     printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
+     quiet go get "$module@$version"
+     go mod tidy -e >/dev/null 2>&1 || true)
+  fi
+  local mod; mod=$(module "$name" "$module" "$version")
+  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "-s -w $ldextra" -o "$work/bin/$name" "$pkg")
+  seal "$work/bin" "$name-$version" "$name"
+  finish "$work/bin" "$dest"; rm -rf "$work"
+}
+
+# cargo-deny from crates.io: `--locked` builds the dependency versions of its own Cargo.lock,
+# each checked against the registry's checksum. Not reproducible across machines like the Go
+# tools, so it is checked against the hash recorded when it was built, not a committed one.
+build_cargo_deny() {
+  local dest=$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION
+  ready "$dest" cargo-deny && return 0
+  [ "$MODE" != pin ] || die "cargo-deny is pinned by its version and Cargo.lock; nothing to pin"
+  log "building cargo-deny $CARGO_DENY_VERSION (cold: about 5 minutes on 2 cores)"
+  local work; work=$(newwork cargo-deny); WORKDIRS+=("$work")
+  quiet cargo install --locked --quiet cargo-deny --version "=$CARGO_DENY_VERSION" --root "$work/root" \
+    --target-dir "$work/target"
+  mkdir -p "$work/bin"; mv "$work/root/bin/cargo-deny" "$work/bin/"
+  seal "$work/bin" "cargo-deny-$CARGO_DENY_VERSION" cargo-deny
   finish "$work/bin" "$dest"; rm -rf "$work"
 }
 
@@ -126,7 +258,11 @@ kwok_stages() {
 }
 
 mkdir -p "$TOOLS_DIR"
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kwok helm promtool)
+case ${1:-} in
+  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kwok helm promtool)" ;;
+  verify) MODE=verify; shift ;;
+esac
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kwok helm promtool cargo-deny)
 for t in "${tools[@]}"; do
   case $t in
     kubernetes) build_k8s ;;
@@ -141,6 +277,7 @@ for t in "${tools[@]}"; do
       build_simple promtool github.com/prometheus/prometheus "$PROMTOOL_VERSION" \
       github.com/prometheus/prometheus/cmd/promtool \
       "-X github.com/prometheus/common/version.Version=$((m / 100)).$((m % 100)).${PROMTOOL_VERSION##*.}" ;;
+    cargo-deny) build_cargo_deny ;;
     *) log "unknown tool $t"; exit 2 ;;
   esac
 done

@@ -64,11 +64,9 @@ ensure_tools() {
   ensure_cmd ps procps
   # e2e and chaos tests run a controller under a skewed clock.
   ensure_cmd faketime faketime
-  if [ ! -x "$ETCD_BIN" ] || [ ! -x "$K8S_BIN/kube-apiserver" ] || [ ! -x "$K8S_BIN/kubectl" ] \
-     || [ ! -x "$K8S_BIN/kube-controller-manager" ] || [ ! -x "$K8S_BIN/kube-scheduler" ] \
-     || [ ! -x "$KWOK_DIR/kwok" ] || [ ! -s "$KWOK_DIR/stages.yaml" ]; then
-    "$REPO/hack/build-tools.sh" etcd kubernetes kwok
-  fi
+  # Builds what is missing and checks every cached binary against hack/tools/SHA256SUMS before
+  # it is started (a few seconds of hashing).
+  "$REPO/hack/build-tools.sh" etcd kubernetes kwok
 }
 
 # --- PKI -------------------------------------------------------------------------------------------

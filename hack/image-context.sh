@@ -3,9 +3,17 @@
 # .dockerignore lets into the context to a scratch directory and runs the Dockerfile's cargo
 # command there as a check (`--locked`, offline: the registry cache is already warm from the
 # workspace's own build). Catches a workspace member or file left out of the context (the image
-# build once failed at "failed to load manifest" because bench/ was). Run by `make lint`.
+# build once failed at "failed to load manifest" because bench/ was), and checks that every base
+# image is pinned by digest. Run by `make lint`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Every base image is pinned by digest (a tag alone may point at other bytes tomorrow).
+if unpinned=$(grep -nE '^FROM ' Dockerfile | grep -vE '@sha256:[0-9a-f]{64}( |$)'); then
+  echo "Dockerfile: base image not pinned by digest (see the comment at its top):" >&2
+  echo "$unpinned" >&2
+  exit 1
+fi
 ctx=$(mktemp -d); trap 'rm -rf "$ctx"' EXIT
 
 # .dockerignore here is "exclude everything, then re-include paths": read exactly that shape and

@@ -1,12 +1,15 @@
 # shellcheck shell=bash disable=SC2034  # sourced: the variables are used by the caller
 # Pinned versions of everything the local control plane is built from.
-# Bumping one of these rebuilds that tool on the next `make up` (the cache key includes the version).
+# Bumping one of these rebuilds that tool on the next `make up` (the cache key includes the version);
+# for the Go-built tools run `hack/build-tools.sh pin <tool>` after the bump and commit hack/tools/
+# (the tool's go.mod and go.sum, and the new hashes in hack/tools/SHA256SUMS).
 K8S_VERSION=v1.37.2          # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
 K8S_STAGING_VERSION=v0.37.2  # k8s.io/* staging modules matching K8S_VERSION
 ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3
 HELM_VERSION=v4.3.2          # helm.sh/helm/v4
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok (fake node)
 PROMTOOL_VERSION=v0.316.0    # github.com/prometheus/prometheus/cmd/promtool (Prometheus 3.16.0): alert rule tests
+CARGO_DENY_VERSION=0.20.2    # crates.io cargo-deny: license, ban, source and advisory checks (make lint)
 
 # Where built tools, cluster state and logs live: outside the repo, reused across clones.
 SINGLETON_CACHE=${SINGLETON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/singleton-controller}

@@ -350,6 +350,9 @@ impl Bench {
             &[
                 "--leader-elect=false".into(),
                 "--health-addr=127.0.0.1:62081".into(),
+                // The bench reads no metrics: a free loopback port, no TLS to set up.
+                "--metrics-addr=127.0.0.1:0".into(),
+                "--metrics-auth=none".into(),
             ],
         )?;
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -645,6 +648,8 @@ impl Bench {
                 "--lease-name=bench".into(),
                 format!("--instance=r{i}"),
                 format!("--health-addr=127.0.0.1:{}", 62090 + i),
+                "--metrics-addr=127.0.0.1:0".into(),
+                "--metrics-auth=none".into(),
             ]
         };
         let mut replicas = Vec::new();

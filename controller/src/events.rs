@@ -45,7 +45,13 @@ impl Events {
     }
 
     /// Publishes one Event, logging a failure (an Event is for humans; nothing waits on it).
-    fn send(&self, sj: &SingletonJob, ev: Event) -> impl std::future::Future<Output = ()> + use<> {
+    fn send(
+        &self,
+        sj: &SingletonJob,
+        mut ev: Event,
+    ) -> impl std::future::Future<Output = ()> + use<> {
+        // Notes quote what clients wrote (who asked, why): never with control characters.
+        ev.note = ev.note.map(|n| crate::text::printable(&n));
         // A Recorder per Event: kube's Recorder folds Events with the same reason into one
         // series keeping the first note, which would show the first run's Job and token, or the
         // first break-lock's who and why, for every later one. Ours differ in their notes and

@@ -18,6 +18,7 @@ pub mod api;
 pub mod error;
 pub mod naming;
 pub mod sync;
+pub mod text;
 
 // Plumbing every step may use.
 pub mod failpoint;

@@ -22,7 +22,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::task::JoinHandle;
 
-use crate::endpoints::{self, HealthSource};
+use crate::endpoints::{self, HealthSource, MetricsOptions};
 use crate::gate::Gate;
 use crate::lease::{Acquired, ElectionConfig, Elector, Held, KubeLock, watch_lease};
 use crate::watch;
@@ -42,6 +42,8 @@ pub struct ReplicaOptions {
     /// None: single-replica mode, no election, the gate always open.
     pub election: Option<ElectionOptions>,
     pub health_addr: SocketAddr,
+    /// `/metrics`, on its own port; standbys serve it too (their role, their Lease observations).
+    pub metrics: MetricsOptions,
 }
 
 /// Runs the controller as one replica until `shutdown` resolves. Returns
@@ -52,6 +54,7 @@ pub async fn run_replica(
     opts: ReplicaOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    endpoints::metrics::serve(client.clone(), opts.metrics).await?;
     let Some(election) = opts.election else {
         // Single-replica mode: this process always acts.
         crate::metrics::global().leader.set(1);

@@ -15,7 +15,7 @@ use singleton::api::SingletonJob;
 use tokio::process::{Child, Command};
 
 use crate::commands::{kubectl, repo_root};
-use crate::http::{health_addr_in, http_get};
+use crate::http::{health_addr_in, http_get, metrics_addr_in};
 use crate::service_account;
 
 /// The Events' reportingComponent of every singleton-controller (the binary's reporter name).
@@ -163,10 +163,14 @@ impl Env {
             .arg(&self.ns)
             .arg("--instance")
             .arg(format!("e2e-{idx}"))
-            // Defaults for every test; flags in `extra` win. Probes on a free port, so parallel
-            // tests never collide. Single-replica mode unless a test passes `--leader-elect`
-            // (tests/election.rs); then a short lease, so failover takes seconds.
+            // Defaults for every test; flags in `extra` win. Probes and metrics on free ports, so
+            // parallel tests never collide; metrics in plain HTTP on loopback unless a test passes
+            // `--metrics-auth=kubernetes` (tests/chart.rs). Single-replica mode unless a test
+            // passes `--leader-elect` (tests/election.rs); then a short lease, so failover takes
+            // seconds.
             .env("SINGLETON_HEALTH_ADDR", "127.0.0.1:0")
+            .env("SINGLETON_METRICS_ADDR", "127.0.0.1:0")
+            .env("SINGLETON_METRICS_AUTH", "none")
             .env("SINGLETON_LEADER_ELECT", "false")
             .env("SINGLETON_LEASE_DURATION_SECONDS", "4")
             .env("SINGLETON_RENEW_DEADLINE_SECONDS", "3")
@@ -256,9 +260,9 @@ impl Env {
         std::fs::read_to_string(&self.controllers[idx].log).unwrap_or_default()
     }
 
-    /// Where controller `idx` serves `/healthz`, `/readyz` and `/metrics`: the address it logs
-    /// ("health server listening", field `addr`), in the human or the JSON format. Waits up to
-    /// 20 s for the line.
+    /// Where controller `idx` serves `/healthz` and `/readyz`: the address it logs ("health
+    /// server listening", field `addr`), in the human or the JSON format. Waits up to 20 s for the
+    /// line.
     pub async fn health_addr(&self, idx: usize) -> Result<std::net::SocketAddr> {
         self.wait_for(
             "the health server address in the controller log",
@@ -268,9 +272,20 @@ impl Env {
         .await
     }
 
-    /// The OpenMetrics text of controller `idx`'s `/metrics` (fails on a status other than 200).
+    /// Where controller `idx` serves `/metrics` ("metrics server listening"). Waits up to 20 s.
+    pub async fn metrics_addr(&self, idx: usize) -> Result<std::net::SocketAddr> {
+        self.wait_for(
+            "the metrics server address in the controller log",
+            Duration::from_secs(20),
+            || async { Ok(metrics_addr_in(&self.controller_log(idx))) },
+        )
+        .await
+    }
+
+    /// The OpenMetrics text of controller `idx`'s `/metrics` in the harness's default mode (plain
+    /// HTTP, `--metrics-auth=none`); fails on a status other than 200.
     pub async fn metrics(&self, idx: usize) -> Result<String> {
-        let addr = self.health_addr(idx).await?;
+        let addr = self.metrics_addr(idx).await?;
         let resp = http_get(addr, "/metrics").await?;
         if resp.status != 200 {
             bail!("GET /metrics on {addr}: {} {}", resp.status, resp.body);

@@ -1,5 +1,5 @@
-//! A controller's `/metrics` and probes as tests read them: the address it logged, a minimal
-//! HTTP client (no HTTP library for one GET), and lookups in the OpenMetrics text.
+//! A controller's `/metrics` and probes as tests read them: the addresses it logged, a minimal
+//! HTTP(S) client (no HTTP library for one GET), and lookups in the OpenMetrics text.
 
 use std::time::Duration;
 
@@ -8,10 +8,16 @@ use anyhow::{Context as _, Result};
 /// The address in a "health server listening" log line, human (`addr=...`, with or without ANSI
 /// colours) or JSON (`"addr":"..."`).
 pub fn health_addr_in(log: &str) -> Option<std::net::SocketAddr> {
-    let line = strip_ansi(
-        log.lines()
-            .find(|l| l.contains("health server listening"))?,
-    );
+    addr_in(log, "health server listening")
+}
+
+/// The address in a "metrics server listening" log line (the `/metrics` port).
+pub fn metrics_addr_in(log: &str) -> Option<std::net::SocketAddr> {
+    addr_in(log, "metrics server listening")
+}
+
+fn addr_in(log: &str, message: &str) -> Option<std::net::SocketAddr> {
+    let line = strip_ansi(log.lines().find(|l| l.contains(message))?);
     let rest = line
         .split_once("\"addr\":\"")
         .or_else(|| line.split_once("addr="))?
@@ -61,20 +67,66 @@ impl HttpResponse {
 /// GET `path` on `addr`: a minimal HTTP/1.1 client (`Connection: close`, no chunked bodies),
 /// bounded to 5 s.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<HttpResponse> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await?;
-        anyhow::Ok(String::from_utf8_lossy(&raw).into_owned())
+        let s = tokio::net::TcpStream::connect(addr).await?;
+        exchange(s, addr, path, None).await
     };
     let raw = tokio::time::timeout(Duration::from_secs(5), fetch)
         .await
         .with_context(|| format!("GET {path} on {addr} timed out"))??;
+    parse(&raw)
+}
+
+/// GET `path` on `addr` over TLS, with `Authorization: Bearer <token>` when given. The server's
+/// certificate is not verified: the controller's default one is self-signed, made at start-up
+/// (controller/src/endpoints/tls.rs has the test that a given certificate is served).
+pub async fn https_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Result<HttpResponse> {
+    let fetch = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let connector = tokio_rustls::TlsConnector::from(crate::tls::no_verification()?);
+        let name = rustls::pki_types::ServerName::try_from("localhost")?;
+        let s = connector.connect(name, tcp).await?;
+        exchange(s, addr, path, token).await
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .with_context(|| format!("GET https://{addr}{path} timed out"))??;
+    parse(&raw)
+}
+
+async fn exchange<S>(
+    mut s: S,
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Result<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let mut raw = Vec::new();
+    // A TLS peer may close without close_notify once the response is complete.
+    if let Err(e) = s.read_to_end(&mut raw).await
+        && raw.is_empty()
+    {
+        return Err(e.into());
+    }
+    Ok(String::from_utf8_lossy(&raw).into_owned())
+}
+
+fn parse(raw: &str) -> Result<HttpResponse> {
     let (head, body) = raw
         .split_once("\r\n\r\n")
         .context("no end of HTTP headers")?;

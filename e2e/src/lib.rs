@@ -16,6 +16,7 @@ mod http;
 mod manifest;
 mod proxy;
 mod service_account;
+mod tls;
 
 pub use backstop::{
     backstop_secret, backstop_spec, database_port, database_url, pg, proxied_backstop_secret,
@@ -27,7 +28,7 @@ pub use commands::{
 pub use env::{
     Controller, Env, FAST_ELECTION, controller_bin, ensure, events_with_reason, skewed_clock,
 };
-pub use http::{HttpResponse, health_addr_in, http_get, metric};
+pub use http::{HttpResponse, health_addr_in, http_get, https_get, metric, metrics_addr_in};
 pub use manifest::{never_scheduled, periods, sj_yaml, token_of};
 pub use observer::Observer;
 pub use proxy::Proxy;

@@ -544,3 +544,289 @@ async fn bad_input_battery() -> Result<()> {
     }
     Ok(())
 }
+
+// Operations (issue 19): hand-written requests. With the chart's operationRequester policy the
+// API server refuses a request in someone else's name; whatever passes it, the controller refuses
+// malformed text with a clear record, and strips control characters from who and why.
+
+/// The chart's operationRequester policy, bound to `env`'s namespace only (so other tests' hand
+/// -written requests are not judged); deleted on drop.
+struct RequesterPolicy {
+    file: std::path::PathBuf,
+}
+
+impl RequesterPolicy {
+    fn apply(env: &Env) -> Result<RequesterPolicy> {
+        let release = format!("bi-{}", env.ns.rsplit('-').next().unwrap_or("x"));
+        let yaml = e2e::run_ok(
+            e2e::helm()
+                .args(["template", &release])
+                .arg(e2e::chart_dir())
+                .args(["--namespace", "singleton-system"])
+                .args(["--show-only", "templates/admission.yaml"])
+                .args(["--set", &format!("watchNamespaces={{{}}}", env.ns)])
+                .args(["--set", "admissionPolicies.controllerJobs=false"]),
+        )?;
+        let file = env.log_dir().join("requester-policy.yaml");
+        std::fs::write(&file, yaml)?;
+        e2e::run_ok(e2e::kubectl().arg("apply").arg("-f").arg(&file))?;
+        Ok(RequesterPolicy { file })
+    }
+}
+
+impl Drop for RequesterPolicy {
+    fn drop(&mut self) {
+        let _ = e2e::kubectl()
+            .args(["delete", "--ignore-not-found", "-f"])
+            .arg(&self.file)
+            .output();
+    }
+}
+
+/// `kubectl annotate` of SingletonJob `name`, as `user` (impersonated) when given.
+fn annotate(
+    env: &Env,
+    name: &str,
+    user: Option<&str>,
+    key: &str,
+    value: &str,
+    dry_run: bool,
+) -> Result<std::result::Result<(), String>> {
+    let mut cmd = e2e::kubectl();
+    if let Some(u) = user {
+        cmd.args([&format!("--as={u}"), "--as-group=system:masters"]);
+    }
+    cmd.args([
+        "annotate",
+        "--overwrite",
+        "singletonjob",
+        name,
+        "-n",
+        &env.ns,
+    ])
+    .arg(format!("{key}={value}"));
+    if dry_run {
+        cmd.arg("--dry-run=server");
+    }
+    let out = cmd.output()?;
+    Ok(if out.status.success() {
+        Ok(())
+    } else {
+        Err(e2e::stderr(&out))
+    })
+}
+
+/// The record of the operation `pick` selects, once its id is `id` and it is no longer Pending.
+async fn record(
+    env: &Env,
+    name: &str,
+    id: &str,
+    pick: fn(&singleton::api::Operations) -> Option<&singleton::api::OperationStatus>,
+) -> Result<singleton::api::OperationStatus> {
+    env.wait_for(
+        &format!("the controller's record of request {id}"),
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj(name).await?;
+            Ok(sj
+                .status
+                .as_ref()
+                .and_then(|s| pick(&s.operations))
+                .filter(|o| o.id == id && o.phase != singleton::api::OperationPhase::Pending)
+                .cloned())
+        },
+    )
+    .await
+}
+
+fn printable(s: &str) -> bool {
+    !s.chars().any(|c| {
+        c.is_control() || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[tokio::test]
+async fn hand_written_operation_requests() -> Result<()> {
+    use singleton::api::{OperationPhase, Operations};
+    let mut env = Env::new("bad-ops").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml("ops", "0 0 1 1 *", "")).await?;
+    let me = e2e::run_ok(e2e::kubectl().args([
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]))?;
+    let me = me.trim();
+
+    // Control characters in who and why (an install without the policy, where `by` is whatever
+    // the client wrote): stripped before status and the Event.
+    let raw = serde_json::json!({
+        "by": "mallory\u{1b}[2K\u{202E}ecila",
+        "id": "cc1",
+        "reason": "stuck\nLockBroken by root\u{7}",
+    })
+    .to_string();
+    annotate(&env, "ops", None, "singleton.dev/break-lock", &raw, false)?
+        .map_err(anyhow::Error::msg)?;
+    let rec = record(&env, "ops", "cc1", |o: &Operations| o.break_lock.as_ref()).await?;
+    let note = env
+        .wait_for("a LockBroken Event", Duration::from_secs(30), || async {
+            Ok(e2e::events_with_reason(&env, "LockBroken")
+                .await?
+                .first()
+                .and_then(|e| e.message.clone()))
+        })
+        .await?;
+    ensure(
+        &env,
+        rec.requested_by.as_deref() == Some("mallory[2Kecila")
+            && rec.reason.as_deref() == Some("stuck LockBroken by root")
+            && printable(&rec.message)
+            && printable(&note)
+            && note.contains("lock broken by mallory[2Kecila: stuck LockBroken by root"),
+        ("control characters in status or the Event", &rec, &note),
+    )
+    .await?;
+
+    // The policy: once the API server enforces it (a dry run is refused), requests name their
+    // writer or are refused.
+    let _policy = RequesterPolicy::apply(&env)?;
+    let spoof = r#"{"by":"mallory","id":"s1"}"#;
+    env.wait_for(
+        "the requester policy in force",
+        Duration::from_secs(30),
+        || async {
+            Ok(
+                annotate(&env, "ops", None, "singleton.dev/trigger", spoof, true)?
+                    .err()
+                    .filter(|e| e.contains("ValidatingAdmissionPolicy")),
+            )
+        },
+    )
+    .await?;
+
+    // The plugin's own request passes, and names the caller.
+    let out = e2e::plugin(&["trigger", "ops", "-n", &env.ns, "-o", "json"], &[])?;
+    ensure(
+        &env,
+        out.status.success(),
+        ("plugin trigger", e2e::stdout(&out), e2e::stderr(&out)),
+    )
+    .await?;
+    let sj = env.get_sj("ops").await?;
+    let by = sj
+        .status
+        .and_then(|s| s.operations.trigger)
+        .and_then(|o| o.requested_by);
+    ensure(
+        &env,
+        by.as_deref() == Some(me),
+        ("trigger requested by", &by),
+    )
+    .await?;
+
+    // Someone else's name, by hand: refused by the API server, with what to write instead.
+    let old_format = format!(r#"{{"id":"s2","by":"{me}"}}"#);
+    let spoofs: [(Option<&str>, &str, &str); 3] = [
+        (None, "singleton.dev/trigger", spoof),
+        // The old order, id first, even with one's own name: the prefix is the rule.
+        (None, "singleton.dev/trigger", &old_format),
+        (
+            Some("alice"),
+            "singleton.dev/break-lock",
+            r#"{"by":"bob","id":"s3","reason":"bob said so"}"#,
+        ),
+    ];
+    for (user, key, value) in spoofs {
+        let r = annotate(&env, "ops", user, key, value, false)?;
+        let writer = user.unwrap_or(me);
+        ensure(
+            &env,
+            r.as_ref().is_err_and(|e| {
+                e.contains("must name the user")
+                    && e.contains(&format!(r#"must begin with {{"by":"{writer}","#))
+            }),
+            ("a request in someone else's name", user, value, &r),
+        )
+        .await?;
+    }
+    // Alice in her own name: allowed, and the Event says alice.
+    annotate(
+        &env,
+        "ops",
+        Some("alice"),
+        "singleton.dev/break-lock",
+        r#"{"by":"alice","id":"a1","reason":"alice asks"}"#,
+        false,
+    )?
+    .map_err(anyhow::Error::msg)?;
+    let rec = record(&env, "ops", "a1", |o: &Operations| o.break_lock.as_ref()).await?;
+    ensure(
+        &env,
+        rec.phase == OperationPhase::Done && rec.requested_by.as_deref() == Some("alice"),
+        ("alice's break-lock", &rec),
+    )
+    .await?;
+
+    // Past the prefix: a second `by` (however spelled) and malformed JSON are the controller's
+    // to refuse, each with a record saying why.
+    let dup = format!(
+        r#"{{"by":"{me}","id":"d1","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","\u0062y":"mallory"}}"#
+    );
+    annotate(&env, "ops", None, "singleton.dev/backfill", &dup, false)?
+        .map_err(anyhow::Error::msg)?;
+    // Not JSON the controller accepts, so no id of its own: recorded under one derived from it.
+    let rec = env
+        .wait_for(
+            "the backfill with a second by rejected",
+            Duration::from_secs(30),
+            || async {
+                let sj = env.get_sj("ops").await?;
+                Ok(sj
+                    .status
+                    .and_then(|s| s.operations.backfill)
+                    .filter(|o| o.phase == OperationPhase::Rejected))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        rec.message.contains("duplicate field `by`"),
+        ("a second by", &rec),
+    )
+    .await?;
+    let broken = format!(r#"{{"by":"{me}",oops"#);
+    annotate(&env, "ops", None, "singleton.dev/rerun", &broken, false)?
+        .map_err(anyhow::Error::msg)?;
+    let rejected = env
+        .wait_for(
+            "the malformed rerun rejected",
+            Duration::from_secs(30),
+            || async {
+                let sj = env.get_sj("ops").await?;
+                Ok(sj
+                    .status
+                    .and_then(|s| s.operations.rerun)
+                    .filter(|o| o.phase == OperationPhase::Rejected))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        rejected.message.contains("is not a valid request")
+            && rejected.message.contains("expected JSON such as {\"by\":"),
+        ("malformed JSON", &rejected),
+    )
+    .await?;
+    let warned = e2e::events_with_reason(&env, "OperationRejected").await?;
+    ensure(
+        &env,
+        warned.len() >= 2,
+        ("OperationRejected Events", warned.len()),
+    )
+    .await?;
+    // Nothing else broke: the controller runs, and the object still takes requests.
+    ensure(&env, !env.controller_exited(0), "the controller exited").await?;
+    Ok(())
+}

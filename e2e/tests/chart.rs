@@ -12,15 +12,19 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use e2e::{Env, can_i, chart_dir, client_from_kubeconfig, ensure, helm, kubectl, run_ok, sj_yaml};
+use e2e::{
+    Env, can_i, chart_dir, client_from_kubeconfig, ensure, helm, https_get, kubectl, run_ok,
+    sj_yaml,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, Resource as _, ResourceExt};
 use singleton::api::Outcome;
 
 /// A Helm release owned by a test. Uninstalled on drop when the test did not get that far, so a
@@ -35,6 +39,16 @@ impl Release {
     /// `helm install` into `env`'s namespace, under a name unique to it, waiting for the
     /// Deployment to be available (the fake node marks its pods ready).
     fn install(env: &Env, sets: &[String]) -> Result<Release> {
+        // The chart's pods must pass the restricted Pod Security Standard: enforced on the
+        // release namespace, so a violation leaves the Deployment unavailable and --wait fails.
+        run_ok(
+            kubectl()
+                .args(["label", "namespace", &env.ns, "--overwrite"])
+                .args([
+                    "pod-security.kubernetes.io/enforce=restricted",
+                    "pod-security.kubernetes.io/enforce-version=latest",
+                ]),
+        )?;
         let suffix = env.ns.rsplit('-').next().unwrap_or("x");
         let name = format!("sc-{suffix}");
         let mut cmd = helm();
@@ -224,6 +238,113 @@ fn whoami(kubeconfig: &Path) -> Result<String> {
     ]))
 }
 
+/// A Job as the controller's ServiceAccount might write it, in `ns`: `owner` (a controller
+/// ownerReference) and the label singleton.dev/job when asked.
+fn job_like(ns: &str, owner: Option<&OwnerReference>, labelled: bool) -> Job {
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "sc-policy-probe", "namespace": ns},
+        "spec": {"template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox"}],
+        }}},
+    }))
+    .unwrap_or_default();
+    Job {
+        metadata: ObjectMeta {
+            owner_references: owner.map(|o| vec![o.clone()]),
+            labels: labelled
+                .then(|| [("singleton.dev/job".to_string(), "probe".to_string())].into()),
+            ..job.metadata
+        },
+        ..job
+    }
+}
+
+/// The API server refused the request by the chart's admission policy, with `says` in its message.
+fn refused_by_policy<T: std::fmt::Debug>(r: &kube::Result<T>, says: &str) -> bool {
+    matches!(r, Err(kube::Error::Api(e))
+        if e.message.contains("ValidatingAdmissionPolicy") && e.message.contains(says))
+}
+
+/// RBAC lets the controller's ServiceAccount create, patch and delete Jobs in every namespace;
+/// the chart's controller-jobs policy lets it write only Jobs it owns, and none in kube-system or
+/// the release namespace. `owner_sj` is a SingletonJob of `env`'s namespace. Server-side dry
+/// runs: admission judges them, nothing is stored.
+async fn check_job_policy(env: &Env, sa: &Client, owner_sj: &str, release_ns: &str) -> Result<()> {
+    // The ownerReference the controller puts on its Jobs (controller: true, blockOwnerDeletion).
+    let owner = env
+        .get_sj(owner_sj)
+        .await?
+        .controller_owner_ref(&())
+        .context("no ownerReference for the SingletonJob")?;
+    let dry = &PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let create = |ns: &str, job: Job| {
+        let api = Api::<Job>::namespaced(sa.clone(), ns);
+        async move { api.create(dry, &job).await }
+    };
+    // Owned and labelled, in a namespace served: what the controller does, allowed.
+    let r = create(&env.ns, job_like(&env.ns, Some(&owner), true)).await;
+    ensure(env, r.is_ok(), ("an owned Job refused", &r)).await?;
+    for ns in ["kube-system", release_ns] {
+        let r = create(ns, job_like(ns, Some(&owner), true)).await;
+        ensure(
+            env,
+            refused_by_policy(&r, "is protected"),
+            ("a Job in", ns, &r),
+        )
+        .await?;
+    }
+    for (owner, labelled) in [(None, true), (Some(&owner), false)] {
+        let r = create(&env.ns, job_like(&env.ns, owner, labelled)).await;
+        ensure(
+            env,
+            refused_by_policy(&r, "only the Jobs it makes"),
+            ("a Job not its own", owner.is_some(), labelled, &r),
+        )
+        .await?;
+    }
+    // Someone else's Job: neither patched nor deleted.
+    let theirs = Api::<Job>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &job_like(&env.ns, None, false))
+        .await?;
+    let api = Api::<Job>::namespaced(sa.clone(), &env.ns);
+    let r = api
+        .patch(
+            &theirs.name_any(),
+            &PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            },
+            &Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
+        )
+        .await;
+    ensure(
+        env,
+        refused_by_policy(&r, "only the Jobs it makes"),
+        ("patch", &r),
+    )
+    .await?;
+    let r = api
+        .delete(
+            &theirs.name_any(),
+            &DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            },
+        )
+        .await;
+    ensure(
+        env,
+        refused_by_policy(&r, "only the Jobs it makes"),
+        ("delete", &r),
+    )
+    .await?;
+    Ok(())
+}
+
 /// After `helm uninstall`: the chart's objects are gone, the CRD stays, and the ServiceAccount's
 /// token no longer authenticates.
 async fn check_uninstalled(env: &Env, release: &Release, sa: &Client, watched: &str) -> Result<()> {
@@ -254,10 +375,32 @@ async fn check_uninstalled(env: &Env, release: &Release, sa: &Client, watched: &
             .get_opt(&full)
             .await?
             .is_none(),
+        Api::<ClusterRole>::all(c.clone())
+            .get_opt(&format!("{full}-metrics-reader"))
+            .await?
+            .is_none(),
+        Api::<ClusterRoleBinding>::all(c.clone())
+            .get_opt(&format!("{full}-metrics-auth"))
+            .await?
+            .is_none(),
         Api::<ClusterRoleBinding>::all(c.clone())
             .get_opt(&full)
             .await?
             .is_none(),
+        Api::<ClusterRole>::all(c.clone())
+            .get_opt(&format!("{full}-backstop-secrets"))
+            .await?
+            .is_none(),
+        run_ok(kubectl().args([
+            "get",
+            "validatingadmissionpolicies,validatingadmissionpolicybindings",
+            "-l",
+            &format!("app.kubernetes.io/instance={}", release.name),
+            "-o",
+            "name",
+        ]))?
+        .trim()
+        .is_empty(),
     ];
     ensure(
         env,
@@ -286,10 +429,13 @@ async fn check_uninstalled(env: &Env, release: &Release, sa: &Client, watched: &
 
 #[tokio::test]
 async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
+    // The release in a namespace of its own: the chart's admission policy keeps the controller
+    // from writing Jobs in the release namespace, so SingletonJobs live in another.
+    let system = Env::new("chart-sys").await?;
     let mut env = Env::new("chart").await?;
-    let mut release = Release::install(&env, &["rbac.userRoles=true".into()])?;
+    let mut release = Release::install(&system, &["rbac.userRoles=true".into()])?;
     let full = release.fullname();
-    let ns = env.ns.clone();
+    let (ns, sys_ns) = (env.ns.clone(), system.ns.clone());
 
     // People: with rbac.userRoles, `edit` in a namespace may run the plugin's operations (all
     // are patches), `view` may only read. Aggregation is done by kube-controller-manager.
@@ -342,11 +488,11 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
         .await?;
     ensure(&env, cr.is_some(), "a ClusterRole without watchNamespaces").await?;
 
-    let kubeconfig = env.service_account_kubeconfig(&ns, &full)?;
+    let kubeconfig = env.service_account_kubeconfig(&sys_ns, &full)?;
     let user = whoami(&kubeconfig)?;
     ensure(
         &env,
-        user == format!("system:serviceaccount:{ns}:{full}"),
+        user == format!("system:serviceaccount:{sys_ns}:{full}"),
         ("authenticated as", &user),
     )
     .await?;
@@ -379,12 +525,13 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
         ("job annotations", job.annotations()),
     )
     .await?;
-    // The paths the chart's probes and metrics Service use answer on the health port.
+    // The paths the chart's probes use answer on the health port; /metrics is not there (it has
+    // its own port: chart_metrics_answer_only_tokens_allowed_to_get_them).
     let log = env.controller_log(idx);
     let addr = e2e::health_addr_in(&log).context("no health address in the log")?;
-    for path in ["/healthz", "/readyz", "/metrics"] {
+    for (path, status) in [("/healthz", 200), ("/readyz", 200), ("/metrics", 404)] {
         let resp = e2e::http_get(addr, path).await?;
-        ensure(&env, resp.status == 200, (path, resp.status, &resp.body)).await?;
+        ensure(&env, resp.status == status, (path, resp.status, &resp.body)).await?;
     }
     ensure(
         &env,
@@ -410,11 +557,18 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
             &["create", "jobs.batch", "-n", "default"],
             &["patch", "jobs.batch", "-n", "default"],
             &["create", "events.events.k8s.io", "-n", "default"],
-            &["get", "secrets", "-n", "default"],
-            &["update", &lease, "-n", &ns],
+            &["update", &lease, "-n", &sys_ns],
+            // /metrics checks its callers' tokens (metrics-rbac.yaml).
+            &["create", "tokenreviews.authentication.k8s.io"],
+            &["create", "subjectaccessreviews.authorization.k8s.io"],
         ],
         &[
-            // Secrets: get by name only, never listed or watched.
+            // Secrets: none by default, anywhere (opt-in per namespace: rbac.backstopNamespaces
+            // or a namespace admin's RoleBinding), never listed or watched.
+            &["get", "secrets", "-n", "kube-system"],
+            &["get", "secrets", "-n", "default"],
+            &["get", "secrets", "-n", &ns],
+            &["get", "secrets", "-n", &sys_ns],
             &["list", "secrets", "--all-namespaces"],
             &["list", "secrets", "-n", &ns],
             &["watch", "secrets", "-n", "default"],
@@ -426,8 +580,8 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
             // config.
             &["update", "jobs.batch", "-n", "default"],
             &["create", "pods", "-n", "default"],
-            &["create", "deployments.apps", "-n", &ns],
-            &["get", "configmaps", "-n", &ns],
+            &["create", "deployments.apps", "-n", &sys_ns],
+            &["get", "configmaps", "-n", &sys_ns],
             // Leases: only the release's, only in the release namespace.
             &["create", "leases.coordination.k8s.io", "-n", "default"],
             &["get", "leases.coordination.k8s.io", "-n", "kube-system"],
@@ -435,9 +589,9 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
                 "update",
                 "leases.coordination.k8s.io/someone-else",
                 "-n",
-                &ns,
+                &sys_ns,
             ],
-            &["delete", &lease, "-n", &ns],
+            &["delete", &lease, "-n", &sys_ns],
             // No escalation.
             &["create", "clusterroles.rbac.authorization.k8s.io"],
             &[
@@ -446,6 +600,7 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
                 "-n",
                 &ns,
             ],
+            &["bind", "clusterroles.rbac.authorization.k8s.io"],
             &["impersonate", "serviceaccounts", "-n", &ns],
             &["*", "*"],
         ],
@@ -457,6 +612,12 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
         .list(&ListParams::default())
         .await;
     ensure(&env, forbidden(r), "listing Secrets cluster-wide").await?;
+    let r = Api::<Secret>::namespaced(sa.clone(), "kube-system")
+        .get_opt("anything")
+        .await;
+    ensure(&env, forbidden(r), "reading a Secret in kube-system").await?;
+    // RBAC lets it create Jobs everywhere; the chart's admission policy does not.
+    check_job_policy(&env, &sa, "hello", &sys_ns).await?;
     let lease_obj = Lease {
         metadata: ObjectMeta {
             name: Some(format!("{}-intruder", release.name)),
@@ -479,9 +640,16 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
         helm()
             .args(["upgrade", &release.name])
             .arg(chart_dir())
-            .args(["-n", &ns, "--reuse-values", "--wait", "--timeout", "120s"]),
+            .args([
+                "-n",
+                &sys_ns,
+                "--reuse-values",
+                "--wait",
+                "--timeout",
+                "120s",
+            ]),
     )?;
-    let history = run_ok(helm().args(["history", &release.name, "-n", &ns, "-o", "json"]))?;
+    let history = run_ok(helm().args(["history", &release.name, "-n", &sys_ns, "-o", "json"]))?;
     let revisions: Vec<serde_json::Value> = serde_json::from_str(&history)?;
     ensure(
         &env,
@@ -502,7 +670,13 @@ async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<(
     // The release in one namespace, serving another: the Lease stays with the release.
     let system = Env::new("chart-sys").await?;
     let mut env = Env::new("chart-team").await?;
-    let mut release = Release::install(&system, &[format!("watchNamespaces={{{}}}", env.ns)])?;
+    let mut release = Release::install(
+        &system,
+        &[
+            format!("watchNamespaces={{{}}}", env.ns),
+            format!("rbac.backstopNamespaces={{{}}}", env.ns),
+        ],
+    )?;
     let full = release.fullname();
     let (sys_ns, team_ns) = (system.ns.clone(), env.ns.clone());
 
@@ -607,5 +781,316 @@ async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<(
     env.stop_controller(idx, false).await?;
     release.uninstall()?;
     check_uninstalled(&env, &release, &sa, &team_ns).await?;
+    Ok(())
+}
+
+/// The BackstopReady condition of `name`: (status, message), once the controller set it.
+async fn backstop_ready(env: &Env, name: &str) -> Result<Option<(String, String)>> {
+    let sj = env.get_sj(name).await?;
+    Ok(sj
+        .status
+        .and_then(|s| {
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "BackstopReady")
+        })
+        .map(|c| (c.status, c.message)))
+}
+
+#[tokio::test]
+async fn chart_secret_access_is_opt_in_per_namespace_and_a_namespace_admin_may_grant_it()
+-> Result<()> {
+    // The release in its namespace; team-a opted in by the chart, team-b by its own admin.
+    let system = Env::new("chart-sec-sys").await?;
+    let team_a = Env::new("chart-sec-a").await?;
+    let mut env = Env::new("chart-sec-b").await?;
+    let mut release = Release::install(
+        &system,
+        &[format!("rbac.backstopNamespaces={{{}}}", team_a.ns)],
+    )?;
+    let full = release.fullname();
+    let role = format!("{full}-backstop-secrets");
+    let (sys_ns, a_ns, b_ns) = (system.ns.clone(), team_a.ns.clone(), env.ns.clone());
+    let kubeconfig = env.service_account_kubeconfig(&sys_ns, &full)?;
+    check_access(
+        &env,
+        &kubeconfig,
+        &[&["get", "secrets", "-n", &a_ns]],
+        &[
+            &["get", "secrets", "-n", &b_ns],
+            &["get", "secrets", "-n", "kube-system"],
+            &["get", "secrets", "-n", &sys_ns],
+            &["list", "secrets", "-n", &a_ns],
+            &["watch", "secrets", "-n", &a_ns],
+        ],
+    )
+    .await?;
+
+    // team-b's SingletonJob names a labelled Secret the controller may not read: it says so,
+    // and how to grant it.
+    let (envs, args) = as_deployment(&env.client, &release, &kubeconfig).await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let idx = env.start_controller_with_env(&envs, &args).await?;
+    e2e::backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
+    let prefix = e2e::table_prefix(&env);
+    env.create_sj(&sj_yaml(
+        "guarded",
+        "*/2 * * * * *",
+        &e2e::backstop_spec("db", &prefix, ""),
+    ))
+    .await?;
+    let sa_user = format!("{sys_ns}:{full}");
+    let (_, message) = env
+        .wait_for(
+            "BackstopReady=False: may not read the Secret",
+            Duration::from_secs(60),
+            || async {
+                Ok(backstop_ready(&env, "guarded")
+                    .await?
+                    .filter(|(s, m)| s == "False" && m.contains("may not read Secret")))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        message.contains(&format!("Secret {b_ns}/db"))
+            && message.contains(&format!(
+                "kubectl create rolebinding singleton-backstop-secrets -n {b_ns} --clusterrole={role} --serviceaccount={sa_user}"
+            )),
+        ("BackstopReady message", &message),
+    )
+    .await?;
+
+    // Who may grant it: RBAC allows binding a role only to whoever holds its permissions in
+    // that namespace. A namespace admin may (admin has get secrets and may bind); an editor
+    // may not (no RoleBindings); neither may bind it in kube-system.
+    for (who, cluster_role) in [("owner", "admin"), ("developer", "edit")] {
+        run_ok(kubectl().args(["create", "serviceaccount", who, "-n", &b_ns]))?;
+        run_ok(kubectl().args([
+            "create",
+            "rolebinding",
+            &format!("{who}-{cluster_role}"),
+            &format!("--clusterrole={cluster_role}"),
+            &format!("--serviceaccount={b_ns}:{who}"),
+            "-n",
+            &b_ns,
+        ]))?;
+    }
+    let owner = env.service_account_kubeconfig(&b_ns, "owner")?;
+    let developer = env.service_account_kubeconfig(&b_ns, "developer")?;
+    let bind = |kubeconfig: &Path, ns: &str| {
+        kubectl()
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "create",
+                "rolebinding",
+                "singleton-backstop-secrets",
+                "-n",
+                ns,
+            ])
+            .arg(format!("--clusterrole={role}"))
+            .arg(format!("--serviceaccount={sa_user}"))
+            .output()
+    };
+    let out = bind(&developer, &b_ns)?;
+    ensure(
+        &env,
+        !out.status.success() && e2e::stderr(&out).contains("forbidden"),
+        ("an editor bound the role", e2e::stderr(&out)),
+    )
+    .await?;
+    let out = bind(&owner, "kube-system")?;
+    ensure(
+        &env,
+        !out.status.success() && e2e::stderr(&out).contains("forbidden"),
+        (
+            "a namespace admin bound the role in kube-system",
+            e2e::stderr(&out),
+        ),
+    )
+    .await?;
+    let out = bind(&owner, &b_ns)?;
+    ensure(
+        &env,
+        out.status.success(),
+        (
+            "the namespace admin could not bind the role",
+            e2e::stderr(&out),
+        ),
+    )
+    .await?;
+    check_access(
+        &env,
+        &kubeconfig,
+        &[&["get", "secrets", "-n", &b_ns]],
+        &[
+            &["get", "secrets", "-n", "kube-system"],
+            &["list", "secrets", "-n", &b_ns],
+        ],
+    )
+    .await?;
+    // Granted: the next look at the backstop reads the Secret.
+    env.wait_for(
+        "BackstopReady=True once granted",
+        Duration::from_secs(60),
+        || async {
+            Ok(backstop_ready(&env, "guarded")
+                .await?
+                .filter(|(s, _)| s == "True"))
+        },
+    )
+    .await?;
+    wait_succeeded(&env, "guarded").await?;
+
+    env.stop_controller(idx, false).await?;
+    release.uninstall()?;
+    drop(team_a);
+    Ok(())
+}
+
+/// A ClusterRoleBinding made by a test, deleted on drop (a failed test leaves none behind).
+struct TestBinding(String);
+
+impl TestBinding {
+    fn create(name: &str, cluster_role: &str, sa: &str) -> Result<TestBinding> {
+        run_ok(kubectl().args([
+            "create",
+            "clusterrolebinding",
+            name,
+            &format!("--clusterrole={cluster_role}"),
+            &format!("--serviceaccount={sa}"),
+        ]))?;
+        Ok(TestBinding(name.into()))
+    }
+}
+
+impl Drop for TestBinding {
+    fn drop(&mut self) {
+        let _ = kubectl()
+            .args([
+                "delete",
+                "clusterrolebinding",
+                &self.0,
+                "--ignore-not-found",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `/metrics` as the chart serves it (metrics.auth=kubernetes, the default): over HTTPS, only for
+/// a bearer token whose user may `get /metrics`. The controller runs as the chart's
+/// ServiceAccount, so its TokenReviews and SubjectAccessReviews against the real API server go
+/// through the chart's own RBAC; the scrapers are two ServiceAccounts, one bound to the chart's
+/// `<fullname>-metrics-reader` ClusterRole and one not. The probes need no token.
+#[tokio::test]
+async fn chart_metrics_answer_only_tokens_allowed_to_get_them() -> Result<()> {
+    let mut env = Env::new("chart-metrics").await?;
+    let release = Release::install(&env, &["replicaCount=1".into()])?;
+    let (ns, full) = (env.ns.clone(), release.fullname());
+    let kubeconfig = env.service_account_kubeconfig(&ns, &full)?;
+    let (envs, args) = as_deployment(&env.client, &release, &kubeconfig).await?;
+    ensure(
+        &env,
+        args.contains(&"--metrics-auth=kubernetes".into()),
+        ("Deployment args", &args),
+    )
+    .await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let idx = env.start_controller_with_env(&envs, &args).await?;
+    let addr = env.metrics_addr(idx).await?;
+
+    for sa in ["scraper", "stranger"] {
+        run_ok(kubectl().args(["create", "serviceaccount", sa, "-n", &ns]))?;
+    }
+    let _binding = TestBinding::create(
+        &format!("{ns}-scraper"),
+        &format!("{full}-metrics-reader"),
+        &format!("{ns}:scraper"),
+    )?;
+    let token = |sa: &str| -> Result<String> {
+        let t = run_ok(kubectl().args(["create", "token", sa, "-n", &ns, "--duration=1h"]))?;
+        Ok(t.trim().to_string())
+    };
+    let (scraper, stranger) = (token("scraper")?, token("stranger")?);
+
+    // No token, a token the API server does not know: 401, with the scheme to use.
+    let none = https_get(addr, "/metrics", None).await?;
+    ensure(
+        &env,
+        none.status == 401 && none.header("www-authenticate") == Some("Bearer"),
+        ("no token", none.status, &none.headers, &none.body),
+    )
+    .await?;
+    let forged = https_get(addr, "/metrics", Some("not-a-token")).await?;
+    ensure(
+        &env,
+        forged.status == 401,
+        ("a made-up token", forged.status, &forged.body),
+    )
+    .await?;
+    // A valid token whose user may not get /metrics: 403, and no metric in the answer.
+    let denied = https_get(addr, "/metrics", Some(&stranger)).await?;
+    ensure(
+        &env,
+        denied.status == 403 && !denied.body.contains("singleton_"),
+        ("an unbound ServiceAccount", denied.status, &denied.body),
+    )
+    .await?;
+    // The bound ServiceAccount reads the metrics (the binding may take a moment to be seen, and
+    // a refusal is cached for 10 s).
+    let body = env
+        .wait_for(
+            "the metrics-reader's token to be let in",
+            Duration::from_secs(40),
+            || async {
+                let r = https_get(addr, "/metrics", Some(&scraper)).await?;
+                Ok((r.status == 200).then_some(r.body))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        body.contains("singleton_leader") && body.ends_with("# EOF\n"),
+        ("metrics text", &body),
+    )
+    .await?;
+    // Still refused after the reader got in: decisions are per token.
+    let denied = https_get(addr, "/metrics", Some(&stranger)).await?;
+    ensure(
+        &env,
+        denied.status == 403,
+        ("the stranger again", denied.status),
+    )
+    .await?;
+    // Plain HTTP on the metrics port gets no metrics.
+    let plain = e2e::http_get(addr, "/metrics").await;
+    ensure(
+        &env,
+        !matches!(&plain, Ok(r) if r.status == 200),
+        ("plain HTTP on the metrics port", &plain),
+    )
+    .await?;
+    // The probes answer without a token, in plain HTTP.
+    let health = env.health_addr(idx).await?;
+    for path in ["/healthz", "/readyz"] {
+        let resp = env
+            .wait_for(path, Duration::from_secs(30), || async {
+                let r = e2e::http_get(health, path).await?;
+                Ok((r.status == 200).then_some(r))
+            })
+            .await?;
+        ensure(&env, resp.status == 200, (path, resp.status)).await?;
+    }
+    // The controller's reviews passed the chart's RBAC: no forbidden review in its log.
+    let log = env.controller_log(idx);
+    ensure(
+        &env,
+        !log.contains("cannot review"),
+        "a failed token review in the controller's log",
+    )
+    .await?;
     Ok(())
 }

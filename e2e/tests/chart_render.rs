@@ -102,9 +102,9 @@ fn no_wildcards(role: &Value) -> Result<()> {
     Ok(())
 }
 
-/// The SingletonJob, SingletonJob-status, SingletonCalendar, Job, Event and Secret grants of the
-/// controller.
-fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
+/// The SingletonJob, SingletonJob-status, SingletonCalendar, Job and Event grants of the
+/// controller, and no Secrets: those are opt-in per namespace (backstop-secrets.yaml).
+fn check_work_rules(role: &Value) -> Result<()> {
     let rules = &role["rules"];
     no_wildcards(role)?;
     // patch: `suspend: true` by suspendAfterConsecutiveFailures, the one spec write.
@@ -118,9 +118,8 @@ fn check_work_rules(role: &Value, secrets: bool) -> Result<()> {
     );
     ensure!(verbs(rules, "events.k8s.io", "events") == ["create", "patch"]);
     ensure!(verbs(rules, "", "events") == ["create", "patch"]);
-    let want: &[&str] = if secrets { &["get"] } else { &[] };
     ensure!(
-        verbs(rules, "", "secrets") == want,
+        verbs(rules, "", "secrets").is_empty(),
         "secrets: {:?}",
         verbs(rules, "", "secrets")
     );
@@ -226,6 +225,11 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
     ensure!(c["livenessProbe"]["httpGet"]["port"].as_str() == Some("health"));
     ensure!(c["readinessProbe"]["httpGet"]["path"].as_str() == Some("/readyz"));
     ensure!(c["readinessProbe"]["httpGet"]["port"].as_str() == Some("health"));
+    // /metrics on its own port, with token review, the address from the values.
+    let port = &c["ports"][1];
+    ensure!(
+        port["name"].as_str() == Some("metrics") && port["containerPort"].as_i64() == Some(8443)
+    );
 
     // Leader election on, the Lease named after the release, all namespaces watched.
     let a = args(&docs)?;
@@ -239,6 +243,11 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
     );
     ensure!(
         !a.iter().any(|x| x.starts_with("--namespace")),
+        "args: {a:?}"
+    );
+    ensure!(
+        a.contains(&"--metrics-auth=kubernetes".to_string())
+            && !a.iter().any(|x| x.starts_with("--metrics-cert-file")),
         "args: {a:?}"
     );
     // POD_NAME / POD_NAMESPACE from the downward API (--instance and --lease-namespace).
@@ -270,7 +279,7 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
     let svc = one(&docs, "Service", &format!("{FULLNAME}-metrics"))?;
     let port = &svc["spec"]["ports"][0];
     ensure!(
-        port["name"].as_str() == Some("metrics") && port["targetPort"].as_str() == Some("health")
+        port["name"].as_str() == Some("metrics") && port["targetPort"].as_str() == Some("metrics")
     );
     ensure!(all(&docs, "ServiceMonitor").is_empty());
     Ok(())
@@ -280,7 +289,7 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
 fn defaults_render_cluster_rbac_and_a_namespaced_lease_role() -> Result<()> {
     let docs = render(&[])?;
     let cr = one(&docs, "ClusterRole", FULLNAME)?;
-    check_work_rules(cr, true)?;
+    check_work_rules(cr)?;
     let crb = one(&docs, "ClusterRoleBinding", FULLNAME)?;
     ensure!(crb["roleRef"]["name"].as_str() == Some(FULLNAME));
     ensure!(crb["subjects"][0]["name"].as_str() == Some(FULLNAME));
@@ -299,17 +308,26 @@ fn defaults_render_cluster_rbac_and_a_namespaced_lease_role() -> Result<()> {
 #[test]
 fn watch_namespaces_renders_roles_and_no_cluster_role() -> Result<()> {
     let docs = render(&["watchNamespaces={team-a}"])?;
+    // No ClusterRole for the work; only the cluster-scoped reviews of /metrics callers (their
+    // own test: metrics_rbac_reviews_tokens_and_offers_a_reader_role).
+    let metrics_only = |kind: &str| {
+        all(&docs, kind)
+            .into_iter()
+            .all(|d| name_of(d).starts_with(&format!("{FULLNAME}-metrics-")))
+    };
     ensure!(
-        all(&docs, "ClusterRole").is_empty(),
-        "a ClusterRole with watchNamespaces"
+        metrics_only("ClusterRole") && metrics_only("ClusterRoleBinding"),
+        "a ClusterRole for the work with watchNamespaces"
     );
-    ensure!(all(&docs, "ClusterRoleBinding").is_empty());
+    let docs_none = render(&["watchNamespaces={team-a}", "metrics.auth=none"])?;
+    ensure!(all(&docs_none, "ClusterRole").is_empty());
+    ensure!(all(&docs_none, "ClusterRoleBinding").is_empty());
     let role = docs
         .iter()
         .find(|d| kind_of(d) == "Role" && name_of(d) == FULLNAME)
         .context("no Role")?;
     ensure!(role["metadata"]["namespace"].as_str() == Some("team-a"));
-    check_work_rules(role, true)?;
+    check_work_rules(role)?;
     let rb = docs
         .iter()
         .find(|d| kind_of(d) == "RoleBinding" && name_of(d) == FULLNAME)
@@ -459,15 +477,204 @@ fn service_monitor_and_secret_access_are_toggles() -> Result<()> {
     ensure!(sm["metadata"]["labels"]["release"].as_str() == Some("prom"));
     let ep = &sm["spec"]["endpoints"][0];
     ensure!(ep["port"].as_str() == Some("metrics") && ep["path"].as_str() == Some("/metrics"));
+    // HTTPS with Prometheus's own token; the self-signed certificate is not verified.
+    ensure!(ep["scheme"].as_str() == Some("https"), "{ep:?}");
+    ensure!(
+        ep["bearerTokenFile"].as_str()
+            == Some("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    );
+    ensure!(ep["tlsConfig"]["insecureSkipVerify"].as_bool() == Some(true));
+    // A certificate from a Secret: verified with the tlsConfig given, served from the mount.
+    let docs = render(&[
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.tlsSecret=metrics-tls",
+        "metrics.serviceMonitor.tlsConfig.serverName=sc-metrics.ns.svc",
+        "metrics.serviceMonitor.tlsConfig.ca.secret.name=metrics-tls",
+        "metrics.serviceMonitor.tlsConfig.ca.secret.key=ca.crt",
+    ])?;
+    let ep = &one(&docs, "ServiceMonitor", FULLNAME)?["spec"]["endpoints"][0];
+    ensure!(ep["tlsConfig"]["insecureSkipVerify"].is_null(), "{ep:?}");
+    ensure!(ep["tlsConfig"]["serverName"].as_str() == Some("sc-metrics.ns.svc"));
+    ensure!(ep["tlsConfig"]["ca"]["secret"]["key"].as_str() == Some("ca.crt"));
+    let a = args(&docs)?;
+    let dir = "/etc/singleton-controller/metrics-tls";
+    ensure!(
+        a.contains(&format!("--metrics-cert-file={dir}/tls.crt"))
+            && a.contains(&format!("--metrics-key-file={dir}/tls.key")),
+        "args: {a:?}"
+    );
+    let c = container(&docs)?;
+    ensure!(c["volumeMounts"][0]["mountPath"].as_str() == Some(dir));
+    ensure!(c["volumeMounts"][0]["readOnly"].as_bool() == Some(true));
+    let deploy = one(&docs, "Deployment", FULLNAME)?;
+    ensure!(
+        deploy["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"].as_str()
+            == Some("metrics-tls")
+    );
+    // metrics.auth=none: plain HTTP, no bearer token.
+    let docs = render(&["metrics.serviceMonitor.enabled=true", "metrics.auth=none"])?;
+    let ep = &one(&docs, "ServiceMonitor", FULLNAME)?["spec"]["endpoints"][0];
+    ensure!(ep["scheme"].as_str() == Some("http") && ep["bearerTokenFile"].is_null());
     ensure!(
         sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"].as_str()
             == Some("metrics")
     );
 
     let docs = render(&["rbac.backstopSecrets=false"])?;
-    check_work_rules(one(&docs, "ClusterRole", FULLNAME)?, false)?;
+    check_work_rules(one(&docs, "ClusterRole", FULLNAME)?)?;
+    ensure!(
+        !docs
+            .iter()
+            .any(|d| name_of(d).ends_with("-backstop-secrets")),
+        "a backstop-secrets role with rbac.backstopSecrets=false"
+    );
+    let err = render_err(&["rbac.backstopSecrets=false", "rbac.backstopNamespaces={a}"])?;
+    ensure!(err.contains("rbac.backstopNamespaces"), "{err}");
     let docs = render(&["rbac.backstopSecrets=false", "watchNamespaces={team-a}"])?;
-    check_work_rules(one(&docs, "Role", FULLNAME)?, false)?;
+    check_work_rules(one(&docs, "Role", FULLNAME)?)?;
+    Ok(())
+}
+
+const SECRETS_ROLE: &str = "sc-singleton-controller-backstop-secrets";
+
+/// The RoleBindings to the backstop-secrets role: (namespace, role kind).
+fn secret_bindings(docs: &[Value]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = docs
+        .iter()
+        .filter(|d| {
+            matches!(kind_of(d), "RoleBinding" | "ClusterRoleBinding")
+                && d["roleRef"]["name"].as_str() == Some(SECRETS_ROLE)
+        })
+        .map(|d| {
+            let ns = d["metadata"]["namespace"].as_str().unwrap_or("<cluster>");
+            let kind = d["roleRef"]["kind"].as_str().unwrap_or_default();
+            (ns.to_string(), kind.to_string())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn secret_access_is_bound_only_in_the_namespaces_listed() -> Result<()> {
+    // Defaults: the role is shipped for namespace owners to bind, and bound nowhere.
+    let docs = render(&[])?;
+    let role = one(&docs, "ClusterRole", SECRETS_ROLE)?;
+    no_wildcards(role)?;
+    ensure!(verbs(&role["rules"], "", "secrets") == ["get"]);
+    ensure!(
+        role["rules"].as_sequence().map(Vec::len) == Some(1),
+        "{role:?}"
+    );
+    ensure!(
+        role["metadata"]["labels"]["singleton.dev/grants"].as_str() == Some("backstop-secrets")
+    );
+    ensure!(
+        secret_bindings(&docs).is_empty(),
+        "{:?}",
+        secret_bindings(&docs)
+    );
+    for d in &docs {
+        if kind_of(d).ends_with("Role") {
+            ensure!(
+                name_of(d) == SECRETS_ROLE || verbs(&d["rules"], "", "secrets").is_empty(),
+                "{} {} grants Secrets",
+                kind_of(d),
+                name_of(d)
+            );
+        }
+    }
+
+    let docs = render(&["rbac.backstopNamespaces={team-a,team-b}"])?;
+    let want = [("team-a", "ClusterRole"), ("team-b", "ClusterRole")];
+    let got = secret_bindings(&docs);
+    ensure!(
+        got.iter().map(|(a, b)| (a.as_str(), b.as_str())).eq(want),
+        "{got:?}"
+    );
+    let rb = one(&docs, "RoleBinding", SECRETS_ROLE)?;
+    ensure!(rb["subjects"][0]["name"].as_str() == Some(FULLNAME));
+    ensure!(rb["subjects"][0]["namespace"].as_str() == Some(NS));
+
+    // One namespace served: a Role there, bound only if listed, and only that one may be.
+    let docs = render(&["watchNamespaces={team-a}"])?;
+    ensure!(one(&docs, "Role", SECRETS_ROLE)?["metadata"]["namespace"].as_str() == Some("team-a"));
+    ensure!(secret_bindings(&docs).is_empty());
+    let docs = render(&[
+        "watchNamespaces={team-a}",
+        "rbac.backstopNamespaces={team-a}",
+    ])?;
+    ensure!(secret_bindings(&docs) == [("team-a".to_string(), "Role".to_string())]);
+    let err = render_err(&[
+        "watchNamespaces={team-a}",
+        "rbac.backstopNamespaces={team-b}",
+    ])?;
+    ensure!(err.contains("team-b is not the namespace served"), "{err}");
+    let err = render_err(&["rbac.backstopNamespaces={Bad_Name}"])?;
+    ensure!(err.contains("backstopNamespaces"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn admission_policies_render_by_default_and_can_be_turned_off() -> Result<()> {
+    let requester = format!("{FULLNAME}-operation-requester");
+    let jobs = format!("{FULLNAME}-controller-jobs");
+    let docs = render(&[])?;
+    for name in [&requester, &jobs] {
+        let p = one(&docs, "ValidatingAdmissionPolicy", name)?;
+        ensure!(p["apiVersion"].as_str() == Some("admissionregistration.k8s.io/v1"));
+        ensure!(p["spec"]["failurePolicy"].as_str() == Some("Fail"));
+        let b = one(&docs, "ValidatingAdmissionPolicyBinding", name)?;
+        ensure!(b["spec"]["policyName"].as_str() == Some(name.as_str()));
+        ensure!(strs(&b["spec"]["validationActions"]) == ["Deny"]);
+        ensure!(
+            b["spec"]["matchResources"].is_null(),
+            "bound cluster-wide: {b:?}"
+        );
+    }
+    let p = one(&docs, "ValidatingAdmissionPolicy", &jobs)?;
+    let user = format!("system:serviceaccount:{NS}:{FULLNAME}");
+    let cond = p["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(cond.contains(&format!("\"{user}\"")), "{cond}");
+    let ns_rule = p["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(
+        ns_rule.contains(r#"["kube-system","kube-public","kube-node-lease","singleton-system"]"#),
+        "{ns_rule}"
+    );
+
+    // Serving one namespace: the requester policy is bound to it only.
+    let docs = render(&["watchNamespaces={team-a}"])?;
+    let b = one(&docs, "ValidatingAdmissionPolicyBinding", &requester)?;
+    ensure!(
+        b["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
+            ["kubernetes.io/metadata.name"]
+            .as_str()
+            == Some("team-a"),
+        "{b:?}"
+    );
+    // A namespace served that is protected could run nothing: refused, unless opted in.
+    let err = render_err(&[&format!("watchNamespaces={{{NS}}}")])?;
+    ensure!(err.contains("is protected"), "{err}");
+    let docs = render(&[
+        &format!("watchNamespaces={{{NS}}}"),
+        "admissionPolicies.protectReleaseNamespace=false",
+    ])?;
+    let p = one(&docs, "ValidatingAdmissionPolicy", &jobs)?;
+    let ns_rule = p["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(!ns_rule.contains(NS), "{ns_rule}");
+
+    let docs = render(&[
+        "admissionPolicies.operationRequester=false",
+        "admissionPolicies.controllerJobs=false",
+    ])?;
+    ensure!(all(&docs, "ValidatingAdmissionPolicy").is_empty());
+    ensure!(all(&docs, "ValidatingAdmissionPolicyBinding").is_empty());
     Ok(())
 }
 
@@ -522,6 +729,149 @@ fn alerts_and_dashboard_render_only_when_enabled() -> Result<()> {
     ensure!(
         parsed["panels"].as_array().is_some_and(|p| p.len() >= 10),
         "dashboard panels"
+    );
+    Ok(())
+}
+
+#[test]
+fn metrics_rbac_reviews_tokens_and_offers_a_reader_role() -> Result<()> {
+    for sets in [&[][..], &["watchNamespaces={team-a}"][..]] {
+        let docs = render(sets)?;
+        let auth = one(&docs, "ClusterRole", &format!("{FULLNAME}-metrics-auth"))?;
+        no_wildcards(auth)?;
+        let rules = &auth["rules"];
+        ensure!(verbs(rules, "authentication.k8s.io", "tokenreviews") == ["create"]);
+        ensure!(verbs(rules, "authorization.k8s.io", "subjectaccessreviews") == ["create"]);
+        ensure!(rules.as_sequence().map(Vec::len) == Some(2), "{rules:?}");
+        let crb = one(
+            &docs,
+            "ClusterRoleBinding",
+            &format!("{FULLNAME}-metrics-auth"),
+        )?;
+        ensure!(crb["roleRef"]["name"].as_str() == Some(&*format!("{FULLNAME}-metrics-auth")));
+        ensure!(crb["subjects"][0]["name"].as_str() == Some(FULLNAME));
+        ensure!(crb["subjects"][0]["namespace"].as_str() == Some(NS));
+        // For Prometheus to be bound to; the chart binds nobody to it.
+        let reader = one(&docs, "ClusterRole", &format!("{FULLNAME}-metrics-reader"))?;
+        let rule = &reader["rules"][0];
+        ensure!(strs(&rule["nonResourceURLs"]) == ["/metrics"] && strs(&rule["verbs"]) == ["get"]);
+        ensure!(reader["rules"].as_sequence().map(Vec::len) == Some(1));
+        ensure!(
+            !all(&docs, "ClusterRoleBinding")
+                .iter()
+                .any(|b| b["roleRef"]["name"].as_str()
+                    == Some(&*format!("{FULLNAME}-metrics-reader")))
+        );
+    }
+    // No reviews without token checks; no RBAC at all without rbac.create.
+    for sets in [&["metrics.auth=none"][..], &["rbac.create=false"][..]] {
+        let docs = render(sets)?;
+        ensure!(
+            !all(&docs, "ClusterRole")
+                .iter()
+                .any(|r| name_of(r).contains("-metrics-")),
+            "{sets:?}"
+        );
+    }
+    let a = args(&render(&["metrics.auth=none"])?)?;
+    ensure!(
+        a.contains(&"--metrics-auth=none".to_string()),
+        "args: {a:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn network_policy_is_off_by_default_and_opens_only_the_ports_and_peers_named() -> Result<()> {
+    ensure!(all(&render(&[])?, "NetworkPolicy").is_empty());
+    // On, it needs the API server's addresses: without them the controller would be cut off.
+    let err = render_err(&["networkPolicy.enabled=true"])?;
+    ensure!(
+        err.contains("networkPolicy.egress.apiServer.cidrs"),
+        "{err}"
+    );
+
+    let docs = render(&[
+        "networkPolicy.enabled=true",
+        "networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}",
+        "networkPolicy.egress.backstop.cidrs={10.20.0.0/16,10.21.0.5/32}",
+        "networkPolicy.ingress.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+    ])?;
+    let np = one(&docs, "NetworkPolicy", FULLNAME)?;
+    let spec = &np["spec"];
+    ensure!(strs(&spec["policyTypes"]) == ["Ingress", "Egress"]);
+    ensure!(
+        spec["podSelector"]["matchLabels"]["app.kubernetes.io/instance"].as_str() == Some(RELEASE)
+    );
+    // Ingress: the metrics port from the named namespace, the health port (the kubelet).
+    let ingress = spec["ingress"].as_sequence().context("ingress")?;
+    ensure!(ingress.len() == 2, "{ingress:?}");
+    ensure!(ingress[0]["ports"][0]["port"].as_str() == Some("metrics"));
+    ensure!(
+        ingress[0]["from"][0]["namespaceSelector"]["matchLabels"]["name"].as_str()
+            == Some("monitoring")
+    );
+    ensure!(ingress[1]["ports"][0]["port"].as_str() == Some("health"));
+    ensure!(
+        ingress
+            .iter()
+            .all(|r| r["ports"].as_sequence().map(Vec::len) == Some(1))
+    );
+    // Egress: the API server by address, DNS, the backstop databases; nothing else.
+    let egress = spec["egress"].as_sequence().context("egress")?;
+    ensure!(egress.len() == 3, "{egress:?}");
+    let cidrs = |rule: &Value| -> Vec<String> {
+        rule["to"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["ipBlock"]["cidr"].as_str().map(String::from))
+            .collect()
+    };
+    let ports = |rule: &Value| -> Vec<i64> {
+        rule["ports"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["port"].as_i64())
+            .collect()
+    };
+    ensure!(cidrs(&egress[0]) == ["10.0.0.1/32"] && ports(&egress[0]) == [443, 6443]);
+    ensure!(
+        egress[1]["to"][0]["podSelector"]["matchLabels"]["k8s-app"].as_str() == Some("kube-dns")
+            && ports(&egress[1]) == [53, 53]
+    );
+    ensure!(cidrs(&egress[2]) == ["10.20.0.0/16", "10.21.0.5/32"] && ports(&egress[2]) == [5432]);
+    // No backstop addresses: no rule for them (not an open one).
+    let docs = render(&[
+        "networkPolicy.enabled=true",
+        "networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}",
+    ])?;
+    let egress = one(&docs, "NetworkPolicy", FULLNAME)?["spec"]["egress"]
+        .as_sequence()
+        .context("egress")?
+        .clone();
+    ensure!(
+        egress.len() == 2 && egress.iter().all(|r| !r["to"].is_null()),
+        "{egress:?}"
+    );
+    // A malformed CIDR is refused by the schema.
+    let err = render_err(&[
+        "networkPolicy.enabled=true",
+        "networkPolicy.egress.apiServer.cidrs={kubernetes.default}",
+    ])?;
+    ensure!(err.contains("cidrs"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn metrics_values_that_cannot_work_are_refused() -> Result<()> {
+    let err = render_err(&["metrics.auth=basic"])?;
+    ensure!(err.contains("auth"), "{err}");
+    let err = render_err(&["metrics.auth=none", "metrics.tlsSecret=x"])?;
+    ensure!(
+        err.contains("metrics.tlsSecret needs metrics.auth=kubernetes"),
+        "{err}"
     );
     Ok(())
 }

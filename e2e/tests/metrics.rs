@@ -13,7 +13,7 @@ use e2e::{
 async fn a_run_moves_runs_started_tokens_issued_and_the_skew_histogram() -> Result<()> {
     let mut env = Env::new("metrics-run").await?;
     let c = env.start_controller(&[]).await?;
-    let resp = http_get(env.health_addr(c).await?, "/metrics").await?;
+    let resp = http_get(env.metrics_addr(c).await?, "/metrics").await?;
     ensure(
         &env,
         resp.status == 200

@@ -714,10 +714,41 @@ pub async fn load_secret(
     name: &str,
 ) -> crate::Result<BTreeMap<String, ByteString>> {
     let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
-    let secret = api.get_opt(name).await?.ok_or_else(|| {
+    let secret = match api.get_opt(name).await {
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            return Err(crate::Error::BackstopConfig(secret_forbidden(
+                namespace, name, &e.message,
+            )));
+        }
+        found => found?,
+    };
+    let secret = secret.ok_or_else(|| {
         crate::Error::BackstopConfig(format!("Secret {namespace}/{name} not found"))
     })?;
     secret_data(secret, namespace, name)
+}
+
+/// What to do when RBAC refuses the controller a Secret: Secret access is opt-in per namespace
+/// (charts/singleton-controller/templates/backstop-secrets.yaml). The API server's message names
+/// the controller's user, which makes the binding command exact.
+pub fn secret_forbidden(namespace: &str, name: &str, api_message: &str) -> String {
+    let user = api_message
+        .split_once("User \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(user, _)| user);
+    let sa = user.and_then(|u| u.strip_prefix("system:serviceaccount:"));
+    let grant = match sa.and_then(|sa| sa.split_once(':')) {
+        Some((sa_ns, sa_name)) => format!(
+            "kubectl create rolebinding singleton-backstop-secrets -n {namespace} --clusterrole={sa_name}-backstop-secrets --serviceaccount={sa_ns}:{sa_name} (the chart's ClusterRole is <release fullname>-backstop-secrets: kubectl get clusterroles -l singleton.dev/grants=backstop-secrets)"
+        ),
+        None => format!(
+            "a RoleBinding in namespace {namespace} to the chart's ClusterRole <release fullname>-backstop-secrets (kubectl get clusterroles -l singleton.dev/grants=backstop-secrets) for {}",
+            user.unwrap_or("the controller's ServiceAccount")
+        ),
+    };
+    format!(
+        "the controller may not read Secret {namespace}/{name}: Secret access is opt-in per namespace; a namespace admin grants it with {grant}, or the chart does with rbac.backstopNamespaces={{{namespace}}}"
+    )
 }
 
 /// The pure half of [`load_secret`]: the label check.

@@ -1620,3 +1620,23 @@ async fn an_unverified_tls_server_never_gets_the_password() {
         cleanup(b.prefix()).await;
     }
 }
+
+#[test]
+fn a_forbidden_secret_says_how_to_grant_it() {
+    let api = r#"secrets "db" is forbidden: User "system:serviceaccount:sys:sc-singleton-controller" cannot get resource "secrets" in API group "" in the namespace "team-a""#;
+    let m = secret_forbidden("team-a", "db", api);
+    assert!(
+        m.starts_with("the controller may not read Secret team-a/db:"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kubectl create rolebinding singleton-backstop-secrets -n team-a --clusterrole=sc-singleton-controller-backstop-secrets --serviceaccount=sys:sc-singleton-controller"),
+        "{m}"
+    );
+    assert!(m.contains("rbac.backstopNamespaces={team-a}"), "{m}");
+    // Not a ServiceAccount (a user's kubeconfig): the user is named, the binding described.
+    let m = secret_forbidden("team-a", "db", r#"User "alice" cannot get"#);
+    assert!(m.contains("for alice") && m.contains("RoleBinding"), "{m}");
+    let m = secret_forbidden("team-a", "db", "forbidden");
+    assert!(m.contains("the controller's ServiceAccount"), "{m}");
+}

@@ -2,6 +2,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use singleton::endpoints::{MetricsAuth, MetricsOptions};
 use singleton::lease::{self, ElectionConfig};
 use singleton::replica::{self, ElectionOptions, ReplicaOptions};
 use singleton::watch;
@@ -56,9 +57,32 @@ struct Args {
     /// How often candidates retry (renew deadline > 1.2 × this).
     #[arg(long, env = "SINGLETON_RETRY_PERIOD_SECONDS", default_value_t = 2.0)]
     retry_period_seconds: f64,
-    /// Address of /healthz and /readyz.
+    /// Address of /healthz and /readyz (plain HTTP, no authentication).
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
+    /// Address of /metrics.
+    #[arg(long, env = "SINGLETON_METRICS_ADDR", default_value = "0.0.0.0:8443")]
+    metrics_addr: std::net::SocketAddr,
+    /// Who may read /metrics: `kubernetes` (HTTPS; the caller's bearer token is checked with a
+    /// TokenReview and must be allowed `get` on the non-resource URL /metrics by a
+    /// SubjectAccessReview) or `none` (plain HTTP, anyone who can connect: for loopback only).
+    #[arg(long, env = "SINGLETON_METRICS_AUTH", default_value = "kubernetes")]
+    metrics_auth: MetricsAuth,
+    /// PEM certificate (chain) for /metrics, e.g. from a cert-manager Secret; re-read when it
+    /// changes. Without it a self-signed certificate is made at start-up.
+    #[arg(
+        long,
+        env = "SINGLETON_METRICS_CERT_FILE",
+        requires = "metrics_key_file"
+    )]
+    metrics_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --metrics-cert-file.
+    #[arg(
+        long,
+        env = "SINGLETON_METRICS_KEY_FILE",
+        requires = "metrics_cert_file"
+    )]
+    metrics_key_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -96,6 +120,11 @@ async fn main() -> anyhow::Result<()> {
     let opts = ReplicaOptions {
         election,
         health_addr: args.health_addr,
+        metrics: MetricsOptions {
+            addr: args.metrics_addr,
+            auth: args.metrics_auth,
+            cert: args.metrics_cert_file.zip(args.metrics_key_file),
+        },
     };
     // Err(LeadershipLost) exits non-zero: the Deployment restarts this pod as a standby.
     replica::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;

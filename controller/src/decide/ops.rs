@@ -18,6 +18,7 @@ use crate::api::{
     OperationPhase, OperationStatus, Operations, RunOrigin, RunRef, SingletonJob,
 };
 use crate::schedule::Schedule;
+use crate::text;
 
 /// At most this many periods per backfill: a typo in a year should not queue a million runs.
 pub const BACKFILL_MAX_PERIODS: u64 = 10_000;
@@ -94,11 +95,14 @@ impl From<RunOrigin> for OperationKind {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
-    /// Unique per request; `kubectl singleton` uses the time of asking with microseconds.
-    pub id: String,
-    /// Who asks (reported by the client).
+    /// Who asks. Serialized first: the chart's admission policy (operationRequester) requires a
+    /// request to begin with `{"by":"<the writer's user name>",`, which makes `by` the API
+    /// server's word rather than the client's (a second `by` key is a duplicate-field error).
+    /// Without that policy it is only what the client reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// Unique per request; `kubectl singleton` uses the time of asking with microseconds.
+    pub id: String,
     /// Why (break-lock: required).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -161,14 +165,19 @@ pub fn pending(sj: &SingletonJob, kind: OperationKind) -> Option<Result<Request,
 /// Parses and checks one annotation's text.
 pub fn parse(kind: OperationKind, raw: &str) -> Result<Request, Invalid> {
     let invalid_id = || format!("invalid-{}", crate::naming::short_hash(raw, 16));
-    let req: Request = serde_json::from_str(raw).map_err(|e| Invalid {
+    // serde's message may quote the client's text: printed only once made printable.
+    let mut req: Request = serde_json::from_str(raw).map_err(|e| Invalid {
         id: invalid_id(),
         message: format!(
-            "annotation {} is not a valid request ({e}); expected JSON such as {}",
+            "annotation {} is not a valid request ({}); expected JSON such as {}",
             kind.annotation(),
+            text::printable(&e.to_string()),
             example(kind)
         ),
     })?;
+    // Who and why are printed in status, Events and the log: never with control characters.
+    req.by = req.by.as_deref().map(text::printable);
+    req.reason = req.reason.as_deref().map(text::printable);
     let bad = |message: String| {
         let id = if req.id.is_empty() || req.id.len() > MAX_ID {
             invalid_id()
@@ -182,6 +191,15 @@ pub fn parse(kind: OperationKind, raw: &str) -> Result<Request, Invalid> {
             "annotation {}: id must be 1 to {MAX_ID} characters",
             kind.annotation()
         ));
+    }
+    if !text::is_printable(&req.id) {
+        return Err(Invalid {
+            id: invalid_id(),
+            message: format!(
+                "annotation {}: id must not contain control characters",
+                kind.annotation()
+            ),
+        });
     }
     if req.by.as_ref().is_some_and(|b| b.len() > MAX_BY) {
         return bad(format!("by must be at most {MAX_BY} characters"));
@@ -228,15 +246,15 @@ pub fn parse(kind: OperationKind, raw: &str) -> Result<Request, Invalid> {
 
 fn example(kind: OperationKind) -> &'static str {
     match kind {
-        OperationKind::Trigger => r#"{"id":"2026-12-02T10:00:00.123456Z"}"#,
+        OperationKind::Trigger => r#"{"by":"alice","id":"2026-12-02T10:00:00.123456Z"}"#,
         OperationKind::Backfill => {
-            r#"{"id":"2026-12-02T10:00:00.123456Z","from":"2026-11-01T00:00:00Z","to":"2026-11-30T00:00:00Z"}"#
+            r#"{"by":"alice","id":"2026-12-02T10:00:00.123456Z","from":"2026-11-01T00:00:00Z","to":"2026-11-30T00:00:00Z"}"#
         }
         OperationKind::BreakLock => {
-            r#"{"id":"2026-12-02T10:00:00.123456Z","reason":"run stuck on a dead node"}"#
+            r#"{"by":"alice","id":"2026-12-02T10:00:00.123456Z","reason":"run stuck on a dead node"}"#
         }
         OperationKind::Rerun => {
-            r#"{"id":"2026-12-02T10:00:00.123456Z","period":"2026-12-01T00:00:00Z","replace":false}"#
+            r#"{"by":"alice","id":"2026-12-02T10:00:00.123456Z","period":"2026-12-01T00:00:00Z","replace":false}"#
         }
     }
 }
@@ -533,6 +551,64 @@ mod tests {
     }
 
     #[test]
+    fn by_is_written_first_so_the_admission_policy_can_check_it() {
+        // charts/.../admission.yaml (operationRequester) matches this prefix against the
+        // writer's user name; the plugin writes requests with serde_json.
+        let mut req = Request {
+            id: "r1".into(),
+            by: Some("system:serviceaccount:team-a:ci".into()),
+            reason: Some("why".into()),
+            ..Request::default()
+        };
+        let text = serde_json::to_string(&req).unwrap();
+        assert!(
+            text.starts_with(r#"{"by":"system:serviceaccount:team-a:ci","#),
+            "{text}"
+        );
+        // A user name with a quote or backslash is escaped, as the policy's prefix escapes it.
+        req.by = Some(r#"o"neil\x"#.into());
+        let text = serde_json::to_string(&req).unwrap();
+        assert!(text.starts_with(r#"{"by":"o\"neil\\x","#), "{text}");
+        // The old order (id first) stays readable.
+        let old = parse(OperationKind::Trigger, r#"{"id":"r1","by":"alice"}"#).unwrap();
+        assert_eq!(old.by.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn a_second_by_after_the_checked_prefix_is_refused() {
+        // The policy checks only the prefix: whatever follows must not name someone else.
+        for raw in [
+            r#"{"by":"alice","id":"r1","by":"bob"}"#,
+            r#"{"by":"alice","id":"r1","\u0062y":"bob"}"#,
+            r#"{"by":"alice","id":"r1","\u0062\u0079":"bob"}"#,
+        ] {
+            let e = parse(OperationKind::Trigger, raw).unwrap_err();
+            assert!(
+                e.message.contains("duplicate field `by`"),
+                "{raw}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn control_characters_in_who_and_why_are_stripped() {
+        let raw = "{\"by\":\"mallory\\u001b[2K\\ralice\",\"id\":\"r1\",\"reason\":\"stuck\\nLockBroken by \\u202Eeve\"}";
+        let req = parse(OperationKind::BreakLock, raw).unwrap();
+        assert_eq!(req.by.as_deref(), Some("mallory[2K alice"));
+        assert_eq!(req.reason.as_deref(), Some("stuck LockBroken by eve"));
+        let op = accepted(&req, ts("2026-01-01T00:00:00Z"));
+        assert!(op.requested_by.unwrap().chars().all(|c| !c.is_control()));
+        // An id with them is refused (it is the request's identity: not rewritten), under an
+        // id of its own; serde's messages quoting the text are stripped too.
+        let e = parse(OperationKind::Trigger, "{\"id\":\"r\\u0007\"}").unwrap_err();
+        assert!(e.message.contains("control characters"), "{}", e.message);
+        assert!(e.id.starts_with("invalid-"), "{}", e.id);
+        let e = parse(OperationKind::Trigger, "{\"id\":\"r\",\"\u{202E}x\\n\":1}").unwrap_err();
+        assert!(text::is_printable(&e.message), "{:?}", e.message);
+    }
+
+    #[test]
     fn bad_requests_are_rejected_once_with_a_clear_message() {
         for (kind, raw, says) in [
             (OperationKind::Trigger, "not json", "not a valid request"),
@@ -648,7 +724,7 @@ mod tests {
 
     #[test]
     fn a_rerun_request_round_trips_and_its_record_says_what_it_fenced() {
-        let raw = r#"{"id":"r1","by":"alice","period":"2026-01-01T09:00:00Z","replace":true}"#;
+        let raw = r#"{"by":"alice","id":"r1","period":"2026-01-01T09:00:00Z","replace":true}"#;
         let req = parse(OperationKind::Rerun, raw).unwrap();
         assert_eq!(req.period, Some(ts("2026-01-01T09:00:00Z")));
         assert!(req.replace);

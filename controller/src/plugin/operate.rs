@@ -239,7 +239,7 @@ fn finished(op: &OperationStatus, kind: OperationKind, wait: Wait) -> Result<boo
         OperationPhase::Done => Ok(true),
         OperationPhase::Rejected => Err(PluginError::Rejected {
             command: kind.command(),
-            message: op.message.clone(),
+            message: crate::text::printable(&op.message),
         }),
         OperationPhase::Running => Ok(!wait.until_done),
         OperationPhase::Pending => Ok(false),

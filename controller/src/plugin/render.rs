@@ -14,6 +14,7 @@ use crate::api::{
     SingletonJobSpec, SingletonJobStatus,
 };
 use crate::decide::ops::OperationKind;
+use crate::text;
 
 /// How `list`, `status` and `history` print.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -110,7 +111,11 @@ pub fn format_operation(
             kind.command()
         ),
     };
-    Ok(format!("{head}: {} (request {})\n", op.message, op.id))
+    Ok(format!(
+        "{head}: {} (request {})\n",
+        text::printable(&op.message),
+        text::printable(&op.id)
+    ))
 }
 
 /// `output` as JSON or YAML; a table is not one of them.
@@ -382,8 +387,13 @@ pub fn render_history(history: &[HistoryEntry]) -> String {
 
 /// Left-aligned columns separated by three spaces, as kubectl prints them.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    // Cells may hold client-supplied text (who asked, why): one line each, no control characters.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| text::printable(c)).collect())
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             if let Some(w) = widths.get_mut(i) {
                 *w = (*w).max(cell.chars().count());
@@ -392,7 +402,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     }
     let mut out = String::new();
     let header_row: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
-    for row in std::iter::once(&header_row).chain(rows) {
+    for row in std::iter::once(&header_row).chain(&rows) {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
             if i + 1 < row.len() {

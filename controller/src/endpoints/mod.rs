@@ -1,4 +1,6 @@
-//! `/healthz`, `/readyz`, and `/metrics` (OpenMetrics text of [`crate::metrics::global`]).
+//! The probes, `/healthz` and `/readyz`, on the health port (plain HTTP: the kubelet sends no
+//! credentials, and they say only whether this replica is alive and useful); and, on a port of
+//! its own, `/metrics` with authentication ([`metrics`]).
 //!
 //! - `/healthz` (liveness): 200 while the elector's loop turns, as leader or standby: its last
 //!   turn is more recent than one lease duration plus one renew deadline (the longest a healthy
@@ -25,6 +27,12 @@ use tokio::time::Instant;
 
 use crate::lease::{ElectionState, Role};
 use crate::{Error, Result};
+
+pub mod auth;
+pub mod metrics;
+pub mod tls;
+
+pub use metrics::{MetricsAuth, MetricsOptions};
 
 /// Where the verdicts come from.
 #[derive(Clone)]
@@ -115,17 +123,6 @@ async fn readyz(State(src): State<Arc<HealthSource>>) -> (StatusCode, String) {
     respond(src.check(true))
 }
 
-async fn metrics() -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
-    let body = crate::metrics::global().render();
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            crate::metrics::CONTENT_TYPE,
-        )],
-        body,
-    )
-}
-
 /// Binds `addr` and serves the probes in the background; returns the bound address (useful
 /// with port 0).
 pub async fn serve(addr: SocketAddr, src: HealthSource) -> Result<SocketAddr> {
@@ -138,7 +135,6 @@ pub async fn serve(addr: SocketAddr, src: HealthSource) -> Result<SocketAddr> {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .with_state(Arc::new(src));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
