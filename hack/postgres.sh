@@ -54,7 +54,9 @@ as_pg() { (cd / && runuser -u postgres -- "$@"); }
 psql_q() { "$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -tA "$@"; }
 running() { [ -n "${DATA:-}" ] && [ -f "$DATA/postmaster.pid" ] && as_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; }
 
-url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB"; }
+# sslmode=disable, said explicitly: the controller verifies the server by default (verify-full),
+# and this loopback database trusts every local connection anyway.
+url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB?sslmode=disable"; }
 
 # ensure_tls: a throwaway CA and a server certificate (SAN localhost and 127.0.0.1) in the data
 # dir, and ssl = on. The server still accepts plain TCP (the pg_hba `host` line matches both), so
@@ -89,6 +91,24 @@ ensure_tls() {
   TLS_CHANGED=1
 }
 
+# ensure_hba: two roles that must log in with a password (cleartext, MD5), for the tests that
+# check the controller never sends a password to a server it did not verify. The roles themselves
+# are created by those tests. Sets HBA_CHANGED=1 when it wrote (a running server needs a reload).
+HBA_MARK="# singleton-controller tests: password roles"
+ensure_hba() {
+  HBA_CHANGED=
+  if grep -qF "$HBA_MARK" "$DATA/pg_hba.conf"; then return 0; fi
+  local tmp
+  tmp=$(mktemp)
+  { echo "$HBA_MARK"
+    echo "host all singleton_pw_cleartext 127.0.0.1/32 password"
+    echo "host all singleton_pw_md5 127.0.0.1/32 md5"
+    cat "$DATA/pg_hba.conf"; } > "$tmp"
+  install -o postgres -g postgres -m 0600 "$tmp" "$DATA/pg_hba.conf"
+  rm -f "$tmp"
+  HBA_CHANGED=1
+}
+
 up() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if ! running; then
@@ -111,6 +131,7 @@ EOF
       echo "host all all 127.0.0.1/32 trust" > "$DATA/pg_hba.conf"
     fi
     ensure_tls
+    ensure_hba
     (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null \
       && die "127.0.0.1:$PORT is already taken by another process; set SINGLETON_PG_PORT"
     log "starting on 127.0.0.1:$PORT"
@@ -124,7 +145,8 @@ EOF
   wait_for "postgres accepting connections" 30 "$LOGFILE" psql_q -c 'select 1'
   # A server started before TLS support: add it in place, without a restart.
   ensure_tls
-  if [ -n "$TLS_CHANGED" ]; then psql_q -c 'select pg_reload_conf()' >/dev/null; fi
+  ensure_hba
+  if [ -n "$TLS_CHANGED$HBA_CHANGED" ]; then psql_q -c 'select pg_reload_conf()' >/dev/null; fi
   if [ "$(psql_q -c "select 1 from pg_database where datname = '$DB'")" != 1 ]; then
     psql_q -c "create database $DB" >/dev/null
   fi

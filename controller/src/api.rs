@@ -522,8 +522,11 @@ pub struct PostgresBackstop {
     /// A Secret in this SingletonJob's namespace holding the connection, labelled
     /// `singleton.dev/backstop: "true"` (an unlabelled Secret is refused, so permission to create
     /// SingletonJobs is not permission to use any Secret). Keys: `url` (postgres://...), or
-    /// `host`, `port`, `dbname`, `user`, `password`; optional `sslmode` (disable, require,
-    /// verify-full) and `sslrootcert` (PEM).
+    /// `host`, `port`, `dbname`, `user`, `password`; optional `sslmode` and `sslrootcert` (the
+    /// CA's PEM). `sslmode` defaults to `verify-full`: TLS, with the server's certificate and
+    /// host name checked against `sslrootcert` (else the system's CA certificates). `verify-ca`
+    /// skips the name; `require`, `prefer` and `disable` do not verify the server, and over them
+    /// the controller refuses cleartext and MD5 password authentication (SCRAM still works).
     pub secret_ref: SecretRef,
     /// Prefix of the controller's tables and function (`<prefix>claims`, `<prefix>fences`).
     /// Default `singleton_`.

@@ -495,3 +495,113 @@ async fn a_hung_database_does_not_stall_other_singletonjobs() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// Fence per tenant (schema 3): tenants B and X, each with its own namespace, database role and
+/// controller, share the database; EXECUTE on B's fence function is granted to everyone. X's
+/// role tries to fence B's job out (B's next token, and the maximum bigint, which would leave B
+/// no next token): refused with SF002, the fence unmoved, and B's job keeps running its periods.
+#[tokio::test]
+async fn a_tenant_cannot_fence_another_tenants_job() -> Result<()> {
+    let mut b = Env::new("tenant-b").await?;
+    let mut x = Env::new("tenant-x").await?;
+    let (p_b, p_x) = (table_prefix(&b), table_prefix(&x));
+    let (role_b, role_x) = (format!("{p_b}role"), format!("{p_x}role"));
+    let db = pg().await?;
+    db.batch_execute(&format!(
+        "CREATE ROLE {role_b} LOGIN; CREATE ROLE {role_x} LOGIN; \
+         GRANT CREATE ON SCHEMA public TO {role_b}, {role_x}"
+    ))
+    .await?;
+    let url = e2e::database_url()?;
+    let as_role = |role: &str| url.replacen("://postgres@", &format!("://{role}@"), 1);
+    backstop_secret(&b, "db", &as_role(&role_b), true).await?;
+    backstop_secret(&x, "db", &as_role(&role_x), true).await?;
+    b.start_controller(&[]).await?;
+    x.start_controller(&[]).await?;
+    let every_2s = "*/2 * * * * *";
+    b.create_sj(&sj_yaml("pay", every_2s, &backstop_spec("db", &p_b, "")))
+        .await?;
+    x.create_sj(&sj_yaml("own", every_2s, &backstop_spec("db", &p_x, "")))
+        .await?;
+    b.wait_for("B's first run", Duration::from_secs(30), || async {
+        Ok((token_of(&b, "pay").await? >= 1).then_some(()))
+    })
+    .await?;
+    x.wait_for("X's first run", Duration::from_secs(30), || async {
+        Ok((token_of(&x, "own").await? >= 1).then_some(()))
+    })
+    .await?;
+    db.batch_execute(&format!(
+        "GRANT EXECUTE ON FUNCTION {p_b}fence(text, bigint) TO PUBLIC"
+    ))
+    .await?;
+
+    let key_b = format!("{}/pay", b.ns);
+    let (mut attacker, conn) =
+        tokio_postgres::connect(&as_role(&role_x), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let fence_of = || async {
+        let row = db
+            .query_one(
+                &format!("SELECT token FROM {p_b}fences WHERE job = $1"),
+                &[&key_b],
+            )
+            .await?;
+        Ok::<i64, anyhow::Error>(row.get(0))
+    };
+    let before = fence_of().await?;
+    for token in [before + 1, i64::MAX] {
+        let tx = attacker.transaction().await?;
+        let err = tx
+            .query(&format!("SELECT {p_b}fence($1, $2)"), &[&key_b, &token])
+            .await
+            .expect_err("X's role must not fence B's job");
+        ensure(
+            &b,
+            err.code().map(|c| c.code()) == Some(singleton::backstop::NOT_PERMITTED_SQLSTATE),
+            ("SQLSTATE", token, err.to_string()),
+        )
+        .await?;
+    }
+    let after = fence_of().await?;
+    ensure(
+        &b,
+        after < i64::MAX && after <= before + 1,
+        ("B's fence after the attack", before, after),
+    )
+    .await?;
+    // B keeps running: three more periods claimed after the attack.
+    let attacked_at = token_of(&b, "pay").await?;
+    b.wait_for("B's runs go on", Duration::from_secs(40), || async {
+        Ok((token_of(&b, "pay").await? >= attacked_at + 3).then_some(()))
+    })
+    .await?;
+    let claims: i64 = db
+        .query_one(
+            &format!("SELECT count(*) FROM {p_b}claims WHERE job = $1 AND token > $2"),
+            &[&key_b, &(attacked_at as i64)],
+        )
+        .await?
+        .get(0);
+    ensure(&b, claims >= 3, ("B's claims after the attack", claims)).await?;
+    let owner: String = db
+        .query_one(
+            &format!("SELECT owner::text FROM {p_b}fences WHERE job = $1"),
+            &[&key_b],
+        )
+        .await?
+        .get(0);
+    ensure(&b, owner == role_b, ("the owner of B's job", owner)).await?;
+    // The roles stay (they own the tenants' tables); their names are unique to this test.
+    drop((b, x));
+    Ok(())
+}
+
+/// The fencing token in a SingletonJob's status (0 before its first run).
+async fn token_of(env: &Env, name: &str) -> Result<u64> {
+    Ok(env
+        .get_sj(name)
+        .await?
+        .status
+        .map_or(0, |s| s.fencing_token))
+}

@@ -193,6 +193,9 @@ fn cases() -> Vec<Case> {
         c("backstop-garbage-url", backstop("backstop-garbage-url", "bad-garbage-url", ""), False("BackstopReady", "")),
         c("backstop-empty-secret", backstop("backstop-empty-secret", "bad-empty", ""), False("BackstopReady", "")),
         c("backstop-bad-port", backstop("backstop-bad-port", "bad-port", ""), False("BackstopReady", "port")),
+        // Not PostgreSQL (an HTTP server), with the default sslmode (verify-full) and in plain text.
+        c("backstop-not-postgres", backstop("backstop-not-postgres", "bad-not-postgres", ""), False("BackstopReady", "does not speak the PostgreSQL protocol")),
+        c("backstop-not-postgres-plain", backstop("backstop-not-postgres-plain", "bad-not-postgres-plain", ""), False("BackstopReady", "does not speak the PostgreSQL protocol")),
         c("backstop-prefix-injection", backstop("backstop-prefix-injection", "bad-nowhere", "      tablePrefix: \"Robert'); DROP TABLE students;--\"\n"), Refused("tablePrefix")),
         c("backstop-prefix-upper", backstop("backstop-prefix-upper", "bad-nowhere", "      tablePrefix: Claims_\n"), Refused("tablePrefix")),
         c("backstop-prefix-long", backstop("backstop-prefix-long", "bad-nowhere", &format!("      tablePrefix: {}\n", "p".repeat(40))), Refused("tablePrefix")),
@@ -208,7 +211,15 @@ type SecretSpec = (&'static str, bool, Vec<(&'static str, String)>);
 
 /// The Secrets the backstop cases refer to (labelled unless said otherwise).
 async fn secrets(env: &Env) -> Result<()> {
-    let items: [SecretSpec; 7] = [
+    let http = http_server().await?;
+    let not_pg = format!("postgres://u:{PASSWORD}@127.0.0.1:{http}/db");
+    let items: [SecretSpec; 9] = [
+        ("bad-not-postgres", true, vec![("url", not_pg.clone())]),
+        (
+            "bad-not-postgres-plain",
+            true,
+            vec![("url", not_pg), ("sslmode", "disable".into())],
+        ),
         (
             "bad-unlabelled",
             false,
@@ -263,6 +274,26 @@ async fn secrets(env: &Env) -> Result<()> {
         api.create(&PostParams::default(), &s).await?;
     }
     Ok(())
+}
+
+/// An HTTP server for the not-PostgreSQL backstops: every connection gets a 400 and is closed.
+/// It lives as long as the test's runtime. Returns its port.
+async fn http_server() -> Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = sock.read(&mut buf).await;
+                let _ = sock
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    Ok(port)
 }
 
 /// Creates a SingletonJob from raw YAML (no client-side typing, so the API server judges it).

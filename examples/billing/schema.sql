@@ -34,6 +34,10 @@ INSERT INTO customers (customer, monthly_cents) VALUES
     ('initech', 9900)
 ON CONFLICT (customer) DO NOTHING;
 
--- With a separate role for the workload (recommended), it needs only this on the controller's
--- objects; singleton_fence() is SECURITY DEFINER:
---   GRANT EXECUTE ON FUNCTION singleton_fence(text, bigint) TO invoicer;
+-- Here the workload connects as the controller's role (invoicer), which owns the job's fence.
+-- With a separate role for the workload, it needs EXECUTE on the function (SECURITY DEFINER: no
+-- write access to the fence table) and membership in the controller's role, which owns the job
+-- (schema 3; another role is refused with SQLSTATE SF002):
+--   GRANT EXECUTE ON FUNCTION singleton_fence(text, bigint) TO invoice_app;
+--   GRANT invoicer TO invoice_app WITH INHERIT FALSE, SET FALSE;   -- PostgreSQL 16+
+--   GRANT invoicer TO invoice_app;                                 -- PostgreSQL 15 and older

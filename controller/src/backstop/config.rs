@@ -22,13 +22,15 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `statement_timeout`, so a query abandoned by the client does not run on for long.
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How the connection is encrypted and the server authenticated (libpq's `sslmode`).
+/// How the connection is encrypted and the server authenticated (libpq's `sslmode`). The
+/// default is `VerifyFull`, not libpq's `prefer`: an unverified server could be a fake that
+/// accepts every claim. Over the unverified modes the password is never sent in cleartext or as
+/// MD5 (see `guard.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SslMode {
     /// Plain TCP.
     Disable,
-    /// TLS when the server offers it, plain otherwise; no verification (libpq's default).
-    #[default]
+    /// TLS when the server offers it, plain otherwise; no verification.
     Prefer,
     /// TLS required; the certificate is not verified, unless `sslrootcert` is given, which then
     /// makes this `VerifyCa` (as libpq does when a root certificate file exists).
@@ -36,7 +38,16 @@ pub enum SslMode {
     /// TLS required; the chain must lead to a root in `sslrootcert`; any host name is accepted.
     VerifyCa,
     /// TLS required; chain and host name verified, against `sslrootcert`, else the system roots.
+    #[default]
     VerifyFull,
+}
+
+impl SslMode {
+    /// Whether the server's certificate is checked against a trusted root, so the password may
+    /// be sent in whatever form the server asks for.
+    pub fn verifies_server(self) -> bool {
+        matches!(self, SslMode::VerifyCa | SslMode::VerifyFull)
+    }
 }
 
 impl SslMode {

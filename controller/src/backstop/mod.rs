@@ -27,6 +27,7 @@
 
 mod config;
 mod error;
+mod guard;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -36,12 +37,14 @@ use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use sha2::{Digest, Sha256};
 use tokio::sync::{Mutex, MutexGuard};
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -49,7 +52,9 @@ pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,
 };
-pub use schema::{SCHEMA_VERSION, STALE_TOKEN_SQLSTATE};
+pub use schema::{
+    NEVER_ISSUED_SQLSTATE, NOT_PERMITTED_SQLSTATE, SCHEMA_VERSION, STALE_TOKEN_SQLSTATE,
+};
 
 use schema::Tables;
 
@@ -448,9 +453,6 @@ impl Backstop {
             .port(c.port)
             .user(&c.user.0)
             .application_name(&c.application_name)
-            .connect_timeout(c.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(std::time::Duration::from_secs(30))
             .ssl_mode(match c.sslmode {
                 SslMode::Disable => tokio_postgres::config::SslMode::Disable,
                 SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
@@ -458,27 +460,43 @@ impl Backstop {
                     tokio_postgres::config::SslMode::Require
                 }
             });
-        if let Some(addr) = c.hostaddr {
-            pg.hostaddr(addr);
-        }
         if let Some(db) = &c.dbname {
             pg.dbname(&db.0);
         }
         if let Some(pw) = &c.password {
             pg.password(&pw.0);
         }
-        let connecting = |e| Error::from_pg(e, true);
+        // Our own socket, so the password guard (guard.rs) sees the server's bytes first.
+        let tcp = self.open_socket().await?;
+        let refused = guard::Refused::default();
+        let stream = guard::AuthGuard::new(tcp, c.sslmode != SslMode::Disable, refused.clone());
+        let connecting = |e| match refused.load(Ordering::Relaxed) {
+            guard::NOT_POSTGRES => Error::BackstopUnavailable(guard::NOT_POSTGRES_MESSAGE.into()),
+            code => match guard::refusal_message(code) {
+                Some(why) => Error::BackstopConfig(why),
+                None => Error::from_pg(e, true),
+            },
+        };
         let client = match &self.tls {
             None => {
-                let (client, conn) = pg.connect(NoTls).await.map_err(connecting)?;
+                let (client, conn) = pg.connect_raw(stream, NoTls).await.map_err(connecting)?;
                 tokio::spawn(drive(conn));
                 client
             }
             Some(tls) => {
-                let (client, conn) = pg
-                    .connect(MakeRustlsConnect::new(tls.clone()))
-                    .await
-                    .map_err(connecting)?;
+                let mut make = MakeRustlsConnect::new(tls.clone());
+                let inner =
+                    MakeTlsConnect::<guard::AuthGuard<tokio::net::TcpStream>>::make_tls_connect(
+                        &mut make, &c.host.0,
+                    )
+                    .map_err(|_| {
+                        Error::BackstopConfig("the host is not a valid TLS server name".into())
+                    })?;
+                let tls = guard::GuardedTls {
+                    inner,
+                    refused: (!c.sslmode.verifies_server()).then(|| refused.clone()),
+                };
+                let (client, conn) = pg.connect_raw(stream, tls).await.map_err(connecting)?;
                 tokio::spawn(drive(conn));
                 client
             }
@@ -496,6 +514,30 @@ impl Backstop {
             .await
             .map_err(|e| Error::from_pg(e, false))?;
         Ok(client)
+    }
+
+    /// The TCP connection (to `hostaddr` when given, else to each address of the host in turn),
+    /// within the connect timeout, with keepalives so a dead peer is noticed.
+    async fn open_socket(&self) -> Result<tokio::net::TcpStream> {
+        let c = &self.config;
+        let limit = c.connect_timeout;
+        let connecting = async {
+            match c.hostaddr {
+                Some(addr) => tokio::net::TcpStream::connect((addr, c.port)).await,
+                None => tokio::net::TcpStream::connect((c.host.0.as_str(), c.port)).await,
+            }
+        };
+        let tcp = tokio::time::timeout(limit, connecting)
+            .await
+            .map_err(|_| Error::backstop_timeout("connect", limit))?
+            // The io error names neither the host nor the address.
+            .map_err(|e| Error::BackstopUnavailable(format!("error connecting to server: {e}")))?;
+        let keepalive = socket2::TcpKeepalive::new().with_time(std::time::Duration::from_secs(30));
+        // Best effort, as in the driver: a socket without them still works.
+        let sock = socket2::SockRef::from(&tcp);
+        let _ = sock.set_tcp_keepalive(&keepalive);
+        let _ = tcp.set_nodelay(true);
+        Ok(tcp)
     }
 }
 
@@ -638,6 +680,21 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
     }
     tx.commit().await.map_err(pg)?;
     Ok(ClaimOutcome::Claimed)
+}
+
+/// The token after `highest`. Tokens are PostgreSQL bigints (also without a backstop: one may be
+/// added later), so the last one is `i64::MAX`; past it this is an error, never a wrap or a panic.
+/// `fence()` refuses tokens never issued, so only a hand-edited status can get here.
+pub fn next_token(highest: u64) -> Result<u64> {
+    highest
+        .checked_add(1)
+        .filter(|t| i64::try_from(*t).is_ok())
+        .ok_or_else(|| {
+            Error::Backstop(format!(
+                "no fencing token after {highest}: tokens end at {} (PostgreSQL's bigint)",
+                i64::MAX
+            ))
+        })
 }
 
 fn to_i64(token: u64) -> Result<i64> {

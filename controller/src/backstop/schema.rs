@@ -7,8 +7,9 @@
 //! |------------------------------|------------------------------------------------------------|
 //! | `<p>schema_version`          | one row per applied migration                              |
 //! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
-//! | `<p>fences`                  | one row per job: the highest fencing token, and the highest |
-//! |                              | retired one (its period decided: refused from then on)      |
+//! | `<p>fences`                  | one row per job: the highest fencing token, the highest     |
+//! |                              | retired one (its period decided: refused from then on), and |
+//! |                              | the role that owns the job (schema 3)                       |
 //! | `<p>fence_rejections`        | sequence: stale tokens refused by `<p>fence()`             |
 //! | `<p>fence(job, token)`       | the function a workload calls inside its own transaction  |
 //!
@@ -23,8 +24,14 @@ use super::config::TablePrefix;
 /// The SQLSTATE `<p>fence()` raises for a stale token.
 pub const STALE_TOKEN_SQLSTATE: &str = "SF001";
 
+/// The SQLSTATE `<p>fence()` raises for a caller whose role may not fence the job (schema 3).
+pub const NOT_PERMITTED_SQLSTATE: &str = "SF002";
+
+/// The SQLSTATE `<p>fence()` raises for a token the controller never issued (schema 3).
+pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
+
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Fully qualified, ready-to-splice names of one backstop's objects.
 #[derive(Clone, Debug)]
@@ -180,8 +187,90 @@ $fn$;
 REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
 "#
         )),
+        3 => Some(migration_3(t)),
         _ => None,
     }
+}
+
+/// Migration 3: fence per tenant. Each fence row names the role that owns the job (`owner`,
+/// the login role of the controller connection that created the row: a column default, so an
+/// older controller's unchanged INSERTs record it too; rows already there get the role running
+/// this migration). `fence()` now
+///  * refuses (SF002, not counted) a caller whose login role (`session_user`: inside a SECURITY
+///    DEFINER function `current_user` is the function's owner) is not a member of `owner`, so
+///    EXECUTE on the function no longer lets one tenant fence another's job;
+///  * never creates a row: a job no claim created cannot be pre-squatted;
+///  * refuses (SF003, counted) a token above the stored one, the highest the controller issued:
+///    a token that was never issued cannot be followed by any run, and the maximum bigint would
+///    leave the job no next token. So it no longer raises the fence; it takes the row lock
+///    (`FOR UPDATE`, re-read under READ COMMITTED after a wait) and checks. The owner is checked
+///    before the lock, so a caller with no right never holds or waits for the row.
+fn migration_3(t: &Tables) -> String {
+    let p = &t.prefix;
+    let Tables {
+        fences,
+        rejections,
+        function,
+        ..
+    } = t;
+    format!(
+        r#"
+ALTER TABLE {fences} ADD COLUMN owner name NOT NULL DEFAULT session_user;
+COMMENT ON COLUMN {fences}.owner IS 'singleton-controller: the database role that owns this job; {p}fence() accepts only callers whose login role is a member of it';
+
+CREATE OR REPLACE FUNCTION {function}(job text, token bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    stored bigint;
+    retired_at bigint;
+    owned_by name;
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL OR $2 < 0 THEN
+        RAISE EXCEPTION '{p}fence: job must not be null and token must be a non-negative number'
+            USING ERRCODE = '22023';
+    END IF;
+    -- Who may fence it, before any lock: a caller with no right never holds the row. The
+    -- owner never changes once the row exists.
+    SELECT f.owner INTO owned_by FROM {fences} AS f WHERE f.job = $1;
+    IF NOT FOUND THEN
+        PERFORM nextval('{rejections}');
+        RAISE EXCEPTION 'fencing token % for job % was never issued', $2, $1
+            USING ERRCODE = '{NEVER_ISSUED_SQLSTATE}',
+                  HINT = 'no run of this job was claimed in this database and table prefix';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r WHERE r.rolname = owned_by)
+       OR NOT pg_catalog.pg_has_role(session_user, owned_by, 'MEMBER') THEN
+        RAISE EXCEPTION 'role % may not fence job %', session_user, $1
+            USING ERRCODE = '{NOT_PERMITTED_SQLSTATE}',
+                  HINT = format('the job belongs to role %s: grant that role to the workload''s role', owned_by);
+    END IF;
+    SELECT f.token, f.retired INTO stored, retired_at
+        FROM {fences} AS f WHERE f.job = $1 FOR UPDATE;
+    IF $2 > stored THEN
+        PERFORM nextval('{rejections}');
+        RAISE EXCEPTION 'fencing token % for job % was never issued: the newest is %', $2, $1, stored
+            USING ERRCODE = '{NEVER_ISSUED_SQLSTATE}',
+                  HINT = 'use SINGLETON_FENCING_TOKEN as the controller set it';
+    END IF;
+    IF $2 = stored AND $2 > retired_at THEN
+        RETURN stored;
+    END IF;
+    PERFORM nextval('{rejections}');
+    IF $2 <= retired_at AND $2 >= stored THEN
+        RAISE EXCEPTION 'fencing token % for job % is retired: its period was decided', $2, $1
+            USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+                  HINT = 'this run is over (or a copy of it was started again); it must stop without committing';
+    END IF;
+    RAISE EXCEPTION 'stale fencing token % for job %: current is %', $2, $1, stored
+        USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+              HINT = 'a newer run of this job holds the fence; this run must stop without committing';
+END
+$fn$;
+REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
+"#
+    )
 }
 
 /// Creates or upgrades the schema; returns the version now in place and the table names. Safe

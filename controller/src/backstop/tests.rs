@@ -146,7 +146,11 @@ fn url_and_discrete_keys_parse() {
     .unwrap();
     assert_eq!((c.host.0.as_str(), c.port), ("10.0.0.7", 5432));
     assert_eq!(c.password.as_ref().unwrap().0, "pw with spaces ");
-    assert_eq!(c.sslmode, SslMode::Prefer, "libpq's default");
+    assert_eq!(
+        c.sslmode,
+        SslMode::VerifyFull,
+        "verified by default, unlike libpq"
+    );
 
     // IPv6, and a discrete key overriding the URL's part.
     let c = ConnectionConfig::from_secret(
@@ -484,7 +488,11 @@ async fn stale_token_is_refused_even_behind_an_open_newer_transaction() {
         tx.commit().await.unwrap();
     }
 
-    // 2. Behind an open newer transaction: the newer run (token 3) has fenced but not committed.
+    // 2. Behind an open newer transaction: the newer run (token 3, claimed) has fenced but not
+    // committed.
+    b.claim(job, ts("2025-03-01T00:00:00Z"), 3, "invoices-3", None)
+        .await
+        .unwrap();
     let mut newer = workload().await;
     let newer_tx = newer.transaction().await.unwrap();
     newer_tx.query_one(&fence, &[&job, &3i64]).await.unwrap();
@@ -1196,6 +1204,421 @@ async fn schema_1_is_upgraded_in_place() {
         .unwrap_err();
     assert_eq!(sqlstate(&e), Some("SF001"), "{e}");
     cleanup(&prefix).await;
+}
+
+// ---------------------------------------------------------------- who gets the password
+
+/// A fake PostgreSQL server for one connection: answers SSLRequest with `N` (no TLS), then asks
+/// for a password with authentication request `code` (3 cleartext, 5 MD5). Returns its port and
+/// what the client sent after the request.
+async fn fake_server(code: u32) -> (u16, tokio::task::JoinHandle<Vec<u8>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        // Untyped startup packets: length, then a code (SSLRequest's is 80877103).
+        let read_packet = async |sock: &mut tokio::net::TcpStream| {
+            let len = sock.read_u32().await.ok()? as usize;
+            let mut body = vec![0; len - 4];
+            sock.read_exact(&mut body).await.ok()?;
+            Some(body)
+        };
+        let mut first = read_packet(&mut sock).await.unwrap();
+        if first[..4] == 80877103u32.to_be_bytes() {
+            sock.write_all(b"N").await.unwrap();
+            match read_packet(&mut sock).await {
+                Some(startup) => first = startup,
+                // A client that needs TLS hangs up here.
+                None => return Vec::new(),
+            }
+        }
+        assert_eq!(
+            first[..4],
+            196608u32.to_be_bytes(),
+            "a protocol 3.0 startup message"
+        );
+        let mut request = vec![b'R'];
+        let salt: &[u8] = if code == 5 { b"salt" } else { b"" };
+        request.extend_from_slice(&(8 + salt.len() as u32).to_be_bytes());
+        request.extend_from_slice(&code.to_be_bytes());
+        request.extend_from_slice(salt);
+        sock.write_all(&request).await.unwrap();
+        let mut sent = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(1), sock.read_to_end(&mut sent)).await;
+        sent
+    });
+    (port, task)
+}
+
+/// Over a connection whose server nobody verified (plain TCP, or TLS that the server declined),
+/// a request for a cleartext or MD5 password is refused and the password is never sent: not in
+/// clear, not hashed. The default mode (verify-full) does not even get that far.
+#[tokio::test]
+async fn a_fake_server_never_gets_the_password() {
+    for mode in [Some("disable"), Some("prefer"), None] {
+        for code in [3u32, 5] {
+            let (port, fake) = fake_server(code).await;
+            let mut pairs = vec![
+                ("host", "127.0.0.1".to_string()),
+                ("port", port.to_string()),
+                ("user", "app".to_string()),
+                ("password", PW.to_string()),
+            ];
+            if let Some(mode) = mode {
+                pairs.push(("sslmode", mode.to_string()));
+            }
+            let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let config = ConnectionConfig::from_secret(&data(&refs), &SecretKeys::default())
+                .unwrap()
+                .with_timeouts(Duration::from_secs(2), Duration::from_secs(3));
+            let e = Backstop::new(config, unique_prefix("fake"))
+                .unwrap()
+                .ping()
+                .await
+                .unwrap_err();
+            let case = format!("sslmode {mode:?}, request {code}");
+            let sent = fake.await.unwrap();
+            let text = String::from_utf8_lossy(&sent);
+            assert!(
+                sent.first() != Some(&b'p') && !text.contains(PW) && !text.contains("md5"),
+                "{case}: the client answered the password request: {text:?}"
+            );
+            if mode.is_some() {
+                assert!(
+                    matches!(e, Error::BackstopConfig(ref m) if m.contains("not verified") && m.contains("not sent")),
+                    "{case}: {e}"
+                );
+            } else {
+                assert!(
+                    matches!(e, Error::BackstopUnavailable(ref m) if m.contains("TLS")),
+                    "{case}: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Without `sslmode` the server must prove its name with a certificate from `sslrootcert` (or
+/// the system roots): the test server's certificate passes with its CA; a certificate for another
+/// host, or from another CA, fails.
+#[tokio::test]
+async fn the_default_verifies_the_server() {
+    let ca = ca_pem();
+    let port = e2e_port();
+    let build = |extra: &[(&str, &str)]| {
+        let port = port.to_string();
+        let mut pairs = vec![
+            ("host", "127.0.0.1"),
+            ("port", port.as_str()),
+            ("user", "postgres"),
+            ("dbname", "singleton"),
+        ];
+        pairs.extend_from_slice(extra);
+        let config = ConnectionConfig::from_secret(&data(&pairs), &SecretKeys::default())
+            .unwrap()
+            .with_timeouts(Duration::from_secs(2), Duration::from_secs(5));
+        assert_eq!(config.sslmode(), SslMode::VerifyFull);
+        Backstop::new(config, unique_prefix("dflt"))
+    };
+    let b = build(&[("sslrootcert", &ca)]).unwrap();
+    assert!(session_tls(&b).await.unwrap(), "encrypted and verified");
+    cleanup(b.prefix()).await;
+    let refused =
+        |e: &Error| matches!(e, Error::BackstopUnavailable(m) if m.contains("certificate"));
+    // A certificate for another host: the right CA, a name the certificate does not hold.
+    let wrong_name = [
+        ("sslrootcert", ca.as_str()),
+        ("host", "db.wrong-name.invalid"),
+        ("hostaddr", "127.0.0.1"),
+    ];
+    let e = build(&wrong_name).unwrap().ping().await.unwrap_err();
+    assert!(refused(&e), "{e}");
+    let e = build(&[("sslrootcert", include_str!("testdata/unrelated-ca.pem"))])
+        .unwrap()
+        .ping()
+        .await
+        .unwrap_err();
+    assert!(refused(&e), "{e}");
+    // No sslrootcert: the system roots, which never signed the test CA (or, on a host without
+    // any, a configuration error before connecting).
+    match build(&[]) {
+        Ok(b) => {
+            let e = b.ping().await.unwrap_err();
+            assert!(refused(&e), "{e}");
+        }
+        Err(e) => assert!(matches!(e, Error::BackstopConfig(_)), "{e}"),
+    }
+}
+
+/// The port of the test server, from `$DATABASE_URL`.
+fn e2e_port() -> u16 {
+    let url = database_url();
+    let after = url.rsplit_once(':').unwrap().1;
+    after
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+// ---------------------------------------------------------------- fence per tenant (schema 3)
+
+/// A client of the test server logged in as `role` (trust authentication).
+async fn role_client(role: &str) -> tokio_postgres::Client {
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config.user(role);
+    let (client, conn) = config.connect(NoTls).await.expect("connect as a role");
+    tokio::spawn(conn);
+    client
+}
+
+/// The controller's connection as `role`.
+fn backstop_as(prefix: &TablePrefix, role: &str) -> Backstop {
+    let config = ConnectionConfig::from_secret(
+        &data(&[
+            ("url", &database_url()),
+            ("user", role),
+            ("sslmode", "disable"),
+        ]),
+        &SecretKeys::default(),
+    )
+    .unwrap();
+    Backstop::new(config, prefix.clone()).unwrap()
+}
+
+/// Creates login roles `names` (dropped by [`drop_roles`]).
+async fn create_roles(admin: &tokio_postgres::Client, names: &[&str]) {
+    for r in names {
+        admin
+            .batch_execute(&format!("CREATE ROLE {r} LOGIN"))
+            .await
+            .unwrap();
+    }
+}
+
+async fn drop_roles(names: &[&str]) {
+    let admin = workload().await;
+    let list = names.join(", ");
+    let _ = admin
+        .batch_execute(&format!("DROP OWNED BY {list}; DROP ROLE {list}"))
+        .await;
+}
+
+/// Two tenants share a database and a table prefix; EXECUTE on the fence function is granted
+/// to everyone. Tenant X can neither fence tenant B's job (with its current token, its next
+/// one, or the maximum bigint) nor create a fence row for a job of B's that no claim created.
+/// B's workload role, a member of B's controller role, fences as before; a token the controller
+/// never issued is refused even to B; B's next claim and run are unaffected.
+#[tokio::test]
+async fn fence_is_per_tenant() {
+    let prefix = unique_prefix("tenant");
+    let p = prefix.as_str();
+    let (ctl_b, ctl_x, app_b) = (format!("{p}b"), format!("{p}x"), format!("{p}app"));
+    let roles = [ctl_b.as_str(), ctl_x.as_str(), app_b.as_str()];
+    let admin = workload().await;
+    create_roles(&admin, &roles).await;
+    admin
+        .batch_execute(&format!(
+            "GRANT CREATE ON SCHEMA public TO {ctl_b}; GRANT {ctl_b} TO {app_b}"
+        ))
+        .await
+        .unwrap();
+    let b = backstop_as(&prefix, &ctl_b);
+    let job = "tenant-b/payouts";
+    b.claim(job, ts("2025-01-01T00:00:00Z"), 1, "payouts-1", None)
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION {p}fence(text, bigint) TO PUBLIC"
+        ))
+        .await
+        .unwrap();
+    let owner: String = admin
+        .query_one(
+            &format!("SELECT owner::text FROM {p}fences WHERE job = $1"),
+            &[&job],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, ctl_b, "the row names the login role that claimed it");
+    let fence = format!("SELECT {p}fence($1, $2)");
+
+    let mut x = role_client(&ctl_x).await;
+    for token in [1i64, 2, i64::MAX] {
+        let e = fenced_write(&mut x, &fence, job, token).await.unwrap_err();
+        assert_eq!(sqlstate(&e), Some(NOT_PERMITTED_SQLSTATE), "{token}: {e}");
+        assert_eq!(
+            db_message(&e),
+            format!("role {ctl_x} may not fence job {job}")
+        );
+    }
+    let e = fenced_write(&mut x, &fence, "tenant-b/later", 5)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), Some(NEVER_ISSUED_SQLSTATE), "{e}");
+    assert_eq!(
+        b.fence("tenant-b/later").await.unwrap(),
+        0,
+        "no row squatted"
+    );
+    assert_eq!(b.fence(job).await.unwrap(), 1);
+
+    let mut w = role_client(&app_b).await;
+    fenced_write(&mut w, &fence, job, 1)
+        .await
+        .expect("B's workload fences with its token");
+    for token in [2i64, i64::MAX] {
+        let e = fenced_write(&mut w, &fence, job, token).await.unwrap_err();
+        assert_eq!(sqlstate(&e), Some(NEVER_ISSUED_SQLSTATE), "{token}: {e}");
+    }
+    assert_eq!(b.fence(job).await.unwrap(), 1);
+    // Counted: the never-issued tokens (X's squat and B's two); X's refusals for lack of right
+    // are not.
+    assert_eq!(b.rejections().await.unwrap(), 3);
+    assert_eq!(
+        b.claim(job, ts("2025-02-01T00:00:00Z"), 2, "payouts-2", None)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    fenced_write(&mut w, &fence, job, 2)
+        .await
+        .expect("B's next run fences");
+    assert_eq!(
+        b.claim(
+            "tenant-b/later",
+            ts("2025-02-01T00:00:00Z"),
+            1,
+            "later-1",
+            None
+        )
+        .await
+        .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    cleanup(&prefix).await;
+    drop_roles(&roles).await;
+}
+
+/// A database at schema 2 (fence rows without an owner) is upgraded in place: its rows belong
+/// to the role that ran the upgrade (the controller's), whose members fence as before, and to
+/// no one else. The claim statements are unchanged, so an older controller's rows get their
+/// owner from the column default.
+#[tokio::test]
+async fn schema_2_is_upgraded_to_per_tenant_fences() {
+    let prefix = unique_prefix("upgr3");
+    let p = prefix.as_str();
+    let other = format!("{p}other");
+    let admin = workload().await;
+    let schema: String = admin
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tables = schema::Tables::new(&schema, &prefix);
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()); {} {} INSERT INTO {} (version) VALUES (1), (2); INSERT INTO {} (job, token) VALUES ('ns/old', 4);",
+            tables.version,
+            schema::migration_sql(1, &tables).unwrap(),
+            schema::migration_sql(2, &tables).unwrap(),
+            tables.version,
+            tables.fences
+        ))
+        .await
+        .unwrap();
+    create_roles(&admin, &[&other]).await;
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION {p}fence(text, bigint) TO {other}"
+        ))
+        .await
+        .unwrap();
+    let b = backstop(&prefix);
+    assert_eq!(b.ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    assert_eq!(b.fence("ns/old").await.unwrap(), 4);
+    let fence = format!("SELECT {p}fence($1, $2)");
+    let mut w = workload().await;
+    fenced_write(&mut w, &fence, "ns/old", 4)
+        .await
+        .expect("the upgrading role's own job fences");
+    let mut o = role_client(&other).await;
+    let e = fenced_write(&mut o, &fence, "ns/old", 4).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some(NOT_PERMITTED_SQLSTATE), "{e}");
+    // What an older controller does against the newer schema: its INSERT names no owner.
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO {p}fences (job, token) VALUES ('ns/by-old-controller', 1)"
+        ))
+        .await
+        .unwrap();
+    fenced_write(&mut w, &fence, "ns/by-old-controller", 1)
+        .await
+        .expect("a row without an explicit owner belongs to its writer");
+    cleanup(&prefix).await;
+    drop_roles(&[&other]).await;
+}
+
+#[test]
+fn token_allocation_never_wraps() {
+    assert_eq!(next_token(0).unwrap(), 1);
+    assert_eq!(next_token(i64::MAX as u64 - 1).unwrap(), i64::MAX as u64);
+    for highest in [i64::MAX as u64, u64::MAX] {
+        let e = next_token(highest).unwrap_err();
+        assert!(e.to_string().contains("no fencing token after"), "{e}");
+    }
+}
+
+/// The same over TLS that verifies nothing (`prefer`, `require` without `sslrootcert`), against
+/// the real server: roles that log in with a cleartext password or MD5 (pg_hba lines of
+/// `hack/postgres.sh`) are refused before the password is sent; with the server verified
+/// (`verify-full` and the CA) the same roles connect.
+#[tokio::test]
+async fn an_unverified_tls_server_never_gets_the_password() {
+    let admin = workload().await;
+    let rules: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_hba_file_rules WHERE 'singleton_pw_md5' = ANY(user_name)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        rules, 1,
+        "the test server lacks the password roles' pg_hba lines: run `hack/postgres.sh up`"
+    );
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN CREATE ROLE singleton_pw_cleartext LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             DO $$ BEGIN CREATE ROLE singleton_pw_md5 LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             ALTER ROLE singleton_pw_cleartext PASSWORD '{PW}'; \
+             SET password_encryption = 'md5'; ALTER ROLE singleton_pw_md5 PASSWORD '{PW}'; \
+             GRANT CREATE ON SCHEMA public TO singleton_pw_cleartext, singleton_pw_md5"
+        ))
+        .await
+        .unwrap();
+    let ca = ca_pem();
+    for (role, what) in [
+        ("singleton_pw_cleartext", "cleartext"),
+        ("singleton_pw_md5", "MD5"),
+    ] {
+        let login = [("user", role), ("password", PW)];
+        for mode in ["prefer", "require"] {
+            let e = tls_backstop(mode, None, &login).ping().await.unwrap_err();
+            assert!(
+                matches!(e, Error::BackstopConfig(ref m) if m.contains(what) && m.contains("not sent")),
+                "{role} over {mode}: {e}"
+            );
+        }
+        let b = tls_backstop("verify-full", Some(&ca), &login);
+        assert!(session_tls(&b).await.unwrap(), "{role} over verify-full");
+        cleanup(b.prefix()).await;
+    }
 }
 
 #[test]

@@ -48,7 +48,7 @@ pub async fn break_lock(
         Availability::Unavailable(why) => return Err(Error::BackstopUnavailable(why.clone())),
     };
     let before = status.fencing_token.max(fence);
-    let token = before + 1;
+    let token = crate::backstop::next_token(before)?;
 
     // 4 before 3 when the stuck run holds the fence row in an open transaction.
     let mut stopped: Vec<RunRef> = std::mem::take(&mut status.active);

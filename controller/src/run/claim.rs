@@ -113,7 +113,7 @@ fn reclaim<'a>(
     // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
     Box::pin(async move {
         let mut status = sj.status.clone().unwrap_or_default();
-        let token = status.fencing_token.max(current) + 1;
+        let token = crate::backstop::next_token(status.fencing_token.max(current))?;
         let mut higher = claim.clone();
         higher.token = token;
         status.fencing_token = token;

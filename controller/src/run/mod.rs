@@ -116,7 +116,7 @@ pub async fn start(
         },
         _ => 0,
     };
-    let token = status.fencing_token.max(fence) + 1;
+    let token = crate::backstop::next_token(status.fencing_token.max(fence))?;
     tracing::Span::current().record("token", token);
 
     // 3. Claim (G1, G3): the write fails if anyone else wrote since we read. The runs to replace
