@@ -352,19 +352,29 @@ fn spoofed(job: &Job, name: &str) -> Option<String> {
     let labels = job.labels();
     let annotations = job.annotations();
     let token = annotations.get("singleton.dev/fencing-token");
-    let owner = job.owner_references().iter().find(|o| o.controller == Some(true));
+    let owner = job
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
     let why = if labels.get("singleton.dev/job") != Some(&singleton::naming::job_label(name)) {
         "label singleton.dev/job"
     } else if annotations.get("singleton.dev/job").map(String::as_str) != Some(name) {
         "annotation singleton.dev/job"
-    } else if token.is_none_or(|t| t == "999999") || labels.get("singleton.dev/fencing-token") != token {
+    } else if token.is_none_or(|t| t == "999999")
+        || labels.get("singleton.dev/fencing-token") != token
+    {
         "fencing-token label or annotation"
     } else if owner.is_none_or(|o| o.kind != "SingletonJob" || o.name != name) {
         "controller owner reference"
     } else {
         return None;
     };
-    Some(format!("Job {} has the template's {why}: {:?} {:?}", job.name_any(), job.metadata.labels, job.metadata.owner_references))
+    Some(format!(
+        "Job {} has the template's {why}: {:?} {:?}",
+        job.name_any(),
+        job.metadata.labels,
+        job.metadata.owner_references
+    ))
 }
 
 fn owned_by(jobs: &[Job], uid: &str) -> Vec<Job> {
@@ -471,7 +481,11 @@ async fn bad_input_battery() -> Result<()> {
         match case.expect {
             Ran => {}
             Runs => {
-                failures.extend(mine.iter().filter_map(|j| spoofed(j, obj)).map(|why| format!("{}: {why}", case.name)));
+                failures.extend(
+                    mine.iter()
+                        .filter_map(|j| spoofed(j, obj))
+                        .map(|why| format!("{}: {why}", case.name)),
+                );
                 for j in &mine {
                     let ttl = j.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished);
                     if ttl.is_some() {
@@ -568,5 +582,66 @@ async fn bad_input_battery() -> Result<()> {
             env.dump().await
         );
     }
+    Ok(())
+}
+
+// Limits (issue 19): operations are asked for through annotations, so this one is a test of its
+// own: a backfill over a century (36,500 daily periods) is refused, and starts nothing.
+#[tokio::test]
+async fn a_backfill_over_a_century_is_refused() -> Result<()> {
+    let mut env = Env::new("limits-backfill").await?;
+    env.start_controller(&[]).await?;
+    e2e::backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
+    let prefix = e2e::table_prefix(&env);
+    env.create_sj(&e2e::sj_yaml(
+        "b",
+        "0 3 * * *",
+        &e2e::backstop_spec("db", &prefix, "  concurrencyPolicy: Allow\n"),
+    ))
+    .await?;
+    env.wait_for("claimsRecorded", Duration::from_secs(30), || async {
+        let sj = env.get_sj("b").await?;
+        Ok(sj.status.and_then(|s| s.claims_recorded).map(|_| ()))
+    })
+    .await?;
+    let req = serde_json::json!({
+        "id": "century", "from": "1900-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z",
+    })
+    .to_string();
+    let patch = serde_json::json!({"metadata": {"annotations": {"singleton.dev/backfill": req}}});
+    env.sjs()
+        .patch(
+            "b",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    let op = env
+        .wait_for(
+            "the backfill's verdict",
+            Duration::from_secs(30),
+            || async {
+                let sj = env.get_sj("b").await?;
+                Ok(sj.status.and_then(|s| s.operations.backfill).filter(|o| {
+                    o.id == "century" && o.phase != singleton::api::OperationPhase::Pending
+                }))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        op.phase == singleton::api::OperationPhase::Rejected
+            && op.message.contains("more than 10000 periods"),
+        ("backfill over a century", &op),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let jobs = env.job_list().await?;
+    ensure(
+        &env,
+        jobs.is_empty(),
+        ("Jobs after a refused backfill", jobs.len()),
+    )
+    .await?;
     Ok(())
 }

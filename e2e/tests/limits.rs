@@ -1,15 +1,12 @@
 //! Size and count limits (issue 19) against the real API server: an oversize `jobTemplate` is
 //! refused and starts nothing, `catchUp: All` starts at most `catchUpLimit` late periods, `Allow`
-//! keeps at most `maxActive` runs active (scheduled and triggered alike), and a backfill over a
-//! century is refused.
+//! keeps at most `maxActive` runs active (scheduled and triggered alike). A backfill over a
+//! century is in `bad_input.rs`.
 
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::{
-    Env, backstop_secret, backstop_spec, database_url, ensure, events_with_reason, never_scheduled,
-    sj_yaml, table_prefix,
-};
+use e2e::{Env, ensure, events_with_reason, never_scheduled, sj_yaml};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
@@ -55,10 +52,13 @@ fn oversize(name: &str, bytes: usize) -> String {
 async fn an_oversize_job_template_is_refused_and_starts_nothing() -> Result<()> {
     let mut env = Env::new("limits-size").await?;
     env.start_controller(&[]).await?;
-    env.create_sj(&sj_yaml("small", "*/2 * * * * *", "")).await?;
-    env.wait_for("the small one's first Job", Duration::from_secs(30), || async {
-        Ok((!env.job_list().await?.is_empty()).then_some(()))
-    })
+    env.create_sj(&sj_yaml("small", "*/2 * * * * *", ""))
+        .await?;
+    env.wait_for(
+        "the small one's first Job",
+        Duration::from_secs(30),
+        || async { Ok((!env.job_list().await?.is_empty()).then_some(())) },
+    )
     .await?;
     // Templates of 1 MiB each (that they are not cached is `api`'s unit test: the process's
     // resident memory says little here, as malloc keeps freed memory until a burst ends).
@@ -98,16 +98,30 @@ async fn an_oversize_job_template_is_refused_and_starts_nothing() -> Result<()> 
         .filter(|j| j.name_any().starts_with("big-"))
         .map(|j| j.name_any())
         .collect();
-    ensure(&env, big_jobs.is_empty(), ("Jobs of oversize templates", &big_jobs)).await?;
+    ensure(
+        &env,
+        big_jobs.is_empty(),
+        ("Jobs of oversize templates", &big_jobs),
+    )
+    .await?;
     let small_after = token(env.get_sj("small").await?);
     ensure(
         &env,
         small_after > small_before,
-        ("the small one kept running (its token)", small_before, small_after),
+        (
+            "the small one kept running (its token)",
+            small_before,
+            small_after,
+        ),
     )
     .await?;
     let events = events_with_reason(&env, "JobTemplateRejected").await?;
-    ensure(&env, events.len() >= BIG, ("JobTemplateRejected Events", events.len())).await?;
+    ensure(
+        &env,
+        events.len() >= BIG,
+        ("JobTemplateRejected Events", events.len()),
+    )
+    .await?;
     Ok(())
 }
 
@@ -128,18 +142,14 @@ async fn catch_up_all_after_a_suspension_starts_at_most_catch_up_limit() -> Resu
     env.sjs()
         .patch("c", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    env.wait_for(
-        "runs after the resume",
-        Duration::from_secs(30),
-        || async {
-            let jobs = env.job_list().await?;
-            Ok(jobs
-                .iter()
-                .filter_map(period_of)
-                .any(|p| p > resumed + SignedDuration::from_secs(2))
-                .then_some(()))
-        },
-    )
+    env.wait_for("runs after the resume", Duration::from_secs(30), || async {
+        let jobs = env.job_list().await?;
+        Ok(jobs
+            .iter()
+            .filter_map(period_of)
+            .any(|p| p > resumed + SignedDuration::from_secs(2))
+            .then_some(()))
+    })
     .await?;
     let jobs = env.job_list().await?;
     let mut late: Vec<Timestamp> = jobs
@@ -168,9 +178,12 @@ async fn catch_up_all_after_a_suspension_starts_at_most_catch_up_limit() -> Resu
     let events = events_with_reason(&env, "RunMissed").await?;
     ensure(
         &env,
-        events
-            .iter()
-            .any(|e| e.message.as_deref().unwrap_or_default().contains("CatchUpLimit")),
+        events.iter().any(|e| {
+            e.message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("CatchUpLimit")
+        }),
         ("a RunMissed Event saying CatchUpLimit", events.len()),
     )
     .await?;
@@ -206,7 +219,8 @@ async fn allow_keeps_at_most_max_active_runs_and_trigger_spam_waits() -> Result<
     // Trigger spam: ten requests in a row, each a new id.
     for i in 0..10 {
         let req = serde_json::json!({"id": format!("spam-{i}")}).to_string();
-        let patch = serde_json::json!({"metadata": {"annotations": {"singleton.dev/trigger": req}}});
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {"singleton.dev/trigger": req}}});
         env.sjs()
             .patch("a", &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -257,62 +271,17 @@ async fn allow_keeps_at_most_max_active_runs_and_trigger_spam_waits() -> Result<
         .delete(&first, &kube::api::DeleteParams::background())
         .await?;
     env.wait_job_gone("an active run", &first).await?;
-    env.wait_for("a new run in the freed slot", Duration::from_secs(30), || async {
-        let names: Vec<String> = env.job_list().await?.iter().map(|j| j.name_any()).collect();
-        Ok((names.len() == 2 && !names.contains(&first)).then_some(()))
-    })
+    env.wait_for(
+        "a new run in the freed slot",
+        Duration::from_secs(30),
+        || async {
+            let names: Vec<String> = env.job_list().await?.iter().map(|j| j.name_any()).collect();
+            Ok((names.len() == 2 && !names.contains(&first)).then_some(()))
+        },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let n = env.job_list().await?.len();
     ensure(&env, n == 2, ("Jobs after the freed slot", n)).await?;
-    Ok(())
-}
-
-#[tokio::test]
-async fn a_backfill_over_a_century_is_refused() -> Result<()> {
-    let mut env = Env::new("limits-backfill").await?;
-    env.start_controller(&[]).await?;
-    backstop_secret(&env, "db", &database_url()?, true).await?;
-    let prefix = table_prefix(&env);
-    env.create_sj(&sj_yaml(
-        "b",
-        "0 3 * * *",
-        &backstop_spec("db", &prefix, "  concurrencyPolicy: Allow\n"),
-    ))
-    .await?;
-    env.wait_for("claimsRecorded", Duration::from_secs(30), || async {
-        let sj = env.get_sj("b").await?;
-        Ok(sj
-            .status
-            .and_then(|s| s.claims_recorded)
-            .map(|_| ()))
-    })
-    .await?;
-    let req = serde_json::json!({
-        "id": "century", "from": "1900-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z",
-    })
-    .to_string();
-    let patch = serde_json::json!({"metadata": {"annotations": {"singleton.dev/backfill": req}}});
-    env.sjs()
-        .patch("b", &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    let op = env
-        .wait_for("the backfill's verdict", Duration::from_secs(30), || async {
-            let sj = env.get_sj("b").await?;
-            Ok(sj
-                .status
-                .and_then(|s| s.operations.backfill)
-                .filter(|o| o.id == "century" && o.phase != OperationPhase::Pending))
-        })
-        .await?;
-    ensure(
-        &env,
-        op.phase == OperationPhase::Rejected && op.message.contains("more than 10000 periods"),
-        ("backfill over a century", &op),
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let jobs = env.job_list().await?;
-    ensure(&env, jobs.is_empty(), ("Jobs after a refused backfill", jobs.len())).await?;
     Ok(())
 }
