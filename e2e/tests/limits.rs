@@ -285,3 +285,41 @@ async fn allow_keeps_at_most_max_active_runs_and_trigger_spam_waits() -> Result<
     ensure(&env, n == 2, ("Jobs after the freed slot", n)).await?;
     Ok(())
 }
+
+/// The ResourceQuota docs/install.md recommends counts SingletonJobs: the API server refuses one
+/// more than the quota allows.
+#[tokio::test]
+async fn a_resource_quota_bounds_the_number_of_singletonjobs() -> Result<()> {
+    let env = Env::new("limits-quota").await?;
+    let quota: k8s_openapi::api::core::v1::ResourceQuota =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "singletonjobs"},
+            "spec": {"hard": {"count/singletonjobs.singleton.dev": "1"}},
+        }))?;
+    Api::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &quota)
+        .await?;
+    // The quota controller fills in its usage first; until then creates are refused too.
+    env.wait_for("the quota's usage", Duration::from_secs(30), || async {
+        let q: k8s_openapi::api::core::v1::ResourceQuota =
+            Api::namespaced(env.client.clone(), &env.ns)
+                .get("singletonjobs")
+                .await?;
+        Ok(q.status.and_then(|s| s.used).map(|_| ()))
+    })
+    .await?;
+    env.create_sj(&sj_yaml("one", "0 3 * * *", "")).await?;
+    let second = env.create_sj(&sj_yaml("two", "0 3 * * *", "")).await;
+    let refused = second
+        .as_ref()
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    ensure(
+        &env,
+        refused.contains("exceeded quota"),
+        ("a second SingletonJob under a quota of 1", &refused),
+    )
+    .await?;
+    Ok(())
+}
