@@ -623,7 +623,9 @@ pub struct PostgresBackstop {
 pub struct SecretRef {
     /// The Secret's name (a DNS subdomain: lower-case letters, digits, `-` and `.`).
     #[schemars(length(min = 1, max = 253))]
-    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
     pub name: String,
 }
 
@@ -1067,7 +1069,10 @@ mod tests {
             let pad = "x".repeat(n - r#"{"a":""}"#.len());
             JobTemplate::from(serde_json::json!({ "a": pad }))
         };
-        assert_eq!(at(MAX_JOB_TEMPLATE_BYTES).held_bytes(), MAX_JOB_TEMPLATE_BYTES);
+        assert_eq!(
+            at(MAX_JOB_TEMPLATE_BYTES).held_bytes(),
+            MAX_JOB_TEMPLATE_BYTES
+        );
         assert!(at(MAX_JOB_TEMPLATE_BYTES).decode().is_ok());
         assert_eq!(at(MAX_JOB_TEMPLATE_BYTES + 1).held_bytes(), 0);
     }

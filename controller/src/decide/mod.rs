@@ -491,7 +491,10 @@ impl Pending<'_> {
             self.cap_catch_up(newest);
             // The cap may have left an excluded period at the head.
             self.skip_excluded();
-            return self.schedule.next_after(self.cursor).filter(|o| *o <= newest);
+            return self
+                .schedule
+                .next_after(self.cursor)
+                .filter(|o| *o <= newest);
         }
         if newest <= oldest {
             return Some(newest);
