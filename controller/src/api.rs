@@ -247,11 +247,28 @@ pub struct SingletonJobSpec {
     #[serde(default)]
     pub catch_up: CatchUp,
 
+    /// With `catchUp: All`, at most this many late periods are started: the newest ones. Older
+    /// pending periods are recorded as Missed (reason CatchUpLimit), so that a SingletonJob
+    /// suspended or without a controller for a long time does not start a Job for every period
+    /// it missed (an every-second schedule suspended for a day would otherwise owe 86,400
+    /// runs). Default 100, at most 10,000 (the backfill limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub catch_up_limit: Option<i32>,
+
     /// Whether a new run may start while an earlier one is still active. `Forbid` (default): it
     /// waits, or is Skipped when `catchUp` is `None`; `Replace`: the active run is fenced and
     /// deleted first; `Allow`: runs overlap.
     #[serde(default)]
     pub concurrency_policy: ConcurrencyPolicy,
+
+    /// With `concurrencyPolicy: Allow`, at most this many runs are active at once. A period due
+    /// while as many are active waits, as under `Forbid`, or is Skipped (reason MaxActive) when
+    /// `catchUp` is `None`; manual runs (trigger, backfill, rerun) wait too. Default 10, at most
+    /// 1000. `Forbid` and `Replace` keep one active run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_active: Option<i32>,
 
     /// Stops new runs from starting; active runs continue. Periods falling due while suspended are
     /// recorded as Skipped (reason Suspended) unless `catchUp` starts them on resume.
@@ -307,7 +324,31 @@ pub struct SingletonJobSpec {
     pub job_template: JobTemplate,
 }
 
+/// `catchUpLimit` when unset.
+pub const DEFAULT_CATCH_UP_LIMIT: u32 = 100;
+/// `maxActive` when unset.
+pub const DEFAULT_MAX_ACTIVE: u32 = 10;
+
 impl SingletonJobSpec {
+    /// `catchUpLimit`, or its default (the schema keeps it from 1 to 10,000).
+    pub fn catch_up_limit(&self) -> u32 {
+        self.catch_up_limit
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(DEFAULT_CATCH_UP_LIMIT)
+    }
+
+    /// How many runs may be active at once: `maxActive` (default 10) under `Allow`, else 1.
+    pub fn max_active(&self) -> usize {
+        if self.concurrency_policy != ConcurrencyPolicy::Allow {
+            return 1;
+        }
+        self.max_active
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n >= 1)
+            .unwrap_or(DEFAULT_MAX_ACTIVE) as usize
+    }
+
     /// `jitterSeconds`, 0 when unset (the schema keeps it from 0 to 86400).
     pub fn jitter_window(&self) -> u32 {
         self.jitter_seconds
@@ -337,26 +378,63 @@ pub const ANNOTATION_RERUN: &str = "singleton.dev/rerun";
 ///
 /// Held as compact JSON text rather than a `serde_json::Value`, which allocates a node per JSON
 /// object and was the largest part of a cached SingletonJob (docs/performance.md). The text is
-/// shared, so cloning a SingletonJob does not copy it.
+/// shared, so cloning a SingletonJob does not copy it. A template over
+/// [`MAX_JOB_TEMPLATE_BYTES`] is not kept at all, only its size: every SingletonJob is cached,
+/// and a few hundred templates of a megabyte each would exhaust the controller's memory.
 #[derive(Clone, Debug, PartialEq)]
-pub struct JobTemplate(std::sync::Arc<str>);
+pub struct JobTemplate(Template);
+
+#[derive(Clone, Debug, PartialEq)]
+enum Template {
+    Text(std::sync::Arc<str>),
+    /// Over the limit: its size in bytes (compact JSON).
+    Oversize(usize),
+}
+
+/// The largest `jobTemplate` the controller runs, as compact JSON: 64 KiB. A template with a
+/// dozen containers and their environment is a few KiB; at 64 KiB, 2,000 SingletonJobs cache at
+/// most 128 MiB of templates (half the default memory limit). The CRD cannot say this (CEL
+/// cannot measure an object kept with `x-kubernetes-preserve-unknown-fields`), so the controller
+/// refuses a larger one with `JobTemplateValid=False` and keeps only its size.
+pub const MAX_JOB_TEMPLATE_BYTES: usize = 64 * 1024;
 
 impl JobTemplate {
     /// The typed template, or why it is not one.
     pub fn decode(&self) -> Result<JobTemplateSpec, String> {
-        serde_json::from_str(&self.0)
-            .map_err(|e| format!("not a valid batch/v1 JobTemplateSpec: {e}"))
+        match &self.0 {
+            Template::Text(text) => serde_json::from_str(text)
+                .map_err(|e| format!("not a valid batch/v1 JobTemplateSpec: {e}")),
+            Template::Oversize(bytes) => Err(oversize(*bytes)),
+        }
     }
 
-    fn value(&self) -> serde_json::Result<serde_json::Value> {
-        serde_json::from_str(&self.0)
+    /// The bytes this template holds in memory (its text; a few for one over the limit).
+    pub fn held_bytes(&self) -> usize {
+        match &self.0 {
+            Template::Text(text) => text.len(),
+            Template::Oversize(_) => 0,
+        }
     }
+
+    fn value(&self) -> Result<serde_json::Value, String> {
+        match &self.0 {
+            Template::Text(text) => serde_json::from_str(text).map_err(|e| e.to_string()),
+            // Never written back as something it is not.
+            Template::Oversize(bytes) => Err(oversize(*bytes)),
+        }
+    }
+}
+
+fn oversize(bytes: usize) -> String {
+    format!(
+        "jobTemplate is {bytes} bytes as compact JSON, more than the limit of {MAX_JOB_TEMPLATE_BYTES} bytes (64 KiB); move large data into a ConfigMap or Secret the pod mounts"
+    )
 }
 
 impl Default for JobTemplate {
     /// No template: JSON `null`, as an absent field decodes.
     fn default() -> Self {
-        JobTemplate("null".into())
+        JobTemplate(Template::Text("null".into()))
     }
 }
 
@@ -364,7 +442,11 @@ impl From<serde_json::Value> for JobTemplate {
     fn from(v: serde_json::Value) -> Self {
         // A Value always prints (map keys are strings); the keys come out sorted, so equal
         // templates have equal text.
-        JobTemplate(v.to_string().into())
+        let text = v.to_string();
+        if text.len() > MAX_JOB_TEMPLATE_BYTES {
+            return JobTemplate(Template::Oversize(text.len()));
+        }
+        JobTemplate(Template::Text(text.into()))
     }
 }
 
@@ -542,8 +624,11 @@ pub struct PostgresBackstop {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretRef {
-    /// The Secret's name.
+    /// The Secret's name (a DNS subdomain: lower-case letters, digits, `-` and `.`).
     #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
     pub name: String,
 }
 
@@ -964,6 +1049,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t, u);
+    }
+
+    #[test]
+    fn an_oversize_template_is_refused_and_not_kept() {
+        let big = "x".repeat(1024 * 1024);
+        let sj: SingletonJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "singleton.dev/v1alpha1", "kind": "SingletonJob",
+            "metadata": {"name": "x"},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {
+                "metadata": {"annotations": {"big": big}}}}}},
+        }))
+        .unwrap();
+        // The cached object holds none of the megabyte.
+        assert_eq!(sj.spec.job_template.held_bytes(), 0);
+        let err = sj.spec.job_template.decode().unwrap_err();
+        assert!(err.contains("more than the limit of 65536 bytes"), "{err}");
+        // Never written back as something else.
+        assert!(serde_json::to_string(&sj).is_err());
+        // At the limit it is kept; one byte over, it is not.
+        let at = |n: usize| {
+            let pad = "x".repeat(n - r#"{"a":""}"#.len());
+            JobTemplate::from(serde_json::json!({ "a": pad }))
+        };
+        assert_eq!(
+            at(MAX_JOB_TEMPLATE_BYTES).held_bytes(),
+            MAX_JOB_TEMPLATE_BYTES
+        );
+        assert!(at(MAX_JOB_TEMPLATE_BYTES).decode().is_ok());
+        assert_eq!(at(MAX_JOB_TEMPLATE_BYTES + 1).held_bytes(), 0);
     }
 
     #[test]

@@ -193,14 +193,48 @@ impl InFlight {
     }
 }
 
-/// What the cache keeps of a SingletonJob: all but its managed fields and kubectl's copy of the
-/// last applied spec. Safe to drop: the controller writes a SingletonJob only through the status
-/// subresource, where the API server ignores every change outside `status`.
+/// What the cache keeps of a SingletonJob: all but its managed fields and every annotation but
+/// the operation requests (the only ones the controller reads). An object may carry 256 KiB of
+/// annotations, kubectl's copy of the last applied spec among them, and every SingletonJob is
+/// cached: kept, they would cost memory for nothing. Safe to drop: the controller writes a
+/// SingletonJob only through the status subresource, where the API server ignores every change
+/// outside `status`.
 pub fn slim_sj(sj: &mut SingletonJob) {
     sj.metadata.managed_fields = None;
     if let Some(a) = sj.metadata.annotations.as_mut() {
-        a.remove(LAST_APPLIED);
+        a.retain(|k, _| OPERATION_ANNOTATIONS.contains(&k.as_str()));
     }
 }
 
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+const OPERATION_ANNOTATIONS: [&str; 4] = [
+    crate::api::ANNOTATION_TRIGGER,
+    crate::api::ANNOTATION_BACKFILL,
+    crate::api::ANNOTATION_BREAK_LOCK,
+    crate::api::ANNOTATION_RERUN,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_only_the_operation_annotations() {
+        let mut sj = SingletonJob::new("a", Default::default());
+        sj.metadata.annotations = Some(
+            [
+                (crate::api::ANNOTATION_TRIGGER, r#"{"id":"1"}"#.to_string()),
+                (
+                    "kubectl.kubernetes.io/last-applied-configuration",
+                    "{}".into(),
+                ),
+                ("team.example/notes", "x".repeat(200 * 1024)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        );
+        slim_sj(&mut sj);
+        let kept: Vec<&String> = sj.metadata.annotations.as_ref().unwrap().keys().collect();
+        assert_eq!(kept, vec![crate::api::ANNOTATION_TRIGGER]);
+    }
+}

@@ -89,7 +89,15 @@ pub async fn write_status_at(
     let send = || async {
         let mut obj = sj.clone();
         obj.status = Some(status);
-        let body = serde_json::to_vec(&obj).map_err(kube::Error::SerdeError)?;
+        // Without the spec: the API server takes only the status from a status write, and a
+        // template over the size limit is not held to be sent (see `api::JobTemplate`).
+        let body = serde_json::to_vec(&serde_json::json!({
+            "apiVersion": <SingletonJob as kube::Resource>::api_version(&()),
+            "kind": <SingletonJob as kube::Resource>::kind(&()),
+            "metadata": &obj.metadata,
+            "status": &obj.status,
+        }))
+        .map_err(kube::Error::SerdeError)?;
         let req = kube::core::Request::new(api.resource_url())
             .replace_subresource("status", name, &pp, body)
             .map_err(kube::Error::BuildRequest)?;

@@ -61,11 +61,23 @@ impl ManualGates<'_> {
             .iter()
             .filter(|r| !replacing.iter().any(|o| o.job_name == r.job_name))
             .collect();
-        if !others.is_empty() && sj.spec.concurrency_policy != ConcurrencyPolicy::Allow {
+        let names = || -> String {
             let names: Vec<&str> = others.iter().map(|r| r.job_name.as_str()).collect();
+            names.join(", ")
+        };
+        if !others.is_empty() && sj.spec.concurrency_policy != ConcurrencyPolicy::Allow {
             return Some(format!(
                 "waiting for the active run {} to finish (a manual run never overlaps or replaces one unless concurrencyPolicy is Allow)",
-                names.join(", ")
+                names()
+            ));
+        }
+        // Allow: bounded by maxActive, so that a burst of requests cannot start unbounded Jobs.
+        let max = sj.spec.max_active();
+        if others.len() >= max {
+            return Some(format!(
+                "waiting for one of the {} active runs to finish (maxActive is {max}): {}",
+                others.len(),
+                names()
             ));
         }
         None

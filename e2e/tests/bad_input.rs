@@ -26,8 +26,13 @@ enum Expect {
     Refused(&'static str),
     /// Accepted; the condition of this type becomes False with a message containing the text.
     False(&'static str, &'static str),
-    /// Accepted and valid: it runs (at least one Job); `ttlSecondsAfterFinished` is stripped.
+    /// Accepted and valid: it runs (at least one Job); `ttlSecondsAfterFinished` is stripped,
+    /// and each Job carries the controller's own labels, namespace and owner whatever the
+    /// template says.
     Runs,
+    /// Accepted and valid: a run finished and is in `status.history` (its Job may be gone
+    /// already, as with history limits of 0).
+    Ran,
 }
 use Expect::*;
 
@@ -203,6 +208,24 @@ fn cases() -> Vec<Case> {
         c("backstop-secret-long-name", backstop("backstop-secret-long-name", &long, ""), Refused("secretRef")),
         // A backstop that names no database must not silently run without one.
         c("backstop-no-kind", ok("backstop-no-kind", "  backstop: {}\n"), Refused("backstop")),
+        // Limits (issue 19).
+        c("template-namespace-override", template("template-namespace-override", &format!("  jobTemplate:\n    metadata: {{namespace: kube-system}}\n    spec:\n      template:\n        spec:\n{CONTAINER}")), Runs),
+        c("template-owner-override", template("template-owner-override", &format!("  jobTemplate:\n    metadata:\n      ownerReferences: [{{apiVersion: v1, kind: ConfigMap, name: other, uid: 00000000-0000-0000-0000-000000000001, controller: true}}]\n    spec:\n      template:\n        spec:\n{CONTAINER}")), Runs),
+        c("template-label-spoof", template("template-label-spoof", &format!("  jobTemplate:\n    metadata:\n      labels: {{singleton.dev/job: good, singleton.dev/fencing-token: \"999999\", singleton.dev/period: \"1\"}}\n      annotations: {{singleton.dev/job: good, singleton.dev/fencing-token: \"999999\"}}\n    spec:\n      template:\n        spec:\n{CONTAINER}")), Runs),
+        c("template-oversize", template("template-oversize", &format!("  jobTemplate:\n    metadata:\n      annotations: {{big: \"{}\"}}\n    spec:\n      template:\n        spec:\n{CONTAINER}", "x".repeat(100 * 1024))), False("JobTemplateValid", "more than the limit of 65536 bytes")),
+        c("annotation-oversize", ok("annotation-oversize", "").replace("metadata:\n", &format!("metadata:\n  annotations: {{singleton.dev/trigger: \"{}\"}}\n", "x".repeat(300 * 1024))), Refused("annotations")),
+        c("label-oversize", ok("label-oversize", "").replace("metadata:\n", &format!("metadata:\n  labels: {{singleton.dev/job: \"{}\"}}\n", "x".repeat(64))), Refused("labels")),
+        c("history-zero", ok("history-zero", "  successfulJobsHistoryLimit: 0\n  failedJobsHistoryLimit: 0\n"), Ran),
+        c("deadline-ten-years", ok("deadline-ten-years", "  startingDeadlineSeconds: 315360000\n  catchUp: All\n"), Runs),
+        c("catchup-limit-zero", ok("catchup-limit-zero", "  catchUpLimit: 0\n"), Refused("catchUpLimit")),
+        c("catchup-limit-huge", ok("catchup-limit-huge", "  catchUpLimit: 10001\n"), Refused("catchUpLimit")),
+        c("max-active-zero", ok("max-active-zero", "  concurrencyPolicy: Allow\n  maxActive: 0\n"), Refused("maxActive")),
+        c("max-active-huge", ok("max-active-huge", "  concurrencyPolicy: Allow\n  maxActive: 1001\n"), Refused("maxActive")),
+        c("max-active-one", ok("max-active-one", "  concurrencyPolicy: Allow\n  maxActive: 1\n"), Runs),
+        c("backstop-secret-dots", backstop("backstop-secret-dots", "db.backstop.v1", ""), False("BackstopReady", "not found")),
+        c("backstop-secret-upper", backstop("backstop-secret-upper", "Bad-Upper", ""), Refused("should match")),
+        c("backstop-secret-slash", backstop("backstop-secret-slash", "../kube-system/db", ""), Refused("should match")),
+        c("backstop-secret-space", backstop("backstop-secret-space", "db name", ""), Refused("should match")),
     ]
 }
 
@@ -344,6 +367,47 @@ fn conditions(obj: &serde_json::Value) -> Vec<[String; 4]> {
         .unwrap_or_default()
 }
 
+/// Whether a run of this SingletonJob finished and is in its history.
+fn ran(obj: &serde_json::Value) -> bool {
+    obj["status"]["history"].as_array().is_some_and(|h| {
+        h.iter().any(|e| {
+            e["jobName"].is_string()
+                && matches!(e["outcome"].as_str(), Some("Succeeded" | "Failed"))
+        })
+    })
+}
+
+/// What a Job of SingletonJob `name` says that its template, not the controller, chose: its
+/// namespace, owner or the controller's own labels and annotations.
+fn spoofed(job: &Job, name: &str) -> Option<String> {
+    let labels = job.labels();
+    let annotations = job.annotations();
+    let token = annotations.get("singleton.dev/fencing-token");
+    let owner = job
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    let why = if labels.get("singleton.dev/job") != Some(&singleton::naming::job_label(name)) {
+        "label singleton.dev/job"
+    } else if annotations.get("singleton.dev/job").map(String::as_str) != Some(name) {
+        "annotation singleton.dev/job"
+    } else if token.is_none_or(|t| t == "999999")
+        || labels.get("singleton.dev/fencing-token") != token
+    {
+        "fencing-token label or annotation"
+    } else if owner.is_none_or(|o| o.kind != "SingletonJob" || o.name != name) {
+        "controller owner reference"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "Job {} has the template's {why}: {:?} {:?}",
+        job.name_any(),
+        job.metadata.labels,
+        job.metadata.owner_references
+    ))
+}
+
 fn owned_by(jobs: &[Job], uid: &str) -> Vec<Job> {
     jobs.iter()
         .filter(|j| j.owner_references().iter().any(|o| o.uid == uid))
@@ -406,7 +470,7 @@ async fn bad_input_battery() -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(25);
     let mut pending: Vec<_> = accepted
         .iter()
-        .filter(|(c, _)| matches!(c.expect, False(..) | Runs))
+        .filter(|(c, _)| matches!(c.expect, False(..) | Runs | Ran))
         .collect();
     while !pending.is_empty() && Instant::now() < deadline {
         let mut still = Vec::new();
@@ -419,6 +483,7 @@ async fn bad_input_battery() -> Result<()> {
                     t == ty && st == "False" && !msg.is_empty() && msg.contains(want)
                 }),
                 Runs => !owned_by(&jobs, &uid(&sj)).is_empty(),
+                Ran => ran(&sj),
                 Refused(_) => true,
             };
             if !done {
@@ -445,7 +510,13 @@ async fn bad_input_battery() -> Result<()> {
     for (case, obj) in &accepted {
         let mine = owned_by(&jobs, &uid(&get_raw(&env, obj).await?));
         match case.expect {
+            Ran => {}
             Runs => {
+                failures.extend(
+                    mine.iter()
+                        .filter_map(|j| spoofed(j, obj))
+                        .map(|why| format!("{}: {why}", case.name)),
+                );
                 for j in &mine {
                     let ttl = j.spec.as_ref().and_then(|s| s.ttl_seconds_after_finished);
                     if ttl.is_some() {
@@ -828,5 +899,66 @@ async fn hand_written_operation_requests() -> Result<()> {
     .await?;
     // Nothing else broke: the controller runs, and the object still takes requests.
     ensure(&env, !env.controller_exited(0), "the controller exited").await?;
+    Ok(())
+}
+
+// Limits (issue 19): operations are asked for through annotations, so this one is a test of its
+// own: a backfill over a century (36,500 daily periods) is refused, and starts nothing.
+#[tokio::test]
+async fn a_backfill_over_a_century_is_refused() -> Result<()> {
+    let mut env = Env::new("limits-backfill").await?;
+    env.start_controller(&[]).await?;
+    e2e::backstop_secret(&env, "db", &e2e::database_url()?, true).await?;
+    let prefix = e2e::table_prefix(&env);
+    env.create_sj(&e2e::sj_yaml(
+        "b",
+        "0 3 * * *",
+        &e2e::backstop_spec("db", &prefix, "  concurrencyPolicy: Allow\n"),
+    ))
+    .await?;
+    env.wait_for("claimsRecorded", Duration::from_secs(30), || async {
+        let sj = env.get_sj("b").await?;
+        Ok(sj.status.and_then(|s| s.claims_recorded).map(|_| ()))
+    })
+    .await?;
+    let req = serde_json::json!({
+        "id": "century", "from": "1900-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z",
+    })
+    .to_string();
+    let patch = serde_json::json!({"metadata": {"annotations": {"singleton.dev/backfill": req}}});
+    env.sjs()
+        .patch(
+            "b",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    let op = env
+        .wait_for(
+            "the backfill's verdict",
+            Duration::from_secs(30),
+            || async {
+                let sj = env.get_sj("b").await?;
+                Ok(sj.status.and_then(|s| s.operations.backfill).filter(|o| {
+                    o.id == "century" && o.phase != singleton::api::OperationPhase::Pending
+                }))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        op.phase == singleton::api::OperationPhase::Rejected
+            && op.message.contains("more than 10000 periods"),
+        ("backfill over a century", &op),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let jobs = env.job_list().await?;
+    ensure(
+        &env,
+        jobs.is_empty(),
+        ("Jobs after a refused backfill", jobs.len()),
+    )
+    .await?;
     Ok(())
 }

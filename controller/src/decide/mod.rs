@@ -89,6 +89,8 @@ pub enum Waiting {
     Suspended,
     /// concurrencyPolicy Forbid and a run is active.
     ConcurrencyForbid,
+    /// concurrencyPolicy Allow and `maxActive` runs are active.
+    MaxActive,
     /// The local clock disagrees with the API server's.
     ClockUntrusted,
     /// The API server rejects the Job template (a dry run failed).
@@ -123,6 +125,10 @@ pub mod reason {
     pub const SCHEDULE_CHANGED: &str = "ScheduleChanged";
     /// The period falls on a day its exclusions or calendars exclude.
     pub const EXCLUDED: &str = "Excluded";
+    /// catchUp All: more late periods were pending than `catchUpLimit`; the older ones never run.
+    pub const CATCH_UP_LIMIT: &str = "CatchUpLimit";
+    /// concurrencyPolicy Allow with catchUp None: `maxActive` runs were active.
+    pub const MAX_ACTIVE: &str = "MaxActive";
 }
 
 /// The expressions of `schedule` or `schedules`, trimmed.
@@ -481,12 +487,17 @@ impl Pending<'_> {
                 .latest_at_or_before(newest - SignedDuration::from_nanos(1))
                 .unwrap_or(oldest);
         }
-        if self.spec.catch_up == CatchUp::All || newest <= oldest {
-            return Some(if self.spec.catch_up == CatchUp::All {
-                oldest
-            } else {
-                newest
-            });
+        if self.spec.catch_up == CatchUp::All {
+            self.cap_catch_up(newest);
+            // The cap may have left an excluded period at the head.
+            self.skip_excluded();
+            return self
+                .schedule
+                .next_after(self.cursor)
+                .filter(|o| *o <= newest);
+        }
+        if newest <= oldest {
+            return Some(newest);
         }
         let before = newest - SignedDuration::from_nanos(1);
         let last_older = self.schedule.latest_at_or_before(before).unwrap_or(oldest);
@@ -499,12 +510,48 @@ impl Pending<'_> {
         Some(newest)
     }
 
+    /// catchUp All starts at most `catchUpLimit` late periods, the newest ones (counted back from
+    /// `newest`, so the work is bounded by the limit, not by how long the job waited); the
+    /// pending periods before them are recorded as Missed, reason CatchUpLimit.
+    fn cap_catch_up(&mut self, newest: Timestamp) {
+        let cursor = self.cursor;
+        let before = |t: Timestamp| {
+            self.schedule
+                .latest_at_or_before(t - SignedDuration::from_nanos(1))
+                .filter(|p| *p > cursor)
+        };
+        let mut first_kept = newest;
+        for _ in 1..self.spec.catch_up_limit() {
+            match before(first_kept) {
+                Some(p) => first_kept = p,
+                None => return,
+            }
+        }
+        if let Some(last_dropped) = before(first_kept) {
+            self.push_periods(last_dropped, Outcome::Missed, reason::CATCH_UP_LIMIT);
+        }
+    }
+
+    /// Why concurrency keeps the candidate from starting, if it does: Forbid with a run active,
+    /// or Allow with `maxActive` runs active. (Replace replaces them.)
+    fn concurrency_block(&self, plan: &Plan) -> Option<(Waiting, &'static str)> {
+        let active = plan.still_active.len();
+        match self.spec.concurrency_policy {
+            ConcurrencyPolicy::Forbid if active > 0 => {
+                Some((Waiting::ConcurrencyForbid, reason::CONCURRENCY_FORBID))
+            }
+            ConcurrencyPolicy::Allow if active >= self.spec.max_active() => {
+                Some((Waiting::MaxActive, reason::MAX_ACTIVE))
+            }
+            _ => None,
+        }
+    }
+
     /// Step 3: start the candidate, or say why it waits, or decide it now when it never will
     /// (catchUp None); look again when its deadline passes.
     fn decide(&mut self, candidate: Timestamp, deadline: Option<SignedDuration>, plan: &mut Plan) {
         let (spec, now) = (self.spec, self.obs.now);
-        let blocked_by_forbid =
-            spec.concurrency_policy == ConcurrencyPolicy::Forbid && !plan.still_active.is_empty();
+        let concurrency = self.concurrency_block(plan);
         let never = spec.catch_up == CatchUp::None;
         if self.suspended() {
             if never {
@@ -516,14 +563,13 @@ impl Pending<'_> {
             } else {
                 plan.waiting = Some(Waiting::Suspended);
             }
-        } else if blocked_by_forbid {
+        } else if let Some((waiting, why)) = concurrency {
             if never {
-                let why = reason::CONCURRENCY_FORBID;
                 self.records
                     .push_range(candidate, candidate, 1, Outcome::Skipped, why, now);
                 self.cursor = candidate;
             } else {
-                plan.waiting = Some(Waiting::ConcurrencyForbid);
+                plan.waiting = Some(waiting);
             }
         } else if let Some(why) = self.obs.blocked {
             plan.waiting = Some(why);

@@ -995,3 +995,175 @@ fn consecutive_failures_suspend_and_a_success_or_a_suspension_starts_the_count_a
     assert_eq!(p.waiting, Some(Waiting::Suspended));
     st.active.clear();
 }
+
+/// Issue 19: an every-second Allow schedule with catchUp All, suspended for a day, owes 86,400
+/// periods on resume; it starts at most `catchUpLimit` (the newest) and records the rest.
+#[test]
+fn catch_up_all_after_a_suspended_day_starts_at_most_the_limit() {
+    let mut s = spec("* * * * * *");
+    s.catch_up = CatchUp::All;
+    s.concurrency_policy = ConcurrencyPolicy::Allow;
+    s.max_active = Some(1000);
+    s.suspend = Some(true);
+    let created = ts("2027-01-01T00:00:00Z");
+    let now = created + SignedDuration::from_hours(24);
+    let mut st = State {
+        decided_through: Some(created),
+        fingerprint: Some(fingerprint(&s)),
+        active: vec![],
+    };
+    // Suspended: the periods beyond the newest 100 are recorded at once; nothing starts.
+    let p = decide(&s, &st, now, created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert_eq!(p.waiting, Some(Waiting::Suspended));
+    assert_eq!(
+        recorded(&p),
+        vec![(Outcome::Missed, reason::CATCH_UP_LIMIT, 86_400 - 100)]
+    );
+    apply(&mut st, &p);
+    // Resumed: exactly the 100 newest start, oldest first, one per decision.
+    s.suspend = None;
+    let mut started = vec![];
+    for _ in 0..200 {
+        let p = decide(&s, &st, now, created, &states(NONE));
+        assert!(p.records.is_empty(), "{:?}", p.records);
+        let Some(x) = p.start else { break };
+        started.push(x);
+        apply(&mut st, &p);
+    }
+    assert_eq!(started.len(), 100);
+    assert_eq!(started[0], now - SignedDuration::from_secs(99));
+    assert_eq!(*started.last().unwrap(), now);
+}
+
+/// A controller whose runs each stay active `run_secs` after they start; otherwise as
+/// [`simulate`]. `check` sees every plan and the runs active before it.
+fn simulate_long_runs(
+    s: &SingletonJobSpec,
+    created: Timestamp,
+    end: Timestamp,
+    run_secs: i64,
+    mut check: impl FnMut(&Plan, usize) -> Result<(), TestCaseError>,
+) -> Result<Simulated, TestCaseError> {
+    let mut run = Simulated {
+        state: State::default(),
+        started: vec![],
+        records: vec![],
+    };
+    let mut started_at: HashMap<String, Timestamp> = HashMap::new();
+    let mut now = created;
+    for _ in 0..200_000 {
+        if now > end {
+            break;
+        }
+        let js: HashMap<String, JobState> = run
+            .state
+            .active
+            .iter()
+            .filter_map(|r| {
+                let done = started_at[&r.job_name] + SignedDuration::from_secs(run_secs);
+                (done <= now).then(|| (r.job_name.clone(), JobState::Succeeded(done)))
+            })
+            .collect();
+        let p = decide(s, &run.state, now, created, &js);
+        check(&p, run.state.active.len())?;
+        run.records.extend(p.records.iter().cloned());
+        run.started.extend(p.start);
+        if let Some(x) = p.start {
+            started_at.insert(run_ref(x).job_name, now);
+        }
+        apply(&mut run.state, &p);
+        // Look again when the next run finishes, too.
+        let finish = run
+            .state
+            .active
+            .iter()
+            .map(|r| started_at[&r.job_name] + SignedDuration::from_secs(run_secs))
+            .min();
+        let wake = match (p.wake_at, finish) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        now = match wake {
+            Some(w) if w > now => w,
+            Some(_) => now,
+            None => break,
+        };
+    }
+    Ok(run)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// catchUp All after an outage of any length starts at most `catchUpLimit` of the periods
+    /// that fell due while no controller ran; the others are recorded (Missed, CatchUpLimit), and
+    /// every period is still decided exactly once.
+    #[test]
+    fn catch_up_all_never_starts_more_than_the_limit(
+        every in 1u32..30,
+        limit in 1i32..60,
+        outage_start in 0i64..600,
+        outage_len in 0i64..5_000,
+    ) {
+        let mut s = spec(&format!("*/{every} * * * * *"));
+        s.catch_up = CatchUp::All;
+        s.catch_up_limit = Some(limit);
+        s.concurrency_policy = ConcurrencyPolicy::Allow;
+        let sc = sched(&s);
+        let created = ts("2027-01-01T00:00:00Z");
+        let end = created + SignedDuration::from_secs(outage_start + outage_len + 3600);
+        let a = created + SignedDuration::from_secs(outage_start);
+        let b = a + SignedDuration::from_secs(outage_len);
+        let run = simulate(&s, created, end, &[(a, b)], |_, _| Ok(()))?;
+        run.check_each_period_decided_once(&sc, created)?;
+        // Down from `a` (inclusive) until `b`: the periods in [a, b] are pending at `b`.
+        // (Periods at or before `created` are never due.)
+        let from = (a - SignedDuration::from_nanos(1)).max(created);
+        let owed = sc.count_between(from, b, u64::MAX);
+        let caught_up = run.started.iter().filter(|x| **x >= a && **x <= b).count() as u64;
+        prop_assert!(caught_up <= limit as u64, "{caught_up} of {owed} late periods started, limit {limit}");
+        prop_assert_eq!(caught_up, owed.min(limit as u64));
+        let dropped: u64 = run.records.iter()
+            .filter(|r| r.reason.as_deref() == Some(reason::CATCH_UP_LIMIT))
+            .map(|r| r.count).sum();
+        prop_assert_eq!(dropped, owed.saturating_sub(limit as u64));
+    }
+
+    /// Under Allow, runs that outlast their period never exceed `maxActive` at once; the periods
+    /// that could not start are decided (Skipped with reason MaxActive under catchUp None, else
+    /// waiting and then Superseded, past their deadline or CatchUpLimit), none lost.
+    #[test]
+    fn allow_never_exceeds_max_active(
+        every in 1u32..20,
+        max_active in 1i32..8,
+        run_secs in 1i64..120,
+        catch_up in prop_oneof![Just(CatchUp::None), Just(CatchUp::Latest), Just(CatchUp::All)],
+        deadline in proptest::option::of(1i64..600),
+    ) {
+        let mut s = spec(&format!("*/{every} * * * * *"));
+        s.catch_up = catch_up;
+        s.starting_deadline_seconds = deadline;
+        s.concurrency_policy = ConcurrencyPolicy::Allow;
+        s.max_active = Some(max_active);
+        s.catch_up_limit = Some(50);
+        let sc = sched(&s);
+        let created = ts("2027-01-01T00:00:00Z");
+        let end = created + SignedDuration::from_secs(400);
+        let mut peak = 0;
+        let run = simulate_long_runs(&s, created, end, run_secs, |p, _| {
+            let active = p.still_active.len() + usize::from(p.start.is_some());
+            peak = peak.max(active);
+            prop_assert!(active <= max_active as usize, "{active} active, maxActive {max_active}");
+            Ok(())
+        })?;
+        run.check_each_period_decided_once(&sc, created)?;
+        if run_secs > i64::from(every) * i64::from(max_active) {
+            // Runs outlast maxActive periods: the bound is reached.
+            prop_assert_eq!(peak, max_active as usize);
+        }
+        if catch_up == CatchUp::None && run_secs > i64::from(every) * (i64::from(max_active) + 1) {
+            prop_assert!(run.records.iter().any(|r| r.reason.as_deref() == Some(reason::MAX_ACTIVE)));
+        }
+    }
+}

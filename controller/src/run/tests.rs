@@ -493,11 +493,15 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
         ..Default::default()
     };
     status.operations.rerun = Some(crate::decide::ops::accepted(&req, Timestamp::now()));
+    let spec = serde_json::to_value(&sj.spec).unwrap();
     let server = async {
         let (req, send) = next(&mut handle, "the claim").await;
         assert_eq!(req.method(), http::Method::PUT);
-        let written: serde_json::Value =
+        let mut written: serde_json::Value =
             serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        // A status write sends no spec; the API server answers with the whole object.
+        assert!(written.get("spec").is_none(), "{written}");
+        written["spec"] = spec;
         let st = &written["status"];
         let claim = &st["pendingClaim"];
         assert_eq!(claim["jobName"], "hello-1800000000-r8", "{claim}");
