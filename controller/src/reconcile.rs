@@ -47,7 +47,11 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     // reached it too, so no Job is ever stamped before its instant (G4).
     let clock = ctx.clock.fresh().await;
     let now = clock.due_now(Timestamp::now());
-    let db = Box::pin(observe::backstop::resolve(&ctx, &sj)).await;
+    let Some(db) = Box::pin(observe::backstop::resolve(&ctx, &sj)).await else {
+        // Other probes of its namespace's backstops are in flight: this one waits outside the
+        // reconcile slots, so a namespace of unreachable databases cannot hold them all.
+        return Ok(Action::requeue(crate::backstop::health::BUSY_RETRY));
+    };
     if let Availability::Ready(b) = &db {
         Box::pin(report_rejections(&ctx, &sj, b)).await;
     }
@@ -75,8 +79,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
 fn guard(sj: &SingletonJob, ctx: &Context) -> Option<Action> {
     if sj.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect the Jobs.
-        crate::metrics::global().forget(sj);
-        ctx.own_writes.forget(sj);
+        ctx.forget(sj);
         return Some(Action::await_change());
     }
     // A standby keeps its caches warm but decides nothing: everything is reconciled when the

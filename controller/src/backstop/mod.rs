@@ -25,8 +25,10 @@
 //! Every operation, connecting included, is bounded by the operation timeout, and the server is
 //! told the same `statement_timeout`, so an abandoned statement does not run on.
 
+mod allow;
 mod config;
 mod error;
+pub mod health;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -45,6 +47,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::{Client, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+pub use allow::{AllowedHosts, Dial, NOT_ALLOWED};
 pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,
@@ -114,6 +117,8 @@ pub struct Backstop {
     config: ConnectionConfig,
     prefix: TablePrefix,
     tls: Option<rustls::ClientConfig>,
+    /// The hosts it may dial (`--backstop-allowed-hosts`), checked before every connection.
+    allowed: Arc<AllowedHosts>,
     slot: Mutex<Slot>,
 }
 
@@ -146,8 +151,15 @@ impl Backstop {
             config,
             prefix,
             tls,
+            allowed: Arc::default(),
             slot: Mutex::new(Slot::default()),
         })
+    }
+
+    /// Limits the hosts this backstop may dial (see [`AllowedHosts`]).
+    pub fn with_allowed_hosts(mut self, allowed: Arc<AllowedHosts>) -> Self {
+        self.allowed = allowed;
+        self
     }
 
     pub fn config(&self) -> &ConnectionConfig {
@@ -443,6 +455,9 @@ impl Backstop {
 
     async fn connect(&self) -> Result<Client> {
         let c = &self.config;
+        // Before any connection: a host outside the allow-list is refused untried, and a name
+        // the list judged by its addresses is dialled at the address checked (no second lookup).
+        let dial = self.allowed.check(&c.host.0, c.hostaddr, c.port).await?;
         let mut pg = tokio_postgres::Config::new();
         pg.host(&c.host.0)
             .port(c.port)
@@ -459,6 +474,9 @@ impl Backstop {
                 }
             });
         if let Some(addr) = c.hostaddr {
+            pg.hostaddr(addr);
+        }
+        if let Dial::Address(addr) = dial {
             pg.hostaddr(addr);
         }
         if let Some(db) = &c.dbname {
@@ -689,9 +707,18 @@ pub fn secret_data(
 #[derive(Default)]
 pub struct BackstopCache {
     entries: std::sync::Mutex<HashMap<String, (Fingerprint, Arc<Backstop>)>>,
+    allowed: Arc<AllowedHosts>,
 }
 
 impl BackstopCache {
+    /// A cache whose backstops may dial only the hosts `allowed` allows.
+    pub fn new(allowed: AllowedHosts) -> Self {
+        BackstopCache {
+            entries: Default::default(),
+            allowed: Arc::new(allowed),
+        }
+    }
+
     /// The backstop of `sj_key` for this Secret data, building it (no I/O) when new or changed.
     pub fn get(
         &self,
@@ -708,7 +735,8 @@ impl BackstopCache {
             return Ok(b.clone());
         }
         let config = ConnectionConfig::from_secret(data, keys)?;
-        let b = Arc::new(Backstop::new(config, prefix.clone())?);
+        let b = Backstop::new(config, prefix.clone())?.with_allowed_hosts(self.allowed.clone());
+        let b = Arc::new(b);
         entries.insert(sj_key.to_string(), (fp, b.clone()));
         Ok(b)
     }
@@ -721,9 +749,11 @@ impl BackstopCache {
 }
 
 /// SHA-256 of a Secret's data, the key names and the prefix.
-type Fingerprint = [u8; 32];
+pub type Fingerprint = [u8; 32];
 
-fn fingerprint(
+/// The [`Fingerprint`] of a backstop's Secret data, key names and prefix (names a target for
+/// [`health`] without holding its values).
+pub fn fingerprint(
     data: &BTreeMap<String, ByteString>,
     keys: &SecretKeys,
     prefix: &TablePrefix,

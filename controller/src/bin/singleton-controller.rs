@@ -2,6 +2,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use singleton::backstop::AllowedHosts;
 use singleton::lease::{self, ElectionConfig};
 use singleton::replica::{self, ElectionOptions, ReplicaOptions};
 use singleton::watch;
@@ -56,6 +57,14 @@ struct Args {
     /// How often candidates retry (renew deadline > 1.2 × this).
     #[arg(long, env = "SINGLETON_RETRY_PERIOD_SECONDS", default_value_t = 2.0)]
     retry_period_seconds: f64,
+    /// Serve only the SingletonJobs with these labels, a label selector such as `team=payments`
+    /// (default: all). Lets controllers share a cluster by label.
+    #[arg(long, env = "SINGLETON_LABEL_SELECTOR")]
+    label_selector: Option<String>,
+    /// Hosts a backstop may point at, comma-separated: CIDRs (`10.0.0.0/8`), addresses and host
+    /// names (default: any). A host outside is refused before any connection is attempted.
+    #[arg(long, env = "SINGLETON_BACKSTOP_ALLOWED_HOSTS", value_delimiter = ',')]
+    backstop_allowed_hosts: Vec<String>,
     /// Address of /healthz and /readyz.
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
@@ -92,6 +101,8 @@ async fn main() -> anyhow::Result<()> {
         instance: args.instance,
         clock,
         clock_check_interval: Duration::from_secs(args.clock_check_seconds.max(1).into()),
+        label_selector: args.label_selector.filter(|s| !s.trim().is_empty()),
+        backstop_allowed_hosts: AllowedHosts::parse(&args.backstop_allowed_hosts)?,
     };
     let opts = ReplicaOptions {
         election,

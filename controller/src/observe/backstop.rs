@@ -4,37 +4,53 @@
 use kube::ResourceExt;
 
 use crate::api::SingletonJob;
-use crate::backstop::{Availability, Backstop, SecretKeys, TablePrefix, load_secret};
+use tokio::time::Instant;
+
+use crate::backstop::health::{Admission, Target};
+use crate::backstop::{Availability, Backstop, SecretKeys, TablePrefix, fingerprint, load_secret};
 use crate::context::Context;
 use crate::sync::lock;
 
 /// The SingletonJob's backstop, connected and checked (the schema is ensured on connect). Every
-/// failure becomes a reason that names no secret value.
-pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Availability {
+/// failure becomes a reason that names no secret value. None: the backstop could not be probed
+/// now without waiting for other probes of its namespace ([`crate::backstop::health`]); look again shortly,
+/// without holding a reconcile slot meanwhile.
+pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Option<Availability> {
     let Some(pg) = sj.spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) else {
         ctx.backstops.forget(&sj.key());
-        return Availability::NotConfigured;
+        return Some(Availability::NotConfigured);
     };
     let ns = sj.namespace().unwrap_or_default();
-    let data = match load_secret(&ctx.client, &ns, &pg.secret_ref.name).await {
+    let secret = &pg.secret_ref.name;
+    let data = match load_secret(&ctx.client, &ns, secret).await {
         Ok(d) => d,
-        Err(e) => return Availability::Unavailable(e.to_string()),
+        Err(e) => return Some(Availability::Unavailable(e.to_string())),
     };
     let prefix = match pg.table_prefix.as_deref().map(TablePrefix::new).transpose() {
         Ok(p) => p.unwrap_or_default(),
-        Err(e) => return Availability::Unavailable(e.to_string()),
+        Err(e) => return Some(Availability::Unavailable(e.to_string())),
     };
-    let db = match ctx
-        .backstops
-        .get(&sj.key(), &data, &SecretKeys::default(), &prefix)
-    {
+    let keys = SecretKeys::default();
+    let db = match ctx.backstops.get(&sj.key(), &data, &keys, &prefix) {
         Ok(db) => db,
-        Err(e) => return Availability::Unavailable(e.to_string()),
+        Err(e) => return Some(Availability::Unavailable(e.to_string())),
     };
-    match db.ping().await {
+    let target = Target {
+        namespace: ns,
+        secret: secret.clone(),
+        contents: fingerprint(&data, &keys, &prefix),
+    };
+    let probe = match ctx.backstop_health.admit(&target, Instant::now()) {
+        Admission::Probe(p) => p,
+        Admission::Failing(why) => return Some(Availability::Unavailable(why)),
+        Admission::Busy => return None,
+    };
+    let r = db.ping().await.map_err(|e| e.to_string());
+    probe.done(r.clone(), Instant::now());
+    Some(match r {
         Ok(()) => Availability::Ready(db),
-        Err(e) => Availability::Unavailable(e.to_string()),
-    }
+        Err(why) => Availability::Unavailable(why),
+    })
 }
 
 /// How many more stale writes the backstop refused since the last look (the first look after
