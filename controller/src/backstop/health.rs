@@ -33,7 +33,7 @@ pub const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// unchanged Secret, may go unnoticed).
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How soon a reconcile that found no room to probe is tried again.
-pub const BUSY_RETRY: Duration = Duration::from_millis(500);
+pub const BUSY_RETRY: Duration = Duration::from_secs(2);
 
 /// One backstop target: the Secret's contents in a namespace. Its `Debug` shows only the hash.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -49,8 +49,9 @@ pub struct Target {
 pub enum Admission<'a> {
     /// Probe it; report the result with [`Probe::done`].
     Probe(Probe<'a>),
-    /// It failed lately: this was its last error; no connection now.
-    Failing(String),
+    /// It failed lately: this was its last error; no connection now, nor before `retry_at`
+    /// (a SingletonJob that waits for it need not be looked at sooner).
+    Failing { error: String, retry_at: Instant },
     /// Another probe of it, or too many of its namespace, are in flight: look again shortly,
     /// without holding a reconcile slot.
     Busy,
@@ -65,6 +66,8 @@ struct Failing {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The target each (namespace, Secret) named when last read.
+    by_secret: HashMap<(String, String), Target>,
     failing: HashMap<Target, Failing>,
     healthy: HashSet<Target>,
     /// Targets being probed while not known healthy, and how many per namespace.
@@ -106,13 +109,55 @@ impl Health {
         }
     }
 
+    /// Before the Secret is read: when the target the Secret `secret` of `namespace` named last
+    /// time is failing within its backoff, or its first probe is in flight, the answer needs no
+    /// read (a Secret fixed meanwhile is read when the backoff ends). None: read it and
+    /// [`Health::admit`] its target.
+    pub fn before_reading(
+        &self,
+        namespace: &str,
+        secret: &str,
+        now: Instant,
+    ) -> Option<Admission<'_>> {
+        let s = lock(&self.state);
+        let target = s
+            .by_secret
+            .get(&(namespace.to_string(), secret.to_string()))?;
+        if let Some(f) = s.failing.get(target) {
+            return (now < f.retry_at).then(|| Admission::Failing {
+                error: f.error.clone(),
+                retry_at: f.retry_at,
+            });
+        }
+        (s.probing.contains(target) && !s.healthy.contains(target)).then_some(Admission::Busy)
+    }
+
     /// Whether the reconcile may probe `target` now.
     pub fn admit(&self, target: &Target, now: Instant) -> Admission<'_> {
         let mut s = lock(&self.state);
+        let secret = (target.namespace.clone(), target.secret.clone());
+        if s.by_secret.get(&secret) != Some(target) {
+            if s.by_secret.len() >= MAX_TARGETS {
+                s.by_secret.clear();
+            }
+            s.by_secret.insert(secret, target.clone());
+        }
+        let in_ns = s.per_namespace.get(&target.namespace).copied().unwrap_or(0);
+        let no_room = s.probing.contains(target) || in_ns >= self.per_namespace;
         if let Some(f) = s.failing.get(target)
-            && now < f.retry_at
+            && (now < f.retry_at || no_room)
         {
-            return Admission::Failing(f.error.clone());
+            // Within its backoff, or its next probe must wait (another reconcile probes it now,
+            // or its namespace's room is full): the last error stands until a probe says
+            // otherwise, so a SingletonJob behind it is told, not left waiting.
+            return Admission::Failing {
+                error: f.error.clone(),
+                retry_at: if now < f.retry_at {
+                    f.retry_at
+                } else {
+                    now + BUSY_RETRY
+                },
+            };
         }
         if s.healthy.contains(target) {
             return Admission::Probe(Probe {
@@ -121,8 +166,7 @@ impl Health {
                 metered: false,
             });
         }
-        let in_ns = s.per_namespace.get(&target.namespace).copied().unwrap_or(0);
-        if s.probing.contains(target) || in_ns >= self.per_namespace {
+        if no_room {
             return Admission::Busy;
         }
         s.probing.insert(target.clone());
@@ -147,14 +191,16 @@ impl Health {
 }
 
 impl Probe<'_> {
-    /// Records how the probe ended (`Err`: the reason the SingletonJobs are shown).
-    pub fn done(self, result: Result<(), String>, now: Instant) {
+    /// Records how the probe ended (`Err`: the reason the SingletonJobs are shown); on a
+    /// failure, returns when the target will be probed again.
+    pub fn done(self, result: Result<(), String>, now: Instant) -> Option<Instant> {
         let mut s = lock(&self.health.state);
         Health::prune(&mut s, now);
         match result {
             Ok(()) => {
                 s.failing.remove(&self.target);
                 s.healthy.insert(self.target.clone());
+                None
             }
             Err(error) => {
                 s.healthy.remove(&self.target);
@@ -168,6 +214,7 @@ impl Probe<'_> {
                         error,
                     },
                 );
+                Some(retry_at)
             }
         }
     }
@@ -222,10 +269,14 @@ mod tests {
         let Admission::Probe(p) = h.admit(&t, now) else {
             panic!("a new target is probed");
         };
-        p.done(Err("timed out".into()), now);
+        let retry = p.done(Err("timed out".into()), now);
+        assert_eq!(retry, Some(now + Duration::from_secs(1)));
         for _ in 0..3 {
             match h.admit(&t, now + Duration::from_millis(900)) {
-                Admission::Failing(e) => assert_eq!(e, "timed out"),
+                Admission::Failing { error, retry_at } => {
+                    assert_eq!(error, "timed out");
+                    assert_eq!(retry_at, now + Duration::from_secs(1));
+                }
                 other => panic!("within the backoff: {other:?}"),
             }
         }
@@ -233,11 +284,13 @@ mod tests {
         let Admission::Probe(p) = h.admit(&t, later) else {
             panic!("after the backoff, probed again");
         };
+        // While that probe runs, the others keep the last error rather than wait.
+        assert!(matches!(h.admit(&t, later), Admission::Failing { .. }));
         p.done(Err("timed out again".into()), later);
         // Second failure in a row: 2 s.
         assert!(matches!(
             h.admit(&t, later + Duration::from_millis(1999)),
-            Admission::Failing(e) if e == "timed out again"
+            Admission::Failing { error, .. } if error == "timed out again"
         ));
         let Admission::Probe(p) = h.admit(&t, later + Duration::from_secs(2)) else {
             panic!("probed after 2 s");
@@ -247,6 +300,34 @@ mod tests {
             h.admit(&t, later + Duration::from_secs(2)),
             Admission::Probe(_)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_secret_is_answered_without_reading_it_until_its_backoff_ends() {
+        let h = Health::default();
+        let t = target("bad", 1);
+        let now = Instant::now();
+        assert!(
+            h.before_reading("bad", "db", now).is_none(),
+            "never read: read it"
+        );
+        let Admission::Probe(p) = h.admit(&t, now) else {
+            panic!("a new target is probed");
+        };
+        assert!(matches!(
+            h.before_reading("bad", "db", now),
+            Some(Admission::Busy)
+        ));
+        p.done(Err("timed out".into()), now);
+        assert!(matches!(
+            h.before_reading("bad", "db", now + Duration::from_millis(500)),
+            Some(Admission::Failing { .. })
+        ));
+        assert!(
+            h.before_reading("bad", "db", now + Duration::from_secs(1))
+                .is_none()
+        );
+        assert!(h.before_reading("bad", "other", now).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -269,6 +350,20 @@ mod tests {
         // A healthy target is probed by every reconcile, unmetered.
         let many: Vec<_> = (0..10).map(|_| h.admit(&target("good", 1), now)).collect();
         assert!(many.iter().all(|a| matches!(a, Admission::Probe(_))));
+        // A target that failed before is answered with its last error while the room is full.
+        let one = Health::new(1);
+        let Admission::Probe(p) = one.admit(&target("ns", 1), now) else {
+            panic!("first");
+        };
+        p.done(Err("refused".into()), now);
+        let later = now + Duration::from_secs(5);
+        let busy = one.admit(&target("ns", 2), later);
+        assert!(matches!(busy, Admission::Probe(_)), "room for one");
+        assert!(matches!(
+            one.admit(&target("ns", 1), later),
+            Admission::Failing { error, .. } if error == "refused"
+        ));
+        drop(busy);
         // A probe dropped unfinished (a cancelled reconcile) frees its room.
         drop(a);
         assert!(matches!(

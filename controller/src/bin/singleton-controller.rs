@@ -16,7 +16,7 @@ use singleton::watch;
     args_override_self = true
 )]
 struct Args {
-    /// Watch only this namespace (default: all namespaces).
+    /// Watch only this namespace (default, or empty: all namespaces).
     #[arg(long, env = "SINGLETON_NAMESPACE")]
     namespace: Option<String>,
     /// Name of this instance in Events (the pod name under Kubernetes).
@@ -72,7 +72,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.namespace = args.namespace.filter(|ns| !ns.is_empty());
     singleton::telemetry::init_logging(args.log_json);
     let election = if args.leader_elect {
         Some(ElectionOptions {
