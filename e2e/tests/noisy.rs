@@ -256,3 +256,121 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
     .await?;
     Ok(())
 }
+
+/// The `BackstopReady` condition of SingletonJob `name`, once it is False: its message.
+async fn backstop_not_ready(env: &Env, name: &str) -> Result<String> {
+    env.wait_for(
+        &format!("BackstopReady=False on {name}"),
+        Duration::from_secs(40),
+        || async {
+            let s = env.get_sj(name).await?.status.unwrap_or_default();
+            Ok(s.conditions
+                .iter()
+                .find(|c| c.type_ == "BackstopReady" && c.status == "False")
+                .map(|c| c.message.clone()))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_backstop_host_outside_the_allow_list_is_refused_untried() -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut env = Env::new("allow-list").await?;
+    // A server outside the list that would answer: it counts the connections it gets.
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await?;
+    let port = listener.local_addr()?.port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    env.start_controller(&["--backstop-allowed-hosts", "127.0.0.1/32,::1/128"])
+        .await?;
+    let url = |host: &str, port: u16| format!("postgres://u@{host}:{port}/db?sslmode=disable");
+    let secrets = [
+        ("outside-open", url("127.0.0.2", port)),
+        ("outside-closed", url("127.0.0.3", 1)),
+        ("outside-name", url("no-such-host.invalid", 5432)),
+        ("inside-closed", url("127.0.0.1", 1)),
+        // Inside by its addresses: a name resolved once and dialled at the address checked.
+        (
+            "good",
+            database_url()?.replace("@127.0.0.1:", "@localhost:"),
+        ),
+    ];
+    let prefix = table_prefix(&env);
+    for (name, u) in &secrets {
+        backstop_secret(&env, name, u, true).await?;
+        let spec = backstop_spec(name, &prefix, "");
+        env.create_sj(&sj_yaml(name, "*/2 * * * * *", &spec))
+            .await?;
+    }
+
+    let mut outside = Vec::new();
+    for name in ["outside-open", "outside-closed", "outside-name"] {
+        outside.push(backstop_not_ready(&env, name).await?);
+    }
+    let inside = backstop_not_ready(&env, "inside-closed").await?;
+    env.wait_for(
+        "a run of the allowed backstop",
+        Duration::from_secs(40),
+        || async {
+            let jobs = env.job_list().await?;
+            Ok(jobs
+                .iter()
+                .any(|j| {
+                    j.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("good-"))
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    let refused = singleton::backstop::NOT_ALLOWED;
+    ensure(
+        &env,
+        outside
+            .iter()
+            .all(|m| m.contains(refused) && *m == outside[0]),
+        (
+            "one message for every host outside, refused or open or unknown",
+            &outside,
+        ),
+    )
+    .await?;
+    ensure(
+        &env,
+        !inside.contains(refused) && inside.to_lowercase().contains("refused"),
+        ("a host inside keeps its helpful message", &inside),
+    )
+    .await?;
+    ensure(
+        &env,
+        accepted.load(Ordering::SeqCst) == 0,
+        (
+            "no connection to a host outside",
+            accepted.load(Ordering::SeqCst),
+        ),
+    )
+    .await?;
+    ensure(
+        &env,
+        env.job_list().await?.iter().all(|j| {
+            j.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("good-"))
+        }),
+        "no run without its backstop",
+    )
+    .await?;
+    eprintln!("allow-list: outside {outside:?}; inside {inside:?}");
+    server.abort();
+    Ok(())
+}
