@@ -21,7 +21,7 @@ use crate::api::{SingletonCalendar, SingletonJob};
 use crate::backstop::health::Health;
 use crate::backstop::{AllowedHosts, BackstopCache};
 use crate::clock::Clock;
-use crate::context::{Context, InFlight, OwnWrites, Recent};
+use crate::context::{Context, InFlight, OwnWrites, Recent, slim_sj};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
@@ -113,10 +113,7 @@ pub async fn run(
         Some(selector) => watcher::Config::default().labels(selector),
         None => watcher::Config::default(),
     };
-    let sj_events = reflector::reflector(
-        sj_writer,
-        watcher(sjs, sj_watch).modify(crate::context::slim_sj),
-    );
+    let sj_events = reflector::reflector(sj_writer, watcher(sjs, sj_watch).modify(slim_sj));
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
     // SingletonJob.
@@ -127,11 +124,9 @@ pub async fn run(
     let (confirming, confirmed_runs) = InFlight::new();
     let ctx = context(client, &cfg, gate, clock, (jobs, calendars), confirming);
     let by_calendar = sj_reader.clone();
+    let (forget_ctx, store) = (ctx.clone(), sj_reader.clone());
     let sj_stream = sj_events
-        .inspect_ok({
-            let (ctx, store) = (ctx.clone(), sj_reader.clone());
-            move |event| forget_deleted(&ctx, &store, event)
-        })
+        .inspect_ok(move |event| forget_deleted(&forget_ctx, &store, event))
         .applied_objects();
 
     let (stop_tx, mut stop_rx) = watch::channel(());

@@ -120,7 +120,7 @@ impl AllowedHosts {
     /// Whether `host` is listed by name.
     pub fn allows_name(&self, host: &str) -> bool {
         let host = normal_name(host);
-        self.names.iter().any(|n| *n == host)
+        self.names.contains(&host)
     }
 
     /// The pure half of [`AllowedHosts::check`]: `host` (and the Secret's `hostaddr`) with what
