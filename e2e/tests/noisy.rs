@@ -216,13 +216,17 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
     // (a dry run, a status write and an Event each, as for any 130 new SingletonJobs) is left
     // out: it is volume, not the backstop.
     let settling = Instant::now();
-    healthy
+    let settled = healthy
         .wait_for(
             "every hostile SingletonJob told BackstopReady=False",
             Duration::from_secs(120),
             || async { Ok((told(&hostile).await? >= HOSTILE).then_some(())) },
         )
-        .await?;
+        .await;
+    if let Err(e) = settled {
+        let seen = hostile.dump().await;
+        return Err(e.context(seen.chars().take(8000).collect::<String>()));
+    }
     let settled = settling.elapsed();
     let (started, from, r0) = (Instant::now(), Timestamp::now(), reconciles().await?);
     measure(&healthy, "the window with the hostile namespace", started).await?;
