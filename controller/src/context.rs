@@ -15,6 +15,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{SingletonCalendar, SingletonJob, SingletonJobStatus};
 use crate::backstop::BackstopCache;
+use crate::backstop::health::Health;
 use crate::clock::Clock;
 use crate::events::Events;
 use crate::gate::Gate;
@@ -37,6 +38,8 @@ pub struct Context {
     pub gate: Gate,
     /// One backstop connection per SingletonJob that has one.
     pub backstops: BackstopCache,
+    /// How each backstop target fared lately, and the probes in flight per namespace.
+    pub backstop_health: Health,
     /// The backstop's refused-stale-write count last seen, per SingletonJob (for Events).
     pub rejections_seen: Mutex<HashMap<String, u64>>,
     /// The claims this process confirmed, until the watch delivers them.
@@ -46,6 +49,17 @@ pub struct Context {
     /// Job uids this process resumed lately (step 8): until the Job watch shows them resumed,
     /// the cache still says suspended, and resuming them again would cost a request each.
     pub resumed: Recent,
+}
+
+impl Context {
+    /// Forgets a deleted SingletonJob: its metric series, its backstop connection and what this
+    /// process remembered of it.
+    pub fn forget(&self, sj: &SingletonJob) {
+        crate::metrics::global().forget(sj);
+        self.own_writes.forget(sj);
+        self.backstops.forget(&sj.key());
+        lock(&self.rejections_seen).remove(&sj.key());
+    }
 }
 
 /// How long this process remembers a claim it confirmed, to recognise cached copies from before

@@ -138,6 +138,9 @@ pub struct Metrics {
     pub reconcile_errors: Family<KindLabels, Counter>,
     /// When this replica last started leading (for `leader_hold_seconds`).
     leading_since: Mutex<Option<Instant>>,
+    /// Every SingletonJob with a series, and the reasons of its periods_* series, so a deleted
+    /// one's series can all be removed ([`Metrics::forget`]).
+    series: Mutex<HashMap<JobLabels, std::collections::BTreeSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -180,6 +183,7 @@ impl Metrics {
             reconcile_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             reconcile_errors: Family::default(),
             leading_since: Mutex::new(None),
+            series: Mutex::default(),
         };
         let r = &mut m.registry;
         let s = Unit::Seconds;
@@ -344,26 +348,26 @@ impl Metrics {
 
     /// A period claim was written: a token was issued.
     pub fn token_issued(&self, sj: &SingletonJob) {
-        self.tokens_issued.get_or_create(&job(sj)).inc();
+        self.tokens_issued.get_or_create(&self.job(sj)).inc();
     }
 
     /// The claim's status write failed; counts a 409.
     pub fn claim_failed(&self, sj: &SingletonJob, err: &Error) {
         if matches!(err, Error::Conflict(_)) {
-            self.claims_conflicted.get_or_create(&job(sj)).inc();
+            self.claims_conflicted.get_or_create(&self.job(sj)).inc();
         }
     }
 
     /// The Job of the run for `period` was created.
     pub fn run_started(&self, sj: &SingletonJob, period: Timestamp, started: Timestamp) {
-        self.runs_started.get_or_create(&job(sj)).inc();
+        self.runs_started.get_or_create(&self.job(sj)).inc();
         let skew = started.duration_since(period).as_secs_f64();
         self.schedule_skew_seconds.observe(skew.max(0.0));
     }
 
     /// A run ended with `outcome` (Succeeded, Failed, Replaced).
     pub fn run_finished(&self, sj: &SingletonJob, outcome: Outcome) {
-        let JobLabels { namespace, name } = job(sj);
+        let JobLabels { namespace, name } = self.job(sj);
         self.runs_finished
             .get_or_create(&OutcomeLabels {
                 namespace,
@@ -375,21 +379,29 @@ impl Metrics {
 
     /// A run passed its completion deadline without succeeding.
     pub fn run_late(&self, sj: &SingletonJob) {
-        self.runs_late.get_or_create(&job(sj)).inc();
+        self.runs_late.get_or_create(&self.job(sj)).inc();
     }
 
     /// `suspendAfterConsecutiveFailures` suspended a SingletonJob.
     pub fn suspended_after_failures(&self, sj: &SingletonJob) {
-        self.suspended_after_failures.get_or_create(&job(sj)).inc();
+        self.suspended_after_failures
+            .get_or_create(&self.job(sj))
+            .inc();
     }
 
     /// A period's outcome was recorded in status (a history entry).
     pub fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
-        let key = job(sj);
+        let key = self.job(sj);
+        let why = e.reason.clone().unwrap_or_else(|| "Unknown".into());
+        if matches!(e.outcome, Outcome::Missed | Outcome::Skipped)
+            && let Some(reasons) = crate::sync::lock(&self.series).get_mut(&key)
+        {
+            reasons.insert(why.clone());
+        }
         let reason = || ReasonLabels {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
-            reason: e.reason.clone().unwrap_or_else(|| "Unknown".into()),
+            reason: why.clone(),
         };
         match e.outcome {
             Outcome::Running => {}
@@ -430,7 +442,7 @@ impl Metrics {
     pub fn write_refused(&self, sj: &SingletonJob, err: &Error) {
         if matches!(err, Error::Conflict(_) | Error::NotLeader) {
             self.stale_writes_refused
-                .get_or_create(&source(sj, "controller"))
+                .get_or_create(&self.source(sj, "controller"))
                 .inc();
         }
     }
@@ -441,7 +453,7 @@ impl Metrics {
     pub fn rejections(&self, sj: &SingletonJob, total: u64) {
         if total > 0 {
             self.stale_writes_refused
-                .get_or_create(&source(sj, "workload"))
+                .get_or_create(&self.source(sj, "workload"))
                 .inner()
                 .fetch_max(total, Ordering::Relaxed);
         }
@@ -487,9 +499,82 @@ impl Metrics {
             .inc();
     }
 
-    /// A deleted SingletonJob: its gauge goes (its counters stay, as counters do).
+    /// A deleted SingletonJob: every series labelled with it goes, so a namespace's churn of
+    /// SingletonJobs does not grow `/metrics` for ever (a re-created one starts its counters
+    /// from zero, which Prometheus' `rate` reads as a counter reset).
     pub fn forget(&self, sj: &SingletonJob) {
-        self.next_run(sj, None);
+        self.forget_labels(job(sj));
+    }
+
+    fn forget_labels(&self, key: JobLabels) {
+        let reasons = crate::sync::lock(&self.series).remove(&key);
+        crate::sync::lock(&self.next_runs.0).remove(&key);
+        for family in [
+            &self.runs_started,
+            &self.claims_conflicted,
+            &self.claims_deduplicated,
+            &self.runs_late,
+            &self.suspended_after_failures,
+            &self.tokens_issued,
+        ] {
+            family.remove(&key);
+        }
+        let JobLabels { namespace, name } = key;
+        for outcome in [Outcome::Succeeded, Outcome::Failed, Outcome::Replaced] {
+            self.runs_finished.remove(&OutcomeLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                outcome: outcome.name().to_string(),
+            });
+        }
+        for source in ["controller", "workload"] {
+            self.stale_writes_refused.remove(&SourceLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                source: source.into(),
+            });
+        }
+        for reason in reasons.into_iter().flatten() {
+            let labels = ReasonLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                reason,
+            };
+            self.periods_missed.remove(&labels);
+            self.periods_skipped.remove(&labels);
+        }
+    }
+
+    /// Forgets every SingletonJob with a series that is not in `live` (namespace, name): the
+    /// ones deleted while the watch was down.
+    pub fn forget_all_but(&self, live: &std::collections::HashSet<(String, String)>) {
+        let gone: Vec<JobLabels> = crate::sync::lock(&self.series)
+            .keys()
+            .chain(crate::sync::lock(&self.next_runs.0).keys())
+            .filter(|k| !live.contains(&(k.namespace.clone(), k.name.clone())))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.forget_labels(k);
+        }
+    }
+
+    /// The labels of `sj`, noted as having series.
+    fn job(&self, sj: &SingletonJob) -> JobLabels {
+        let key = job(sj);
+        crate::sync::lock(&self.series)
+            .entry(key.clone())
+            .or_default();
+        key
+    }
+
+    fn source(&self, sj: &SingletonJob, source: &str) -> SourceLabels {
+        let JobLabels { namespace, name } = self.job(sj);
+        SourceLabels {
+            namespace,
+            name,
+            source: source.into(),
+        }
     }
 }
 
@@ -509,15 +594,6 @@ fn job(sj: &SingletonJob) -> JobLabels {
     JobLabels {
         namespace: sj.metadata.namespace.clone().unwrap_or_default(),
         name: sj.metadata.name.clone().unwrap_or_default(),
-    }
-}
-
-fn source(sj: &SingletonJob, source: &str) -> SourceLabels {
-    let JobLabels { namespace, name } = job(sj);
-    SourceLabels {
-        namespace,
-        name,
-        source: source.into(),
     }
 }
 
@@ -625,6 +701,28 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_singletonjobs_series_are_all_removed_and_others_stay() {
+        let m = touched();
+        let (a, b) = (sj("ns", "a"), sj("ns", "b"));
+        m.rejections(&a, 7);
+        m.token_issued(&b);
+        m.next_run(&b, Some(Timestamp::now() + SignedDuration::from_secs(60)));
+        assert!(m.render().contains(r#"name="a""#));
+        m.forget(&a);
+        let text = m.render();
+        let left: Vec<&str> = text.lines().filter(|l| l.contains(r#"name="a""#)).collect();
+        assert!(
+            left.is_empty(),
+            "series of the deleted SingletonJob: {left:#?}"
+        );
+        assert!(text.contains(r#"singleton_tokens_issued_total{namespace="ns",name="b"} 1"#));
+        assert!(text.contains(r#"singleton_next_run_seconds{namespace="ns",name="b"}"#));
+        // Deleted while the watch was down: the next full list leaves only the live ones.
+        m.forget_all_but(&[("other".to_string(), "c".to_string())].into());
+        assert!(!m.render().contains(r#"name="b""#));
+    }
+
+    #[test]
     fn the_registry_renders_every_metric_with_its_name_type_and_labels() {
         let text = touched().render();
         for (name, kind) in [
@@ -727,7 +825,7 @@ mod tests {
     #[test]
     fn a_workload_series_keeps_the_databases_value_and_never_goes_down() {
         let m = Metrics::new();
-        let labels = source(&sj("ns", "a"), "workload");
+        let labels = m.source(&sj("ns", "a"), "workload");
         let c = m.stale_writes_refused.get_or_create(&labels).clone();
         c.inner().fetch_max(5, Ordering::Relaxed);
         c.inner().fetch_max(3, Ordering::Relaxed);

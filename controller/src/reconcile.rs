@@ -47,7 +47,12 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     // reached it too, so no Job is ever stamped before its instant (G4).
     let clock = ctx.clock.fresh().await;
     let now = clock.due_now(Timestamp::now());
-    let db = Box::pin(observe::backstop::resolve(&ctx, &sj)).await;
+    let Some(resolved) = Box::pin(observe::backstop::resolve(&ctx, &sj)).await else {
+        // Other probes of its namespace's backstops are in flight: this one waits outside the
+        // reconcile slots, so a namespace of unreachable databases cannot hold them all.
+        return Ok(Action::requeue(crate::backstop::health::BUSY_RETRY));
+    };
+    let observe::backstop::Resolved { db, retry_at } = resolved;
     if let Availability::Ready(b) = &db {
         Box::pin(report_rejections(&ctx, &sj, b)).await;
     }
@@ -66,6 +71,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
         clock,
         now,
         db,
+        backstop_retry: retry_at,
         owned,
     };
     Box::pin(decide_and_act(&ctx, &sj, status, seen)).await
@@ -75,8 +81,7 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
 fn guard(sj: &SingletonJob, ctx: &Context) -> Option<Action> {
     if sj.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect the Jobs.
-        crate::metrics::global().forget(sj);
-        ctx.own_writes.forget(sj);
+        ctx.forget(sj);
         return Some(Action::await_change());
     }
     // A standby keeps its caches warm but decides nothing: everything is reconciled when the
@@ -103,6 +108,8 @@ struct Seen {
     clock: ClockState,
     now: Timestamp,
     db: Availability,
+    /// The backstop is unavailable and not probed again before this instant.
+    backstop_retry: Option<tokio::time::Instant>,
     owned: Vec<observe::OwnedJob>,
 }
 
@@ -221,6 +228,7 @@ async fn decide_and_act(
         ctx.clock.prepare(at);
     }
     let wake = plan.wake_at.map(|at| until(now, at));
+    let wake = wake.map(|w| w.max(backstop_wait(&decided, &seen)));
     let operating = if started.is_some() {
         Some(Duration::ZERO)
     } else {
@@ -404,6 +412,20 @@ async fn judge_template(
             .await;
     }
     Ok(verdict)
+}
+
+/// How long a SingletonJob whose runs wait for its backstop need not be looked at: until the
+/// backstop's next probe (its backoff), since no period can start before. Without this, a
+/// namespace of every-second SingletonJobs behind a dead database is reconciled (and its status
+/// written) every second each, for nothing. A period's deadline passing meanwhile is recorded
+/// at that next look, a little late, never lost (G2).
+fn backstop_wait(decided: &Decided, seen: &Seen) -> Duration {
+    match (decided.blocked, seen.backstop_retry) {
+        (Some(Waiting::BackstopUnavailable), Some(at)) => {
+            at.saturating_duration_since(tokio::time::Instant::now())
+        }
+        _ => Duration::ZERO,
+    }
 }
 
 /// Why no run may start now, if so.

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::Client;
 use kube::api::{Api, ListParams};
@@ -18,9 +18,10 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 
 use crate::api::{SingletonCalendar, SingletonJob};
-use crate::backstop::BackstopCache;
+use crate::backstop::health::Health;
+use crate::backstop::{AllowedHosts, BackstopCache};
 use crate::clock::Clock;
-use crate::context::{Context, InFlight, OwnWrites, Recent};
+use crate::context::{Context, InFlight, OwnWrites, Recent, slim_sj};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
@@ -77,6 +78,10 @@ pub struct Config {
     pub clock: crate::clock::Samples,
     /// How old a clock verdict may be when a run may start.
     pub clock_check_interval: Duration,
+    /// Serve only the SingletonJobs with these labels (a label selector; all when None).
+    pub label_selector: Option<String>,
+    /// The hosts a backstop may point at (empty: all).
+    pub backstop_allowed_hosts: AllowedHosts,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -104,11 +109,11 @@ pub async fn run(
     };
     let (calendars, calendar_stream) = cached(watcher(cals, watcher::Config::default()));
     let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
-    let sj_stream = reflector::reflector(
-        sj_writer,
-        watcher(sjs, watcher::Config::default()).modify(crate::context::slim_sj),
-    )
-    .applied_objects();
+    let sj_watch = match &cfg.label_selector {
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
+    };
+    let sj_events = reflector::reflector(sj_writer, watcher(sjs, sj_watch).modify(slim_sj));
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
     // SingletonJob.
@@ -119,6 +124,10 @@ pub async fn run(
     let (confirming, confirmed_runs) = InFlight::new();
     let ctx = context(client, &cfg, gate, clock, (jobs, calendars), confirming);
     let by_calendar = sj_reader.clone();
+    let (forget_ctx, store) = (ctx.clone(), sj_reader.clone());
+    let sj_stream = sj_events
+        .inspect_ok(move |event| forget_deleted(&forget_ctx, &store, event))
+        .applied_objects();
 
     let (stop_tx, mut stop_rx) = watch::channel(());
     tokio::spawn(async move {
@@ -155,6 +164,32 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// What the process keeps of SingletonJobs that are gone: the metric series labelled with them,
+/// their backstop connections and short memories. SingletonJobs have no finalizer, so a deletion
+/// is seen here, by the watch, not by a reconcile; deletions missed while the watch was down are
+/// caught when it lists again (`InitDone`: everything not in the fresh cache is gone).
+fn forget_deleted(
+    ctx: &Context,
+    store: &reflector::Store<SingletonJob>,
+    event: &watcher::Event<SingletonJob>,
+) {
+    match event {
+        watcher::Event::Delete(sj) => ctx.forget(sj),
+        watcher::Event::InitDone => {
+            let live: std::collections::HashSet<(String, String)> = store
+                .state()
+                .iter()
+                .map(|sj| {
+                    let ns = sj.metadata.namespace.clone().unwrap_or_default();
+                    (ns, sj.metadata.name.clone().unwrap_or_default())
+                })
+                .collect();
+            crate::metrics::global().forget_all_but(&live);
+        }
+        _ => {}
+    }
 }
 
 /// A reflector over a watch: its cache, and the objects it touched (backing off on errors).
@@ -254,7 +289,8 @@ fn context(
         calendars,
         clock,
         gate,
-        backstops: BackstopCache::default(),
+        backstops: BackstopCache::new(cfg.backstop_allowed_hosts.clone()),
+        backstop_health: Health::default(),
         rejections_seen: Mutex::default(),
         own_writes: OwnWrites::default(),
         confirming,

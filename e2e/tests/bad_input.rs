@@ -226,6 +226,11 @@ fn cases() -> Vec<Case> {
         c("backstop-secret-upper", backstop("backstop-secret-upper", "Bad-Upper", ""), Refused("should match")),
         c("backstop-secret-slash", backstop("backstop-secret-slash", "../kube-system/db", ""), Refused("should match")),
         c("backstop-secret-space", backstop("backstop-secret-space", "db name", ""), Refused("should match")),
+        // Noisy neighbours (issue 19): a server that accepts and never answers is reported within
+        // the operation timeout; a host outside --backstop-allowed-hosts is refused untried.
+        c("backstop-blackholed", backstop("backstop-blackholed", "bad-blackhole", ""), False("BackstopReady", "timed out")),
+        c("backstop-host-not-allowed", backstop("backstop-host-not-allowed", "bad-not-allowed", ""), False("BackstopReady", "not in the controller's allowed backstop hosts")),
+        c("backstop-name-not-allowed", backstop("backstop-name-not-allowed", "bad-name-not-allowed", ""), False("BackstopReady", "not in the controller's allowed backstop hosts")),
     ]
 }
 
@@ -317,6 +322,36 @@ async fn http_server() -> Result<u16> {
         }
     });
     Ok(port)
+}
+
+/// The Secrets of the noisy-neighbour cases: a black hole (a listener that accepts and never
+/// answers, owned by the returned proxy) and hosts outside the battery's allow-list.
+async fn noisy_secrets(env: &Env) -> Result<e2e::Proxy> {
+    let hole = e2e::Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], 1))).await?;
+    hole.stall();
+    let api: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns);
+    for (name, url) in [
+        (
+            "bad-blackhole",
+            format!("postgres://u@127.0.0.1:{}/db?sslmode=disable", hole.port),
+        ),
+        (
+            "bad-not-allowed",
+            "postgres://u@10.1.2.3:5432/db".to_string(),
+        ),
+        (
+            "bad-name-not-allowed",
+            "postgres://u@db.example.invalid:5432/db".to_string(),
+        ),
+    ] {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.labels =
+            Some([("singleton.dev/backstop".to_string(), "true".to_string())].into());
+        s.string_data = Some([("url".to_string(), url)].into());
+        api.create(&PostParams::default(), &s).await?;
+    }
+    Ok(hole)
 }
 
 /// Creates a SingletonJob from raw YAML (no client-side typing, so the API server judges it).
@@ -419,8 +454,11 @@ fn owned_by(jobs: &[Job], uid: &str) -> Vec<Job> {
 async fn bad_input_battery() -> Result<()> {
     let started = Instant::now();
     let mut env = Env::new("bad-input").await?;
-    env.start_controller(&[]).await?;
+    // The battery's backstops are all on loopback; anything else is outside the allow-list.
+    env.start_controller(&["--backstop-allowed-hosts", "127.0.0.0/8,::1"])
+        .await?;
     secrets(&env).await?;
+    let _hole = noisy_secrets(&env).await?;
     // The good one: Allow, so it never waits on a run, and history kept, so every Job is counted.
     env.create_sj(&ok(
         "good",

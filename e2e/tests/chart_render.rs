@@ -875,3 +875,24 @@ fn metrics_values_that_cannot_work_are_refused() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn backstop_allowed_hosts_become_one_flag_and_are_off_by_default() -> Result<()> {
+    let defaults = args(&render(&[])?)?;
+    ensure!(
+        !defaults
+            .iter()
+            .any(|a| a.starts_with("--backstop-allowed-hosts")),
+        "no allow-list by default: {defaults:?}"
+    );
+    let set = args(&render(&[
+        "controller.backstopAllowedHosts={10.0.0.0/8,pg.db.svc.cluster.local}",
+    ])?)?;
+    ensure!(
+        set.contains(&"--backstop-allowed-hosts=10.0.0.0/8,pg.db.svc.cluster.local".to_string()),
+        "{set:?}"
+    );
+    let err = render_err(&["controller.backstopAllowedHosts={10.0.0.0/8 --evil}"])?;
+    ensure!(err.contains("backstopAllowedHosts"), "{err}");
+    Ok(())
+}

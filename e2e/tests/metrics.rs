@@ -258,3 +258,58 @@ async fn a_database_outage_moves_backstop_errors_and_missed_periods() -> Result<
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_deleted_singletonjobs_series_are_removed() -> Result<()> {
+    let mut env = Env::new("metrics-delete").await?;
+    let c = env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml("gone", "*/2 * * * * *", "")).await?;
+    env.create_sj(&sj_yaml("stays", "*/2 * * * * *", ""))
+        .await?;
+    let ns = env.ns.clone();
+    let label = |name: &str| format!("namespace=\"{ns}\",name=\"{name}\"");
+    let series = |text: &str, name: &str| -> Vec<String> {
+        let l = label(name);
+        text.lines()
+            .filter(|line| !line.starts_with('#') && line.contains(&l))
+            .map(str::to_string)
+            .collect()
+    };
+    env.wait_for(
+        "runs of both in the metrics",
+        Duration::from_secs(60),
+        || async {
+            let t = env.metrics(c).await?;
+            let both = ["gone", "stays"].iter().all(|n| {
+                metric(
+                    &t,
+                    "singleton_runs_started_total",
+                    &[("namespace", &ns), ("name", n)],
+                ) >= 1.0
+            });
+            Ok(both.then_some(()))
+        },
+    )
+    .await?;
+    env.sjs().delete("gone", &Default::default()).await?;
+    let text = env
+        .wait_for(
+            "every series of the deleted SingletonJob gone",
+            Duration::from_secs(30),
+            || async {
+                let t = env.metrics(c).await?;
+                Ok(series(&t, "gone").is_empty().then_some(t))
+            },
+        )
+        .await?;
+    ensure(
+        &env,
+        !series(&text, "stays").is_empty(),
+        (
+            "the other SingletonJob keeps its series",
+            series(&text, "stays"),
+        ),
+    )
+    .await?;
+    Ok(())
+}

@@ -25,9 +25,11 @@
 //! Every operation, connecting included, is bounded by the operation timeout, and the server is
 //! told the same `statement_timeout`, so an abandoned statement does not run on.
 
+mod allow;
 mod config;
 mod error;
 mod guard;
+pub mod health;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -36,6 +38,7 @@ mod tls;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -48,6 +51,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+pub use allow::{AllowedHosts, Dial, NOT_ALLOWED};
 pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,
@@ -119,6 +123,8 @@ pub struct Backstop {
     config: ConnectionConfig,
     prefix: TablePrefix,
     tls: Option<rustls::ClientConfig>,
+    /// The hosts it may dial (`--backstop-allowed-hosts`), checked before every connection.
+    allowed: Arc<AllowedHosts>,
     slot: Mutex<Slot>,
 }
 
@@ -151,8 +157,15 @@ impl Backstop {
             config,
             prefix,
             tls,
+            allowed: Arc::default(),
             slot: Mutex::new(Slot::default()),
         })
+    }
+
+    /// Limits the hosts this backstop may dial (see [`AllowedHosts`]).
+    pub fn with_allowed_hosts(mut self, allowed: Arc<AllowedHosts>) -> Self {
+        self.allowed = allowed;
+        self
     }
 
     pub fn config(&self) -> &ConnectionConfig {
@@ -448,6 +461,9 @@ impl Backstop {
 
     async fn connect(&self) -> Result<Client> {
         let c = &self.config;
+        // Before any connection: a host outside the allow-list is refused untried, and a name
+        // the list judged by its addresses is dialled at the address checked (no second lookup).
+        let dial = self.allowed.check(&c.host.0, c.hostaddr, c.port).await?;
         let mut pg = tokio_postgres::Config::new();
         pg.host(&c.host.0)
             .port(c.port)
@@ -467,7 +483,11 @@ impl Backstop {
             pg.password(&pw.0);
         }
         // Our own socket, so the password guard (guard.rs) sees the server's bytes first.
-        let tcp = self.open_socket().await?;
+        let address = match dial {
+            Dial::Address(addr) => Some(addr),
+            Dial::AsConfigured => c.hostaddr,
+        };
+        let tcp = self.open_socket(address).await?;
         let refused = guard::Refused::default();
         let stream = guard::AuthGuard::new(tcp, c.sslmode != SslMode::Disable, refused.clone());
         let connecting = |e| match refused.load(Ordering::Relaxed) {
@@ -516,13 +536,14 @@ impl Backstop {
         Ok(client)
     }
 
-    /// The TCP connection (to `hostaddr` when given, else to each address of the host in turn),
-    /// within the connect timeout, with keepalives so a dead peer is noticed.
-    async fn open_socket(&self) -> Result<tokio::net::TcpStream> {
+    /// The TCP connection (to `address` when given: `hostaddr`, or the address the allow-list
+    /// checked; else to each address of the host in turn), within the connect timeout, with
+    /// keepalives so a dead peer is noticed.
+    async fn open_socket(&self, address: Option<IpAddr>) -> Result<tokio::net::TcpStream> {
         let c = &self.config;
         let limit = c.connect_timeout;
         let connecting = async {
-            match c.hostaddr {
+            match address {
                 Some(addr) => tokio::net::TcpStream::connect((addr, c.port)).await,
                 None => tokio::net::TcpStream::connect((c.host.0.as_str(), c.port)).await,
             }
@@ -777,9 +798,18 @@ pub fn secret_data(
 #[derive(Default)]
 pub struct BackstopCache {
     entries: std::sync::Mutex<HashMap<String, (Fingerprint, Arc<Backstop>)>>,
+    allowed: Arc<AllowedHosts>,
 }
 
 impl BackstopCache {
+    /// A cache whose backstops may dial only the hosts `allowed` allows.
+    pub fn new(allowed: AllowedHosts) -> Self {
+        BackstopCache {
+            entries: Default::default(),
+            allowed: Arc::new(allowed),
+        }
+    }
+
     /// The backstop of `sj_key` for this Secret data, building it (no I/O) when new or changed.
     pub fn get(
         &self,
@@ -796,7 +826,8 @@ impl BackstopCache {
             return Ok(b.clone());
         }
         let config = ConnectionConfig::from_secret(data, keys)?;
-        let b = Arc::new(Backstop::new(config, prefix.clone())?);
+        let b = Backstop::new(config, prefix.clone())?.with_allowed_hosts(self.allowed.clone());
+        let b = Arc::new(b);
         entries.insert(sj_key.to_string(), (fp, b.clone()));
         Ok(b)
     }
@@ -809,9 +840,11 @@ impl BackstopCache {
 }
 
 /// SHA-256 of a Secret's data, the key names and the prefix.
-type Fingerprint = [u8; 32];
+pub type Fingerprint = [u8; 32];
 
-fn fingerprint(
+/// The [`Fingerprint`] of a backstop's Secret data, key names and prefix (names a target for
+/// [`health`] without holding its values).
+pub fn fingerprint(
     data: &BTreeMap<String, ByteString>,
     keys: &SecretKeys,
     prefix: &TablePrefix,

@@ -2,6 +2,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use singleton::backstop::AllowedHosts;
 use singleton::endpoints::{MetricsAuth, MetricsOptions};
 use singleton::lease::{self, ElectionConfig};
 use singleton::replica::{self, ElectionOptions, ReplicaOptions};
@@ -16,7 +17,7 @@ use singleton::watch;
     args_override_self = true
 )]
 struct Args {
-    /// Watch only this namespace (default: all namespaces).
+    /// Watch only this namespace (default, or empty: all namespaces).
     #[arg(long, env = "SINGLETON_NAMESPACE")]
     namespace: Option<String>,
     /// Name of this instance in Events (the pod name under Kubernetes).
@@ -57,6 +58,14 @@ struct Args {
     /// How often candidates retry (renew deadline > 1.2 × this).
     #[arg(long, env = "SINGLETON_RETRY_PERIOD_SECONDS", default_value_t = 2.0)]
     retry_period_seconds: f64,
+    /// Serve only the SingletonJobs with these labels, a label selector such as `team=payments`
+    /// (default: all). Lets controllers share a cluster by label.
+    #[arg(long, env = "SINGLETON_LABEL_SELECTOR")]
+    label_selector: Option<String>,
+    /// Hosts a backstop may point at, comma-separated: CIDRs (`10.0.0.0/8`), addresses and host
+    /// names (default: any). A host outside is refused before any connection is attempted.
+    #[arg(long, env = "SINGLETON_BACKSTOP_ALLOWED_HOSTS", value_delimiter = ',')]
+    backstop_allowed_hosts: Vec<String>,
     /// Address of /healthz and /readyz (plain HTTP, no authentication).
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
@@ -87,7 +96,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.namespace = args.namespace.filter(|ns| !ns.is_empty());
     singleton::telemetry::init_logging(args.log_json);
     let election = if args.leader_elect {
         Some(ElectionOptions {
@@ -116,6 +126,8 @@ async fn main() -> anyhow::Result<()> {
         instance: args.instance,
         clock,
         clock_check_interval: Duration::from_secs(args.clock_check_seconds.max(1).into()),
+        label_selector: args.label_selector.filter(|s| !s.trim().is_empty()),
+        backstop_allowed_hosts: AllowedHosts::parse(&args.backstop_allowed_hosts)?,
     };
     let opts = ReplicaOptions {
         election,

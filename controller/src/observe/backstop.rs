@@ -4,37 +4,87 @@
 use kube::ResourceExt;
 
 use crate::api::SingletonJob;
-use crate::backstop::{Availability, Backstop, SecretKeys, TablePrefix, load_secret};
+use tokio::time::Instant;
+
+use crate::backstop::health::{Admission, Target};
+use crate::backstop::{Availability, Backstop, SecretKeys, TablePrefix, fingerprint, load_secret};
 use crate::context::Context;
 use crate::sync::lock;
 
+/// A SingletonJob's backstop as [`resolve`] found it.
+pub struct Resolved {
+    pub db: Availability,
+    /// Unavailable and not probed again before this instant (its backoff): nothing that waits
+    /// for it can change sooner.
+    pub retry_at: Option<Instant>,
+}
+
+impl From<Availability> for Resolved {
+    fn from(db: Availability) -> Self {
+        Resolved { db, retry_at: None }
+    }
+}
+
 /// The SingletonJob's backstop, connected and checked (the schema is ensured on connect). Every
-/// failure becomes a reason that names no secret value.
-pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Availability {
+/// failure becomes a reason that names no secret value. None: the backstop could not be probed
+/// now without waiting for other probes of its namespace ([`crate::backstop::health`]); look
+/// again shortly, without holding a reconcile slot meanwhile.
+pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Option<Resolved> {
+    let unavailable = |e: crate::Error| Some(Availability::Unavailable(e.to_string()).into());
     let Some(pg) = sj.spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) else {
         ctx.backstops.forget(&sj.key());
-        return Availability::NotConfigured;
+        return Some(Availability::NotConfigured.into());
     };
     let ns = sj.namespace().unwrap_or_default();
-    let data = match load_secret(&ctx.client, &ns, &pg.secret_ref.name).await {
+    let secret = &pg.secret_ref.name;
+    match ctx
+        .backstop_health
+        .before_reading(&ns, secret, Instant::now())
+    {
+        Some(Admission::Failing { error, retry_at }) => {
+            let db = Availability::Unavailable(error);
+            return Some(Resolved {
+                db,
+                retry_at: Some(retry_at),
+            });
+        }
+        Some(Admission::Busy) => return None,
+        Some(Admission::Probe(_)) | None => {}
+    }
+    let data = match load_secret(&ctx.client, &ns, secret).await {
         Ok(d) => d,
-        Err(e) => return Availability::Unavailable(e.to_string()),
+        Err(e) => return unavailable(e),
     };
     let prefix = match pg.table_prefix.as_deref().map(TablePrefix::new).transpose() {
         Ok(p) => p.unwrap_or_default(),
-        Err(e) => return Availability::Unavailable(e.to_string()),
+        Err(e) => return unavailable(e),
     };
-    let db = match ctx
-        .backstops
-        .get(&sj.key(), &data, &SecretKeys::default(), &prefix)
-    {
+    let keys = SecretKeys::default();
+    let db = match ctx.backstops.get(&sj.key(), &data, &keys, &prefix) {
         Ok(db) => db,
-        Err(e) => return Availability::Unavailable(e.to_string()),
+        Err(e) => return unavailable(e),
     };
-    match db.ping().await {
+    let target = Target {
+        namespace: ns,
+        secret: secret.clone(),
+        contents: fingerprint(&data, &keys, &prefix),
+    };
+    let probe = match ctx.backstop_health.admit(&target, Instant::now()) {
+        Admission::Probe(p) => p,
+        Admission::Failing { error, retry_at } => {
+            let db = Availability::Unavailable(error);
+            let retry_at = Some(retry_at);
+            return Some(Resolved { db, retry_at });
+        }
+        Admission::Busy => return None,
+    };
+    let r = db.ping().await.map_err(|e| e.to_string());
+    let retry_at = probe.done(r.clone(), Instant::now());
+    let db = match r {
         Ok(()) => Availability::Ready(db),
-        Err(e) => Availability::Unavailable(e.to_string()),
-    }
+        Err(why) => Availability::Unavailable(why),
+    };
+    Some(Resolved { db, retry_at })
 }
 
 /// How many more stale writes the backstop refused since the last look (the first look after

@@ -36,6 +36,7 @@ fn context(client: kube::Client) -> Context {
         clock,
         gate: Gate::always(),
         backstops: Default::default(),
+        backstop_health: Default::default(),
         rejections_seen: Default::default(),
         own_writes: OwnWrites::default(),
         confirming: InFlight::new().0,
