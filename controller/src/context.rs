@@ -59,6 +59,9 @@ impl Context {
         self.own_writes.forget(sj);
         self.backstops.forget(&sj.key());
         lock(&self.rejections_seen).remove(&sj.key());
+        if let Some(uid) = &sj.metadata.uid {
+            self.backstop_health.forget(uid);
+        }
     }
 }
 

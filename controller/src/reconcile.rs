@@ -89,6 +89,17 @@ fn guard(sj: &SingletonJob, ctx: &Context) -> Option<Action> {
     if ctx.gate.check().is_err() {
         return Some(Action::await_change());
     }
+    // It waits for a failing backstop, its status says so, and no user changed it since: the
+    // watch's echo of our own write is not looked at before the backstop's next probe.
+    if let Some(uid) = sj.metadata.uid.as_deref()
+        && let Some(at) = ctx
+            .backstop_health
+            .is_hushed(uid, asked(sj), tokio::time::Instant::now())
+    {
+        return Some(Action::requeue(
+            at.saturating_duration_since(tokio::time::Instant::now()),
+        ));
+    }
     // This SingletonJob's run is being confirmed (steps 7 and 8, in a task of their own): the
     // status read here is about to change; the task asks for a reconcile when it is done.
     if ctx.confirming.contains(sj) {
@@ -101,6 +112,16 @@ fn guard(sj: &SingletonJob, ctx: &Context) -> Option<Action> {
     ctx.own_writes
         .predates(sj, &status)
         .then(Action::await_change)
+}
+
+/// What a user can change that a reconcile must see at once: the spec (its generation) and the
+/// operation annotations (the cached copy keeps no others).
+fn asked(sj: &SingletonJob) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sj.metadata.generation.hash(&mut h);
+    sj.metadata.annotations.hash(&mut h);
+    h.finish()
 }
 
 /// What was observed, for the rest of the reconcile.
@@ -227,8 +248,18 @@ async fn decide_and_act(
     if let Some(at) = plan.wake_at {
         ctx.clock.prepare(at);
     }
+    let hold = backstop_wait(&decided, &seen);
     let wake = plan.wake_at.map(|at| until(now, at));
-    let wake = wake.map(|w| w.max(backstop_wait(&decided, &seen)));
+    let wake = wake.map(|w| w.max(hold));
+    if !hold.is_zero()
+        && started.is_none()
+        && !operating
+        && let Some(uid) = sj.metadata.uid.as_deref()
+    {
+        // The echo of this status write changes nothing until the backstop's next probe.
+        let until = tokio::time::Instant::now() + hold;
+        ctx.backstop_health.hush(uid, asked(sj), until);
+    }
     let operating = if started.is_some() {
         Some(Duration::ZERO)
     } else {

@@ -138,7 +138,10 @@ async fn measure(env: &Env, what: &str, from: Instant) -> Result<()> {
 }
 
 #[tokio::test]
-#[ignore = "fails on the shared 2-core machine: the healthy namespace still stalls once 130 hostile SingletonJobs exist (see the branch report, issue 19 item 7)"]
+// Issue 19 item 7 is open while this fails: with the hostile namespace, the healthy runs lag
+// 8 to 11 s (p99, against about 0.2 s alone) on an otherwise idle machine, though the hostile
+// SingletonJobs are reconciled only about 6 times a second in all (docs/security.md).
+#[ignore = "fails: the healthy namespace's runs still lag about 10 s once 130 hostile SingletonJobs exist (issue 19 item 7 open)"]
 async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_runs() -> Result<()>
 {
     let mut healthy = Env::new("noisy-healthy").await?;

@@ -80,6 +80,9 @@ struct State {
 pub struct Health {
     state: Mutex<State>,
     per_namespace: usize,
+    /// SingletonJobs recorded as waiting for a failing backstop: uid → (not before, what they
+    /// looked like then).
+    waiting: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 impl Default for Health {
@@ -106,7 +109,45 @@ impl Health {
         Health {
             state: Mutex::default(),
             per_namespace: per_namespace.max(1),
+            waiting: Mutex::default(),
         }
+    }
+
+    /// Records that the SingletonJob `uid`, as `seen` (see [`Health::is_hushed`]), waits for
+    /// its backstop until `until`: its status was just written with what that wait means.
+    ///
+    /// The write comes back through the watch as a change and would be reconciled at once; for
+    /// an every-second schedule that reconcile records the next missed period and writes again,
+    /// a loop of one write a second per SingletonJob. A namespace of them behind a dead database
+    /// would fill the controller's request lanes and delay every other namespace's runs.
+    pub fn hush(&self, uid: &str, seen: u64, until: Instant) {
+        let mut w = lock(&self.waiting);
+        if w.len() >= MAX_TARGETS {
+            let now = Instant::now();
+            w.retain(|_, (at, _)| now < *at);
+        }
+        w.insert(uid.to_string(), (until, seen));
+    }
+
+    /// Until when the SingletonJob `uid` need not be reconciled: it waits for its backstop and
+    /// nothing a user can change (`seen`: its generation and operation annotations, hashed by
+    /// the caller) changed since. A period due meanwhile is recorded at that next look, a
+    /// little late, never lost (G2), as when it is requeued for the backstop's next probe.
+    pub fn is_hushed(&self, uid: &str, seen: u64, now: Instant) -> Option<Instant> {
+        let mut w = lock(&self.waiting);
+        match w.get(uid) {
+            Some(&(until, was)) if was == seen && now < until => Some(until),
+            Some(_) => {
+                w.remove(uid);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Forgets a deleted SingletonJob.
+    pub fn forget(&self, uid: &str) {
+        lock(&self.waiting).remove(uid);
     }
 
     /// Before the Secret is read: when the target the Secret `secret` of `namespace` named last
@@ -149,13 +190,17 @@ impl Health {
         {
             // Within its backoff, or its next probe must wait (another reconcile probes it now,
             // or its namespace's room is full): the last error stands until a probe says
-            // otherwise, so a SingletonJob behind it is told, not left waiting.
+            // otherwise, so a SingletonJob behind it is told, not left waiting. Waiting for room,
+            // it is looked at again after the longest backoff, not every BUSY_RETRY: its failures
+            // cannot grow its backoff while it is not probed, and a namespace of SingletonJobs
+            // behind failing targets would otherwise reconcile (and write status) many times a
+            // second while its probes queue, and crowd out everyone else.
             return Admission::Failing {
                 error: f.error.clone(),
                 retry_at: if now < f.retry_at {
                     f.retry_at
                 } else {
-                    now + BUSY_RETRY
+                    now + MAX_BACKOFF
                 },
             };
         }
@@ -371,5 +416,49 @@ mod tests {
             Admission::Probe(_)
         ));
         drop(b);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_target_waiting_for_room_is_looked_at_after_its_backoff_not_sooner() {
+        // One probe at a time in the namespace; target 1 has failed once (a 1 s backoff).
+        let h = Health::new(1);
+        let Admission::Probe(p) = h.admit(&target("bad", 1), Instant::now()) else {
+            panic!("a new target is probed");
+        };
+        let now = p
+            .done(Err("timed out".into()), Instant::now())
+            .expect("a failure has a retry time");
+        // Its backoff has passed, but another target holds the namespace's one probe: its
+        // SingletonJobs keep the last error and wait the longest backoff, not BUSY_RETRY (nor
+        // its own 1 s, which cannot grow while it is not probed), so a namespace of them does
+        // not reconcile many times a second while its probes queue.
+        let Admission::Probe(other) = h.admit(&target("bad", 2), now) else {
+            panic!("room for one");
+        };
+        match h.admit(&target("bad", 1), now) {
+            Admission::Failing { retry_at, .. } => assert_eq!(retry_at, now + MAX_BACKOFF),
+            other => panic!("waiting for room: {other:?}"),
+        }
+        drop(other);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_singletonjob_waiting_for_its_backstop_is_hushed_until_then_unless_changed() {
+        let h = Health::default();
+        let now = Instant::now();
+        let until = now + Duration::from_secs(30);
+        assert_eq!(h.is_hushed("uid", 7, now), None, "nothing recorded");
+        h.hush("uid", 7, until);
+        assert_eq!(h.is_hushed("uid", 7, now), Some(until));
+        assert_eq!(h.is_hushed("other", 7, now), None);
+        // A change a user made (a new generation, an operation asked for) is looked at now.
+        assert_eq!(h.is_hushed("uid", 8, now), None);
+        assert_eq!(h.is_hushed("uid", 7, now), None, "and the memory is gone");
+        // Past its time, it is reconciled as usual.
+        h.hush("uid", 7, until);
+        assert_eq!(h.is_hushed("uid", 7, until), None);
+        h.hush("uid", 7, until);
+        h.forget("uid");
+        assert_eq!(h.is_hushed("uid", 7, now), None);
     }
 }
