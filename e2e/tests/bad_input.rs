@@ -928,11 +928,22 @@ async fn hand_written_operation_requests() -> Result<()> {
         ("malformed JSON", &rejected),
     )
     .await?;
-    let warned = e2e::events_with_reason(&env, "OperationRejected").await?;
-    ensure(
-        &env,
-        warned.len() >= 2,
-        ("OperationRejected Events", warned.len()),
+    // Events are published after the status write (and repeats may be folded into a series):
+    // poll until both rejections are counted.
+    env.wait_for(
+        "two OperationRejected Events",
+        Duration::from_secs(30),
+        || async {
+            let warned = e2e::events_with_reason(&env, "OperationRejected").await?;
+            let n: i32 = warned
+                .iter()
+                .map(|e| {
+                    let series = e.series.as_ref().and_then(|s| s.count).unwrap_or(1);
+                    series.max(e.count.unwrap_or(1))
+                })
+                .sum();
+            Ok((n >= 2).then_some(()))
+        },
     )
     .await?;
     // Nothing else broke: the controller runs, and the object still takes requests.
