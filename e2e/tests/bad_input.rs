@@ -970,6 +970,8 @@ async fn a_backfill_over_a_century_is_refused() -> Result<()> {
         Ok(sj.status.and_then(|s| s.claims_recorded).map(|_| ()))
     })
     .await?;
+    let token = |sj: SingletonJob| sj.status.map_or(0, |s| s.fencing_token);
+    let before = token(env.get_sj("b").await?);
     let req = serde_json::json!({
         "id": "century", "from": "1900-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z",
     })
@@ -1001,12 +1003,19 @@ async fn a_backfill_over_a_century_is_refused() -> Result<()> {
         ("backfill over a century", &op),
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // No wait needed: a Job follows only a claim, which issues a token in status before the
+    // Job is created, and the verdict was written after any claim of the same pass.
+    let after = token(env.get_sj("b").await?);
     let jobs = env.job_list().await?;
     ensure(
         &env,
-        jobs.is_empty(),
-        ("Jobs after a refused backfill", jobs.len()),
+        jobs.is_empty() && after == before,
+        (
+            "Jobs (and tokens) after a refused backfill",
+            jobs.len(),
+            before,
+            after,
+        ),
     )
     .await?;
     Ok(())

@@ -91,7 +91,12 @@ async fn an_oversize_job_template_is_refused_and_starts_nothing() -> Result<()> 
     // Several periods pass: no Job for any of them, and the small one keeps running.
     let token = |sj: singleton::api::SingletonJob| sj.status.map_or(0, |s| s.fencing_token);
     let small_before = token(env.get_sj("small").await?);
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    env.wait_for(
+        "several periods of the small one",
+        Duration::from_secs(30),
+        || async { Ok((token(env.get_sj("small").await?) >= small_before + 3).then_some(())) },
+    )
+    .await?;
     let jobs = env.job_list().await?;
     let big_jobs: Vec<String> = jobs
         .iter()
@@ -135,7 +140,7 @@ async fn catch_up_all_after_a_suspension_starts_at_most_catch_up_limit() -> Resu
         "  suspend: true\n  catchUp: All\n  catchUpLimit: 3\n  concurrencyPolicy: Allow\n  maxActive: 100\n",
     ))
     .await?;
-    // The fault: suspended across a dozen every-second periods.
+    // The fault (a fixed sleep on purpose): suspended across a dozen every-second periods.
     tokio::time::sleep(Duration::from_secs(12)).await;
     let resumed = Timestamp::now();
     let patch = serde_json::json!({"spec": {"suspend": false}});
