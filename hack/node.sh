@@ -405,6 +405,13 @@ cmd_up() {
   setup_network
   start_containerd
   ensure_pause_image
+  # Images built earlier by hack/image.sh (`make image`) come back with the node (down wipes
+  # containerd's store, and there is no registry to pull them from).
+  local tar
+  for tar in "$REPO"/.cache/images/*.tar; do
+    [ -s "$tar" ] || continue
+    import_image "$tar" && log "imported $(basename "$tar") from .cache/images"
+  done
   start_kubelet
   WAIT_PIDFILE=$(pidfile kubelet) wait_for "node $NODE_NAME Ready" 120 "$(logfile kubelet)" node_ready
   log "node $NODE_NAME ready in $((SECONDS - t0))s"
