@@ -83,7 +83,7 @@ async fn billing_database(name: &str) -> Result<String> {
 
 /// The SingletonJob: every minute, the billing workload's image on the real node, as a pod the
 /// restricted standard admits.
-fn billing_sj() -> String {
+fn billing_sj(policy: &str, work_seconds: u32) -> String {
     format!(
         r#"apiVersion: singleton.dev/v1alpha1
 kind: SingletonJob
@@ -91,7 +91,7 @@ metadata:
   name: invoices
 spec:
   schedule: "* * * * *"
-  concurrencyPolicy: Forbid
+  concurrencyPolicy: {policy}
   lock:
     purpose: Correctness
   backstop:
@@ -104,6 +104,7 @@ spec:
       template:
         spec:
           restartPolicy: Never
+          terminationGracePeriodSeconds: 120
           nodeSelector: {{singleton.dev/node: real}}
           tolerations: [{{key: singleton.dev/node, operator: Exists, effect: NoSchedule}}]
           securityContext:
@@ -117,6 +118,7 @@ spec:
             env:
             - name: DATABASE_URL
               valueFrom: {{secretKeyRef: {{name: billing-db, key: url}}}}
+            - {{name: BILLING_WORK_SECONDS, value: "{work_seconds}"}}
             securityContext:
               allowPrivilegeEscalation: false
               readOnlyRootFilesystem: true
@@ -278,11 +280,22 @@ impl Drop for Binding {
     }
 }
 
-#[tokio::test]
-async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
-    let env = Env::new("real-node").await?;
+/// What both tests start from: the release namespace and the namespace it serves (both enforcing
+/// the restricted Pod Security Standard), a billing database of the test's own with its Secret,
+/// and the chart installed with the local image on the real node.
+struct Setup {
+    env: Env,
+    work: Env,
+    release: String,
+    full: String,
+    host_url: String,
+    _uninstall: Uninstall,
+}
+
+async fn setup(name: &str) -> Result<Setup> {
+    let env = Env::new(name).await?;
     real_node_ready(&env).await?;
-    let work = Env::new("real-node-work").await?;
+    let work = Env::new(&format!("{name}-w")).await?;
     restricted(&env.ns)?;
     restricted(&work.ns)?;
     let suffix = env.ns.rsplit('-').next().unwrap_or("x").to_string();
@@ -344,6 +357,26 @@ async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
     }
     let _uninstall = scopeguard(release.clone(), env.ns.clone());
 
+    Ok(Setup {
+        env,
+        work,
+        release,
+        full,
+        host_url,
+        _uninstall,
+    })
+}
+
+#[tokio::test]
+async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
+    let Setup {
+        env,
+        work,
+        release,
+        full,
+        host_url,
+        _uninstall,
+    } = setup("real-node").await?;
     // Two real pods on the real node, and one of them leads.
     let pods = wait(
         "two Ready controller pods",
@@ -420,7 +453,7 @@ async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
     .await?;
 
     // A run: the Job's real container writes its period and token, fenced.
-    work.create_sj(&billing_sj()).await?;
+    work.create_sj(&billing_sj("Forbid", 0)).await?;
     let (job1, period1, token1) = next_completed_job(&work, &[]).await?;
     let written = runs_written(&host_url).await?;
     check(
@@ -497,4 +530,172 @@ impl Drop for Uninstall {
 }
 fn scopeguard(release: String, ns: String) -> Uninstall {
     Uninstall(release, ns)
+}
+
+/// The freezer cgroup (v1, this host's hierarchy) of a container on the real node.
+fn freezer_of(container_id: &str) -> Result<std::path::PathBuf> {
+    fn find(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if entry.file_name() == name {
+                return Some(path);
+            }
+            if let Some(p) = find(&path, name) {
+                return Some(p);
+            }
+        }
+        None
+    }
+    let root = std::path::Path::new("/sys/fs/cgroup/freezer/singleton-node");
+    find(root, container_id)
+        .with_context(|| format!("no freezer cgroup for container {container_id} under {root:?}"))
+}
+
+/// Sets a freezer cgroup's state and waits until the kernel reports it.
+async fn set_freezer(cgroup: &std::path::Path, state: &str) -> Result<()> {
+    let file = cgroup.join("freezer.state");
+    std::fs::write(&file, state).with_context(|| format!("writing {state} to {file:?}"))?;
+    wait(
+        &format!("{file:?} to be {state}"),
+        Duration::from_secs(20),
+        &[],
+        || async { Ok((std::fs::read_to_string(&file)?.trim() == state).then_some(())) },
+    )
+    .await
+}
+
+/// The Running pod of a Job, with its container's id.
+async fn running_pod_of(work: &Env, job: &str) -> Result<(String, String)> {
+    wait(
+        &format!("Job {job}'s pod to run"),
+        Duration::from_secs(90),
+        &[&work.ns],
+        || async {
+            let pods = Api::<Pod>::namespaced(work.client.clone(), &work.ns)
+                .list(&ListParams::default().labels(&format!("job-name={job}")))
+                .await?;
+            for p in pods {
+                let st = p.status.clone().unwrap_or_default();
+                let id = st
+                    .container_statuses
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                    .and_then(|c| c.container_id.clone());
+                if let Some(id) = id {
+                    let id = id.rsplit("://").next().unwrap_or_default().to_string();
+                    return Ok(Some((p.name_any(), id)));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await
+}
+
+/// The stale-run case on real containers: a run's container is frozen with the cgroup freezer
+/// (a VM or GC pause) before its write; the next period Replaces it, which advances the fence to
+/// a newer token before the old Job is deleted; thawed, the old run goes on to its transaction
+/// (it finishes a run on SIGTERM) and `singleton_fence` refuses it with SQLSTATE SF001, so
+/// nothing of it commits; the newer run's write commits.
+#[tokio::test]
+async fn frozen_workload_is_refused_by_the_fence_after_a_replace() -> Result<()> {
+    let Setup {
+        env: _env,
+        work,
+        host_url,
+        _uninstall,
+        ..
+    } = setup("real-freeze").await?;
+    // 50 s of "work": the first run is still before its write when the next minute's period
+    // replaces it.
+    work.create_sj(&billing_sj("Replace", 50)).await?;
+    let job1 = wait(
+        "the first run's Job",
+        Duration::from_secs(90),
+        &[&work.ns],
+        || async {
+            Ok(work
+                .jobs()
+                .list(&ListParams::default())
+                .await?
+                .into_iter()
+                .next())
+        },
+    )
+    .await?;
+    let (job1_name, token1) = (job1.name_any(), token_of(&job1));
+    let (pod1, container1) = running_pod_of(&work, &job1_name).await?;
+    // Its log, streamed from now until its container ends (the pod is deleted right after).
+    let log_path = work.log_dir().join("frozen-run.log");
+    let mut follow = kubectl()
+        .args(["logs", "-f", &pod1, "-n", &work.ns])
+        .stdout(std::fs::File::create(&log_path)?)
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let cgroup = freezer_of(&container1)?;
+    set_freezer(&cgroup, "FROZEN").await?;
+
+    // The next period replaces it: the fence moves past its token while it is frozen.
+    let host = host_url.clone();
+    let fence = wait(
+        "the fence to move past the frozen run's token",
+        Duration::from_secs(120),
+        &[&work.ns],
+        || async {
+            let (client, conn) = tokio_postgres::connect(&host, tokio_postgres::NoTls).await?;
+            tokio::spawn(conn);
+            let row = client
+                .query_opt("SELECT max(token) FROM singleton_fences", &[])
+                .await
+                .ok()
+                .flatten();
+            let t: Option<i64> = row.and_then(|r| r.get(0));
+            Ok(t.filter(|t| *t > token1 as i64))
+        },
+    )
+    .await;
+    // Thawed whatever happened, so a failure leaves no frozen process behind.
+    set_freezer(&cgroup, "THAWED").await?;
+    let fence = fence?;
+
+    // Thawed, it goes on to its transaction and is refused by the fence.
+    let refused = wait(
+        "the thawed run's write to be refused",
+        Duration::from_secs(60),
+        &[&work.ns],
+        || async {
+            let log = std::fs::read_to_string(&log_path)?;
+            Ok(log.contains("SQLSTATE SF001").then_some(log))
+        },
+    )
+    .await?;
+    let _ = follow.kill();
+    let written = runs_written(&host_url).await?;
+    check(
+        &work,
+        !written.iter().any(|(_, t)| *t == token1 as i64),
+        ("the stale run wrote", &written, "its log", &refused),
+    )
+    .await?;
+    // The newer run, created once the old pod is gone, commits with the newer token.
+    let (job2, period2, token2) =
+        next_completed_job(&work, std::slice::from_ref(&job1_name)).await?;
+    check(
+        &work,
+        token2 as i64 == fence,
+        ("newer run", &job2, token2, "fence", fence),
+    )
+    .await?;
+    let written = runs_written(&host_url).await?;
+    check(
+        &work,
+        written.contains(&(period2.clone(), token2 as i64)),
+        ("invoice_runs", &written),
+    )
+    .await?;
+    Ok(())
 }

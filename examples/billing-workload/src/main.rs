@@ -7,7 +7,13 @@
 //! Environment: `DATABASE_URL` (the workload's own connection; the example's tables from
 //! examples/billing/schema.sql), `SINGLETON_JOB`, `SINGLETON_PERIOD`, `SINGLETON_FENCING_TOKEN`,
 //! `SINGLETON_IDEMPOTENCY_KEY` (the last four set by the controller).
+//! `BILLING_WORK_SECONDS` (default 0) stands for the time computing the invoices takes before the
+//! write: the window in which the tests freeze a run.
 //! Exit status: 0 committed, 2 bad environment, 3 refused by the fence, 1 any other failure.
+//!
+//! SIGTERM (the pod deleted, e.g. by a `Replace`) does not stop a run half-way: it goes on to its
+//! one transaction, and the fence decides whether that commits. A run that was frozen or paused
+//! past the start of a newer run is refused there, which is the point of the example.
 //!
 //! The connection is plain TCP (`NoTls`): the example's database is reached over the node's pod
 //! bridge. A real deployment adds TLS (tokio-postgres-rustls, as the controller's backstop does).
@@ -136,6 +142,24 @@ async fn main() -> ExitCode {
         "invoice run for {}, period {}, fencing token {}",
         run.job, run.period, run.token
     );
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::spawn(async move {
+                while term.recv().await.is_some() {
+                    println!("SIGTERM: finishing this run; the fence decides whether it commits");
+                }
+            });
+        }
+        Err(e) => eprintln!("cannot handle SIGTERM: {e}"),
+    }
+    let work = std::env::var("BILLING_WORK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0u64);
+    if work > 0 {
+        println!("computing invoices for {work}s");
+        tokio::time::sleep(std::time::Duration::from_secs(work)).await;
+    }
     match invoice(&url, &run).await {
         Ok(n) => {
             println!("committed {n} invoice(s) under fence {}", run.token);
