@@ -699,3 +699,88 @@ async fn frozen_workload_is_refused_by_the_fence_after_a_replace() -> Result<()>
     .await?;
     Ok(())
 }
+
+/// The leader's container frozen with the cgroup freezer past its Lease (the realistic VM or GC
+/// pause): the standby takes the Lease while it is frozen; thawed, the old leader stays out (the
+/// Lease stays with the new one) and the runs go on with rising tokens, one Job per period.
+#[tokio::test]
+async fn frozen_leader_loses_the_lease_and_stays_out() -> Result<()> {
+    let Setup {
+        env,
+        work,
+        release,
+        _uninstall,
+        ..
+    } = setup("real-lfreeze").await?;
+    work.create_sj(&billing_sj("Forbid", 0)).await?;
+    let (job1, _, token1) = next_completed_job(&work, &[]).await?;
+
+    let holder = lease_holder(&env, &release)
+        .await?
+        .context("the Lease is not held")?;
+    let pods = ready_pods(&env, &release).await?;
+    let (leader, _) = pods
+        .iter()
+        .find(|(n, _)| holder.starts_with(&format!("{n}-")))
+        .cloned()
+        .with_context(|| format!("Lease holder {holder} is none of the pods {pods:?}"))?;
+    let pod = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+        .get(&leader)
+        .await?;
+    let id = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .first()
+        .and_then(|c| c.container_id.clone())
+        .context("leader pod without a container id")?;
+    let cgroup = freezer_of(id.rsplit("://").next().unwrap_or_default())?;
+    set_freezer(&cgroup, "FROZEN").await?;
+    // The Lease (15 s) runs out while it is frozen; thawed right after the takeover, before the
+    // liveness probe (3 failures 10 s apart) would restart it.
+    let taken = wait(
+        "the standby to take the Lease from the frozen leader",
+        Duration::from_secs(40),
+        &[&env.ns],
+        || async {
+            Ok(lease_holder(&env, &release)
+                .await?
+                .filter(|h| !h.starts_with(&format!("{leader}-"))))
+        },
+    )
+    .await;
+    set_freezer(&cgroup, "THAWED").await?;
+    let new_holder = taken?;
+
+    // Thawed, the old leader does not take the Lease back, and the next run comes from the new
+    // leader with a higher token.
+    let (job2, _, token2) = next_completed_job(&work, std::slice::from_ref(&job1)).await?;
+    let now = lease_holder(&env, &release).await?;
+    check(
+        &env,
+        now.as_deref() == Some(new_holder.as_str()) && token2 > token1,
+        (
+            "holder",
+            &now,
+            "new",
+            &new_holder,
+            "tokens",
+            token1,
+            &job2,
+            token2,
+        ),
+    )
+    .await?;
+    // One Job per period, tokens rising with the periods.
+    let mut jobs: Vec<(String, u64)> = work
+        .jobs()
+        .list(&ListParams::default())
+        .await?
+        .iter()
+        .filter_map(|j| Some((period_of(j)?, token_of(j))))
+        .collect();
+    jobs.sort();
+    let unique = jobs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
+    check(&work, unique, ("Jobs (period, token)", &jobs)).await?;
+    Ok(())
+}
