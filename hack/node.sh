@@ -73,6 +73,11 @@ ensure_host_tools() {
   ensure_cmd buildah buildah
   ensure_cmd iptables iptables
   ensure_cmd gcc gcc
+  # The pause binary is linked statically: glibc's static archive comes with libc6-dev.
+  if [ "$(gcc -print-file-name=libc.a)" = libc.a ]; then
+    log "libc.a missing: installing Debian package libc6-dev"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libc6-dev >/dev/null
+  fi
   [ -x /usr/lib/cni/bridge ] || ensure_cmd /usr/lib/cni/bridge containernetworking-plugins
   "$REPO/hack/build-tools.sh" kubelet containerd
 }
@@ -391,9 +396,20 @@ start_kubelet() {
 }
 
 # --- commands --------------------------------------------------------------------------------------
+# One real node per machine: its ports (10250, 10248), bridge, iptables chain and /run paths are
+# fixed. $RUN/owner names the checkout whose node it is; another checkout's up refuses, and its
+# down leaves the node alone.
+OWNER=$RUN/owner
+foreign_owner() { [ -s "$OWNER" ] && [ "$(cat "$OWNER")" != "$REPO" ]; }
+
 cmd_up() {
+  if foreign_owner; then
+    die "the real node of $(cat "$OWNER") runs on this machine (one per machine): stop it there" \
+      "(hack/cluster.sh down), or set SINGLETON_REAL_NODE=0 for a kwok-only cluster"
+  fi
   [ -s "$CLUSTER/kubeconfig" ] || die "no cluster: run hack/cluster.sh up first"
   [ "$(id -u)" = 0 ] || die "the real node needs root (kubelet, containerd, bridge, iptables)"
+  mkdir -p "$RUN"; echo "$REPO" > "$OWNER"
   if pid_alive "$(pidfile kubelet)" && pid_alive "$(pidfile containerd)" && node_ready >/dev/null; then
     log "node $NODE_NAME already Ready"; return 0
   fi
@@ -418,6 +434,9 @@ cmd_up() {
 }
 
 cmd_down() {
+  if foreign_owner; then
+    log "the real node here belongs to $(cat "$OWNER"): left alone"; return 0
+  fi
   # Pods first (through the kubelet's runtime, while it still runs), so no shim outlives containerd.
   if pid_alive "$(pidfile containerd)"; then
     stop_pidfile "$(pidfile kubelet)" 20
