@@ -22,7 +22,7 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 .PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench image
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries, promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
+	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
 	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only) and PostgreSQL (no-op when already up)'
 	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
 	echo 'make image    build the controller and billing-workload images with buildah (no Docker) and import them into the real node'

@@ -320,7 +320,7 @@ case ${1:-} in
   pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd kwok helm promtool)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kwok helm promtool cargo-deny)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd kwok helm promtool cargo-deny)
 for t in "${tools[@]}"; do
   case $t in
     kubernetes) build_k8s ;;
