@@ -19,12 +19,13 @@ CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 CHART_CALENDAR_CRD := $(CHART_DIR)/files/singletoncalendar.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench
+.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench image
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries, promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
-	echo 'make up       start the local cluster and PostgreSQL (no-op when already up)'
-	echo 'make down     stop them and delete their state'
+	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
+	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only) and PostgreSQL (no-op when already up)'
+	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
+	echo 'make image    build the controller and billing-workload images with buildah (no Docker) and import them into the real node'
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
@@ -52,6 +53,9 @@ status:
 
 env:
 	@hack/cluster.sh env
+
+image:
+	hack/image.sh
 
 # Through a temporary file, so a failing crdgen never truncates the committed CRD.
 crds:
@@ -113,6 +117,8 @@ trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
 trap 'exit 130' INT TERM
 if [ -n "$$started" ]; then hack/cluster.sh up; fi
 $(CARGO) build -p singleton-controller --bins --features failpoints
+# The images the real node's tests run (tests/real_node.rs), when the real node runs.
+if hack/node.sh status >/dev/null 2>&1; then hack/image.sh; fi
 eval "$$(hack/cluster.sh env)"
 export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
 export KUBECTL="$(KUBECTL)" HELM="$(HELM)"

@@ -174,6 +174,64 @@ GO
   finish "$work/bin" "$dest"; rm -rf "$work"
 }
 
+# The real node's kubelet: same k8s.io/kubernetes version, the same staging replaces and version
+# ldflags as the control plane, but its own module (hack/tools/kubelet) so its extra dependencies
+# (cadvisor, CRI streaming, ...) never move the control plane's pinned build.
+build_kubelet() {
+  local dest=$TOOLS_DIR/kubelet-$K8S_VERSION
+  ready "$dest" kubelet && return 0
+  log "building kubelet $K8S_VERSION (cold: about 10 minutes on 2 cores)"
+  local work; work=$(newwork kubelet); WORKDIRS+=("$work")
+  mkdir -p "$work/bin"
+  if [ "$MODE" = pin ]; then
+    fresh_module kubelet singleton.dev/kubelet-tool
+    (cd "$MODS/kubelet"
+     go mod download -json "k8s.io/kubernetes@$K8S_VERSION" > "$work/dl.json"
+     gomod=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["GoMod"])' "$work/dl.json")
+     {
+       echo "require k8s.io/kubernetes $K8S_VERSION"
+       grep -E '^\s*k8s\.io/[^ ]+ => \./staging/' "$gomod" | awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
+     } >> go.mod
+     printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubelet"\n' > tools.go
+     go mod tidy -e >/dev/null 2>&1 || true
+     go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null)
+  fi
+  local mod; mod=$(module kubelet k8s.io/kubernetes "$K8S_VERSION")
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "$ld" -o "$work/bin/kubelet" k8s.io/kubernetes/cmd/kubelet)
+  seal "$work/bin" "kubelet-$K8S_VERSION" kubelet
+  finish "$work/bin" "$dest"; rm -rf "$work"
+}
+
+# The real node's container runtime: containerd, its runc shim and ctr (image import), from the
+# containerd/v2 module. btrfs (cgo) is left out: the node uses the overlayfs snapshotter.
+build_containerd() {
+  local dest=$TOOLS_DIR/containerd-$CONTAINERD_VERSION bins=(containerd containerd-shim-runc-v2 ctr)
+  ready "$dest" "${bins[@]}" && return 0
+  log "building containerd $CONTAINERD_VERSION (cold: about 5 minutes on 2 cores)"
+  local work; work=$(newwork containerd); WORKDIRS+=("$work")
+  mkdir -p "$work/bin"
+  if [ "$MODE" = pin ]; then
+    fresh_module containerd singleton.dev/containerd-tool
+    (cd "$MODS/containerd"
+     printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "github.com/containerd/containerd/v2/cmd/containerd"\n\t_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"\n\t_ "github.com/containerd/containerd/v2/cmd/ctr"\n)\n' > tools.go
+     quiet go get "github.com/containerd/containerd/v2@$CONTAINERD_VERSION"
+     go mod tidy -e >/dev/null 2>&1 || true)
+  fi
+  local mod; mod=$(module containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION")
+  local v=github.com/containerd/containerd/v2/version
+  (cd "$mod" && go build -mod=readonly -trimpath -tags no_btrfs \
+     -ldflags "-s -w -X $v.Version=$CONTAINERD_VERSION -X $v.Package=github.com/containerd/containerd/v2" \
+     -o "$work/bin/" github.com/containerd/containerd/v2/cmd/containerd \
+     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr)
+  seal "$work/bin" "containerd-$CONTAINERD_VERSION" "${bins[@]}"
+  finish "$work/bin" "$dest"; rm -rf "$work"
+}
+
 build_etcd() {
   local dest=$TOOLS_DIR/etcd-$ETCD_VERSION
   ready "$dest" etcd && return 0
@@ -259,13 +317,15 @@ kwok_stages() {
 
 mkdir -p "$TOOLS_DIR"
 case ${1:-} in
-  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kwok helm promtool)" ;;
+  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd kwok helm promtool)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kwok helm promtool cargo-deny)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd kwok helm promtool cargo-deny)
 for t in "${tools[@]}"; do
   case $t in
     kubernetes) build_k8s ;;
+    kubelet) build_kubelet ;;
+    containerd) build_containerd ;;
     etcd) build_etcd ;;
     kwok) build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok; kwok_stages ;;
     # Helm's own Makefile stamps the full version; without it `helm version` says only "v4.3".

@@ -82,7 +82,7 @@ cert() { # cert <name> <subject> <extensions>
 
 ensure_pki() {
   local ok=1 c
-  for c in ca apiserver admin kube-controller-manager kube-scheduler front-proxy-client; do
+  for c in ca apiserver admin kube-controller-manager kube-scheduler front-proxy-client apiserver-kubelet-client; do
     [ -s "$PKI/$c.crt" ] && openssl x509 -checkend 86400 -noout -in "$PKI/$c.crt" >/dev/null || ok=0
   done
   [ -s "$PKI/sa.key" ] || ok=0
@@ -111,6 +111,9 @@ extendedKeyUsage=clientAuth"
     # The aggregation layer's client identity; its CA must also be published as the request-header
     # CA, or every delegated-auth client (KCM, scheduler) logs "missing content for CA bundle".
     cert front-proxy-client "/CN=front-proxy-client" "$leaf
+extendedKeyUsage=clientAuth"
+    # The API server's identity towards kubelets (logs, exec, port-forward on the real node).
+    cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$leaf
 extendedKeyUsage=clientAuth"
     # Service-account token signing key (TokenRequest API, `kubectl create token`).
     openssl genrsa -out sa.key 2048 2>/dev/null
@@ -212,6 +215,9 @@ start_apiserver() {
     --requestheader-extra-headers-prefix=X-Remote-Extra- \
     --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
     --endpoint-reconciler-type=none \
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP \
     --allow-privileged=true \
     --cert-dir="$STATE/run/kube-apiserver" \
     ${APISERVER_EXTRA_ARGS[@]+"${APISERVER_EXTRA_ARGS[@]}"}
@@ -301,16 +307,21 @@ stop_all() {
 }
 
 # --- commands --------------------------------------------------------------------------------------
+# The real node (hack/node.sh): on unless SINGLETON_REAL_NODE=0 (kwok-only, no root needed).
+real_node() { [ "${SINGLETON_REAL_NODE:-1}" != 0 ]; }
+
 cmd_up() {
   ensure_tools
   if healthy; then
     log "already up"
     "$REPO/hack/postgres.sh" up
+    if real_node; then "$REPO/hack/node.sh" up; fi
   else
     if [ -d "$PIDS" ] && ls "$PIDS"/*.pid >/dev/null 2>&1; then
       local dead=() c
       for c in "${COMPONENTS[@]}"; do pid_alive "$(pidfile "$c")" || dead+=("$c"); done
       log "cluster is unhealthy (not running: ${dead[*]:-none}); restarting from a fresh state"
+      "$REPO/hack/node.sh" down
       stop_all
     fi
     # A fresh cluster gets a fresh database too: tokens recorded there belong to the old cluster.
@@ -323,10 +334,12 @@ cmd_up() {
     # A trap, not `if ! start_all`: errexit is suspended inside a function tested by `if`.
     trap 'if [ $? != 0 ]; then
             log "start failed; stopping what was started (logs stay in $LOGS)"
+            "$REPO/hack/node.sh" down || true
             stop_all; wait "$PG_JOB" || true; "$REPO/hack/postgres.sh" down
           fi' EXIT
     start_all
     wait "$PG_JOB"
+    if real_node; then "$REPO/hack/node.sh" up; fi
     trap - EXIT
     log "cluster ready in $((SECONDS - t0))s"
   fi
@@ -334,6 +347,8 @@ cmd_up() {
 }
 
 cmd_down() {
+  # Always (not only with SINGLETON_REAL_NODE on): whatever a node left on the host is undone.
+  "$REPO/hack/node.sh" down
   stop_all
   "$REPO/hack/postgres.sh" down
   rm -rf "$STATE/etcd" "$STATE/run" "$PIDS" "$STATE"/*.kubeconfig "$EXTRA_ARGS_FILE"
@@ -359,6 +374,7 @@ cmd_status() {
     printf '%-24s not ready\n' apiserver; rc=1
   fi
   "$REPO/hack/postgres.sh" status || rc=1
+  if real_node; then "$REPO/hack/node.sh" status || rc=1; fi
   [ $rc = 0 ] && echo "KUBECONFIG=$KUBECONFIG_FILE"
   return $rc
 }

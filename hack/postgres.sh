@@ -109,6 +109,15 @@ ensure_hba() {
   HBA_CHANGED=1
 }
 
+# ensure_pod_hba: the real node's pods (hack/node.sh) reach this server through a DNAT from their
+# bridge to 127.0.0.1, so it still listens on loopback only; their source is the pod network.
+POD_HBA_MARK="# singleton-controller tests: the real node's pod network"
+ensure_pod_hba() {
+  if grep -qF "$POD_HBA_MARK" "$DATA/pg_hba.conf"; then return 0; fi
+  printf '%s\nhost all all 10.244.0.0/24 trust\n' "$POD_HBA_MARK" >> "$DATA/pg_hba.conf"
+  HBA_CHANGED=1
+}
+
 up() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if ! running; then
@@ -132,6 +141,7 @@ EOF
     fi
     ensure_tls
     ensure_hba
+    ensure_pod_hba
     (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null \
       && die "127.0.0.1:$PORT is already taken by another process; set SINGLETON_PG_PORT"
     log "starting on 127.0.0.1:$PORT"
@@ -146,6 +156,7 @@ EOF
   # A server started before TLS support: add it in place, without a restart.
   ensure_tls
   ensure_hba
+  ensure_pod_hba
   if [ -n "$TLS_CHANGED$HBA_CHANGED" ]; then psql_q -c 'select pg_reload_conf()' >/dev/null; fi
   if [ "$(psql_q -c "select 1 from pg_database where datname = '$DB'")" != 1 ]; then
     psql_q -c "create database $DB" >/dev/null

@@ -1,0 +1,487 @@
+#!/usr/bin/env bash
+# A real node beside kwok: a kubelet (built like the control plane, hack/build-tools.sh) running pods
+# through containerd and runc, on a CNI bridge. Called by hack/cluster.sh up/down/status once the
+# API server runs; usable alone too.
+#
+# Usage: hack/node.sh up|down|status|image-import <archive>|crictl-like <ctr args...>
+#   up      record the host settings a kubelet changes (once), set up the pod bridge, start
+#           containerd and the kubelet, build and import the pause image, wait for the node Ready.
+#           A no-op when the node is already Ready.
+#   down    stop every pod sandbox, the kubelet and containerd, unmount what they mounted, delete the
+#           bridge, our iptables chain and all state, and restore the host settings recorded by up.
+#   status  say what runs; exit 0 only if the node is Ready.
+#   import <docker-archive>  import an image into the node's containerd (k8s.io namespace).
+#   build-image <ref> <rootfs dir> <entrypoint json> <user> <out.tar>: a `from scratch` image of
+#            the dir's contents, with buildah (storage under our state dir), as a docker-archive.
+#   ctr <args...>            run containerd's ctr against the node's containerd.
+#
+# The node is named singleton-node, labelled singleton.dev/node=real and tainted
+# singleton.dev/node=real:NoSchedule: only pods that tolerate the taint (the real-node tests) land
+# there; everything else stays on kwok's fake node.
+#
+# What it changes on the host, all undone by `down` (recorded in $NODE_STATE/host-before):
+#   sysctls vm.overcommit_memory, kernel.panic, kernel.panic_on_oops (set by the kubelet),
+#   net.ipv4.ip_forward (set by the CNI bridge plugin);
+#   iptables chains the kubelet creates (KUBE-*) and ours (SINGLETON-NODE in nat, jumped to from
+#   PREROUTING for packets from the pod bridge only); never a global flush;
+#   directories the kubelet, containerd and CNI insist on (/var/lib/kubelet, /var/log/containers,
+#   /var/log/pods, /run/containerd, /var/lib/cni) when they did not exist before;
+#   cgroups under /sys/fs/cgroup/*/singleton-node; the bridge singleton0; mounts under our dirs.
+# Pods reach the API server at the `kubernetes` Service IP (10.96.0.1:443) and PostgreSQL at the
+# bridge's gateway (10.244.0.1:$SINGLETON_PG_PORT): both are DNAT-ed to the 127.0.0.1 listeners
+# (route_localnet on our bridge only), so nothing listens beyond loopback.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+LOG_TAG=node
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$REPO/hack/lib.sh"
+
+APISERVER_PORT=${SINGLETON_APISERVER_PORT:-36443}
+PG_PORT=${SINGLETON_PG_PORT:-35432}
+NODE_NAME=singleton-node
+POD_CIDR=10.244.0.0/24
+GATEWAY=10.244.0.1
+BRIDGE=singleton0
+CHAIN=SINGLETON-NODE
+KUBERNETES_SERVICE_IP=10.96.0.1
+PAUSE_IMAGE=localhost/singleton/pause:3.10
+CGROUP_ROOT=/singleton-node
+
+CLUSTER=$REPO/.cache/cluster
+PKI=$CLUSTER/pki
+NODE_STATE=$REPO/.cache/node
+RUN=/run/singleton-containerd
+SOCK=$RUN/containerd.sock
+PIDS=$NODE_STATE/pids
+LOGS=$NODE_STATE/logs
+HOST_BEFORE=$NODE_STATE/host-before
+KUBELET_ROOT=$NODE_STATE/kubelet
+CONTAINERD_DIR=$TOOLS_DIR/containerd-$CONTAINERD_VERSION
+KUBELET_BIN=$TOOLS_DIR/kubelet-$K8S_VERSION/kubelet
+K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
+SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward)
+HOST_DIRS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni)
+
+kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
+# ctr, without the deprecation warning containerd prints on every call on a cgroup v1 host.
+ctr() { "$CONTAINERD_DIR/ctr" --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2); }
+pidfile() { echo "$PIDS/$1.pid"; }
+logfile() { echo "$LOGS/$1.log"; }
+
+ensure_host_tools() {
+  ensure_cmd runc runc
+  ensure_cmd buildah buildah
+  ensure_cmd iptables iptables
+  ensure_cmd gcc gcc
+  # The pause binary is linked statically: glibc's static archive comes with libc6-dev.
+  if [ "$(gcc -print-file-name=libc.a)" = libc.a ]; then
+    log "libc.a missing: installing Debian package libc6-dev"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libc6-dev >/dev/null
+  fi
+  [ -x /usr/lib/cni/bridge ] || ensure_cmd /usr/lib/cni/bridge containernetworking-plugins
+  "$REPO/hack/build-tools.sh" kubelet containerd
+}
+
+# --- the host, before and after ----------------------------------------------------------------------
+chains() { # chains <iptables|ip6tables>: "table chain" for every chain there is
+  local t
+  for t in filter nat mangle; do "$1" -t "$t" -S 2>/dev/null | awk -v t="$t" '$1 == "-N" { print t, $2 }'; done
+}
+
+record_host() {
+  [ -s "$HOST_BEFORE" ] && return 0   # the first up records; an up after a crash keeps that record
+  mkdir -p "$NODE_STATE"
+  local s d
+  {
+    for s in "${SYSCTLS[@]}"; do echo "sysctl $s $(sysctl -n "$s")"; done
+    for d in "${HOST_DIRS[@]}"; do [ -e "$d" ] && echo "dir $d"; done
+    chains iptables | sed 's/^/iptables /'
+    chains ip6tables | sed 's/^/ip6tables /'
+  } > "$HOST_BEFORE.tmp"
+  mv "$HOST_BEFORE.tmp" "$HOST_BEFORE"
+  log "recorded host settings in $HOST_BEFORE"
+}
+
+restore_host() {
+  [ -s "$HOST_BEFORE" ] || return 0
+  local kind a b cur d ipt t c
+  while read -r kind a b; do
+    [ "$kind" = sysctl ] || continue
+    cur=$(sysctl -n "$a")
+    [ "$cur" = "$b" ] || { sysctl -qw "$a=$b"; log "restored $a=$b (was $cur)"; }
+  done < "$HOST_BEFORE"
+  for d in "${HOST_DIRS[@]}"; do
+    grep -qxF "dir $d" "$HOST_BEFORE" && continue
+    [ -e "$d" ] || continue
+    unmount_under "$d"; rm -rf "$d"; log "removed $d (made by the node)"
+  done
+  # Chains that exist now but did not before: made by the kubelet (KUBE-*) or by us. Flush then
+  # delete each, after removing the jumps to it from the built-in chains.
+  for ipt in iptables ip6tables; do
+    chains "$ipt" | while read -r t c; do
+      grep -qxF "$ipt $t $c" "$HOST_BEFORE" && continue
+      "$ipt" -t "$t" -S | awk -v c="$c" '$1 == "-A" && $0 ~ ("-j " c "( |$)") { $1 = "-D"; print }' \
+        | while read -r rule; do eval "$ipt -t $t $rule" || true; done
+      "$ipt" -t "$t" -F "$c" 2>/dev/null || true
+    done
+    chains "$ipt" | while read -r t c; do
+      grep -qxF "$ipt $t $c" "$HOST_BEFORE" && continue
+      "$ipt" -t "$t" -X "$c" 2>/dev/null && log "removed $ipt chain $t/$c"
+    done
+  done
+  rm -f "$HOST_BEFORE"
+}
+
+# unmount_under <dir>: every mount at or below dir, deepest first.
+unmount_under() {
+  local m
+  awk -v d="$1" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r \
+    | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+}
+
+# cgroups: one subtree per v1 hierarchy (and the unified one), removed deepest first.
+cgroup_dirs() { local h; for h in /sys/fs/cgroup/*/; do echo "${h%/}$CGROUP_ROOT"; done; }
+make_cgroups() { local d; for d in $(cgroup_dirs); do mkdir -p "$d"; done; }
+remove_cgroups() {
+  local d
+  for d in $(cgroup_dirs); do
+    [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
+}
+
+# --- network ---------------------------------------------------------------------------------------
+setup_network() {
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$GATEWAY/24" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
+  # Packets from pods to 127.0.0.1 (after DNAT) are accepted on this interface only.
+  sysctl -qw "net.ipv4.conf.$BRIDGE.route_localnet=1"
+  iptables -t nat -N "$CHAIN" 2>/dev/null || iptables -t nat -F "$CHAIN"
+  iptables -t nat -C PREROUTING -i "$BRIDGE" -j "$CHAIN" 2>/dev/null \
+    || iptables -t nat -A PREROUTING -i "$BRIDGE" -j "$CHAIN"
+  iptables -t nat -A "$CHAIN" -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443 \
+    -j DNAT --to-destination "127.0.0.1:$APISERVER_PORT"
+  iptables -t nat -A "$CHAIN" -d "$GATEWAY/32" -p tcp --dport "$PG_PORT" \
+    -j DNAT --to-destination "127.0.0.1:$PG_PORT"
+  mkdir -p "$NODE_STATE/cni/net.d"
+  cat > "$NODE_STATE/cni/net.d/10-singleton.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "singleton",
+  "plugins": [
+    {
+      "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "isDefaultGateway": true,
+      "ipMasq": false, "hairpinMode": true,
+      "ipam": {
+        "type": "host-local", "dataDir": "$NODE_STATE/cni/ipam",
+        "ranges": [[{ "subnet": "$POD_CIDR", "gateway": "$GATEWAY" }]]
+      }
+    }
+  ]
+}
+EOF
+}
+
+teardown_network() {
+  if iptables -t nat -S "$CHAIN" >/dev/null 2>&1; then
+    iptables -t nat -D PREROUTING -i "$BRIDGE" -j "$CHAIN" 2>/dev/null || true
+    iptables -t nat -F "$CHAIN"; iptables -t nat -X "$CHAIN"
+  fi
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+# --- PKI: pre-made certificates signed by the cluster CA (no TLS bootstrap) -------------------------
+node_cert() { # node_cert <name> <subject> <extensions>
+  (cd "$NODE_STATE/pki"
+   openssl genrsa -out "$1.key" 2048 2>/dev/null
+   openssl req -new -key "$1.key" -subj "$2" -out "$1.csr"
+   openssl x509 -req -in "$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+     -CAserial "$NODE_STATE/pki/ca.srl" -days 30 -sha256 -extfile <(printf '%s\n' "$3") -out "$1.crt" 2>/dev/null
+   rm -f "$1.csr")
+}
+
+ensure_node_pki() {
+  mkdir -p "$NODE_STATE/pki"
+  # Remade whenever the cluster CA is newer than them (cluster.sh remakes the CA when it expires).
+  if [ -s "$NODE_STATE/pki/kubelet.crt" ] && [ "$NODE_STATE/pki/kubelet.crt" -nt "$PKI/ca.crt" ] \
+     && openssl x509 -checkend 86400 -noout -in "$NODE_STATE/pki/kubelet.crt" >/dev/null; then
+    return 0
+  fi
+  local leaf="basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment"
+  # The Node authorizer grants a kubelet what its node's pods need, by this identity.
+  node_cert kubelet-client "/O=system:nodes/CN=system:node:$NODE_NAME" "$leaf
+extendedKeyUsage=clientAuth"
+  # The kubelet's serving cert, for the API server's logs/exec/port-forward connections.
+  node_cert kubelet "/CN=$NODE_NAME" "$leaf
+extendedKeyUsage=serverAuth
+subjectAltName=IP:$GATEWAY,IP:127.0.0.1,DNS:$NODE_NAME,DNS:localhost"
+  local f=$NODE_STATE/kubelet.kubeconfig
+  (umask 077; cat > "$f" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: singleton
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: kubelet
+  user:
+    client-certificate-data: $(base64 -w0 "$NODE_STATE/pki/kubelet-client.crt")
+    client-key-data: $(base64 -w0 "$NODE_STATE/pki/kubelet-client.key")
+contexts:
+- name: singleton
+  context: {cluster: singleton, user: kubelet}
+current-context: singleton
+EOF
+  )
+}
+
+# --- containerd ------------------------------------------------------------------------------------
+write_containerd_config() {
+  mkdir -p "$NODE_STATE/containerd" "$RUN"
+  cat > "$NODE_STATE/containerd.toml" <<EOF
+version = 3
+root = "$NODE_STATE/containerd"
+state = "$RUN"
+# NRI would open /var/run/nri; nothing here uses it.
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$NODE_STATE/opt"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # Root here cannot lower oom_score_adj below its own (nor raise rlimits): clamp instead of fail.
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        # Debian's runc: crun fails on this host's hybrid cgroups.
+        BinaryName = "$(command -v runc)"
+        Root = "$RUN/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$NODE_STATE/cni/net.d"
+    max_conf_num = 1
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+}
+
+containerd_ready() { ctr version >/dev/null 2>&1; }
+
+start_containerd() {
+  pid_alive "$(pidfile containerd)" && containerd_ready && return 0
+  write_containerd_config
+  log "starting containerd $CONTAINERD_VERSION ($SOCK)"
+  : > "$(logfile containerd)"
+  # The shim is looked up on PATH.
+  PATH=$CONTAINERD_DIR:$PATH start_daemon "$(pidfile containerd)" "$(logfile containerd)" \
+    "$CONTAINERD_DIR/containerd" --config "$NODE_STATE/containerd.toml"
+  WAIT_PIDFILE=$(pidfile containerd) wait_for "containerd" 60 "$(logfile containerd)" containerd_ready
+}
+
+# --- images ----------------------------------------------------------------------------------------
+# buildah keeps its storage under our state dir (not /var/lib/containers).
+buildah_() {
+  buildah --root "$NODE_STATE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs "$@"
+}
+
+# build_image <ref> <rootfs dir> <entrypoint json> <user> <docker-archive>: a `from scratch` image
+# holding exactly the rootfs dir, written as a docker-archive (`ctr images import` names the image
+# from its RepoTags).
+build_image() {
+  local ref=$1 rootfs=$2 entry=$3 user=$4 out=$5 c
+  c=$(buildah_ from scratch)
+  buildah_ copy --quiet "$c" "$rootfs/" / >/dev/null
+  buildah_ config --entrypoint "$entry" --user "$user" "$c"
+  rm -f "$out"
+  buildah_ commit --quiet --rm "$c" "docker-archive:$out:$ref" >/dev/null
+}
+
+import_image() { # import_image <docker-archive>: unpacked for the CRI's snapshotter
+  ctr images import --snapshotter overlayfs "$1" >/dev/null
+}
+
+ensure_pause_image() {
+  ctr images check "name==$PAUSE_IMAGE" 2>/dev/null | grep -q complete && return 0
+  log "building the pause image $PAUSE_IMAGE"
+  local work; work=$(mktemp -d "$NODE_STATE/.pause.XXXX")
+  mkdir -p "$work/rootfs"
+  gcc -static -Os -s -o "$work/rootfs/pause" "$REPO/hack/node/pause.c"
+  build_image "$PAUSE_IMAGE" "$work/rootfs" '["/pause"]' 65535:65535 "$work/pause.tar"
+  import_image "$work/pause.tar"
+  rm -rf "$work"
+}
+
+# --- kubelet ---------------------------------------------------------------------------------------
+write_kubelet_config() {
+  cat > "$NODE_STATE/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This host has hybrid cgroups (v1 controllers): allowed explicitly since 1.35.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: $CGROUP_ROOT
+containerRuntimeEndpoint: unix://$SOCK
+imageServiceEndpoint: unix://$SOCK
+# The node's address is the pod bridge's (a kubelet refuses a loopback node IP): the API server
+# reaches the kubelet there for logs and exec, and nothing listens beyond this host.
+address: $GATEWAY
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: $NODE_STATE/pki/kubelet.crt
+tlsPrivateKeyFile: $NODE_STATE/pki/kubelet.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization:
+  mode: Webhook
+registerWithTaints:
+- {key: singleton.dev/node, value: real, effect: NoSchedule}
+failSwapOn: false
+podLogsDir: $NODE_STATE/pod-logs
+resolvConf: ""
+clusterDomain: cluster.local
+maxPods: 30
+serializeImagePulls: false
+# A shared disk: never evict or garbage-collect images we cannot pull back (no registry).
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+protectKernelDefaults: false
+EOF
+}
+
+node_ready() {
+  local s
+  s=$(kubectl get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)
+  [ "$s" = True ] || { echo "node $NODE_NAME Ready=${s:-<unset>}"; return 1; }
+}
+
+start_kubelet() {
+  pid_alive "$(pidfile kubelet)" && return 0
+  write_kubelet_config
+  make_cgroups
+  mkdir -p "$KUBELET_ROOT" "$NODE_STATE/pod-logs"
+  log "starting kubelet $K8S_VERSION as node $NODE_NAME"
+  : > "$(logfile kubelet)"
+  start_daemon "$(pidfile kubelet)" "$(logfile kubelet)" "$KUBELET_BIN" \
+    --config="$NODE_STATE/kubelet.yaml" --kubeconfig="$NODE_STATE/kubelet.kubeconfig" \
+    --root-dir="$KUBELET_ROOT" --hostname-override="$NODE_NAME" --node-ip="$GATEWAY" \
+    --node-labels=singleton.dev/node=real --v=1
+}
+
+# --- commands --------------------------------------------------------------------------------------
+# One real node per machine: its ports (10250, 10248), bridge, iptables chain and /run paths are
+# fixed. $RUN/owner names the checkout whose node it is; another checkout's up refuses, and its
+# down leaves the node alone.
+OWNER=$RUN/owner
+foreign_owner() { [ -s "$OWNER" ] && [ "$(cat "$OWNER")" != "$REPO" ]; }
+
+cmd_up() {
+  if foreign_owner; then
+    die "the real node of $(cat "$OWNER") runs on this machine (one per machine): stop it there" \
+      "(hack/cluster.sh down), or set SINGLETON_REAL_NODE=0 for a kwok-only cluster"
+  fi
+  [ -s "$CLUSTER/kubeconfig" ] || die "no cluster: run hack/cluster.sh up first"
+  [ "$(id -u)" = 0 ] || die "the real node needs root (kubelet, containerd, bridge, iptables)"
+  mkdir -p "$RUN"; echo "$REPO" > "$OWNER"
+  if pid_alive "$(pidfile kubelet)" && pid_alive "$(pidfile containerd)" && node_ready >/dev/null; then
+    log "node $NODE_NAME already Ready"; return 0
+  fi
+  ensure_host_tools
+  mkdir -p "$PIDS" "$LOGS"
+  local t0=$SECONDS
+  record_host
+  ensure_node_pki
+  setup_network
+  start_containerd
+  ensure_pause_image
+  # Images built earlier by hack/image.sh (`make image`) come back with the node (down wipes
+  # containerd's store, and there is no registry to pull them from).
+  local tar
+  for tar in "$REPO"/.cache/images/*.tar; do
+    [ -s "$tar" ] || continue
+    import_image "$tar" && log "imported $(basename "$tar") from .cache/images"
+  done
+  start_kubelet
+  WAIT_PIDFILE=$(pidfile kubelet) wait_for "node $NODE_NAME Ready" 120 "$(logfile kubelet)" node_ready
+  log "node $NODE_NAME ready in $((SECONDS - t0))s"
+}
+
+cmd_down() {
+  if foreign_owner; then
+    log "the real node here belongs to $(cat "$OWNER"): left alone"; return 0
+  fi
+  # Pods first (through the kubelet's runtime, while it still runs), so no shim outlives containerd.
+  if pid_alive "$(pidfile containerd)"; then
+    stop_pidfile "$(pidfile kubelet)" 20
+    local t
+    for t in $(ctr tasks list -q 2>/dev/null); do ctr tasks kill -s KILL "$t" >/dev/null 2>&1 || true; done
+    sleep 1
+    for t in $(ctr tasks list -q 2>/dev/null); do ctr tasks delete -f "$t" >/dev/null 2>&1 || true; done
+    for t in $(ctr containers list -q 2>/dev/null); do ctr containers delete "$t" >/dev/null 2>&1 || true; done
+  fi
+  stop_pidfile "$(pidfile kubelet)" 20
+  stop_pidfile "$(pidfile containerd)" 20
+  # Shims whose containerd is gone: ours are the ones started with our socket.
+  local pid
+  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $SOCK" || true); do kill -KILL "$pid" 2>/dev/null || true; done
+  unmount_under "$RUN"
+  unmount_under "$NODE_STATE"
+  remove_cgroups
+  teardown_network
+  restore_host
+  rm -rf "$RUN" "$KUBELET_ROOT" "$NODE_STATE/containerd" "$NODE_STATE/pod-logs" "$NODE_STATE/cni" \
+    "$NODE_STATE/buildah" "$NODE_STATE/opt" "$PIDS"
+  # The API object goes with the cluster (cluster.sh down wipes etcd); delete it when the API lives on.
+  [ -s "$CLUSTER/kubeconfig" ] && kubectl delete node "$NODE_NAME" --ignore-not-found --request-timeout=5s >/dev/null 2>&1 || true
+  log "node down, host restored"
+}
+
+cmd_status() {
+  local rc=0 c f pid
+  for c in containerd kubelet; do
+    f=$(pidfile "$c")
+    if pid_alive "$f"; then read -r pid _ < "$f"; printf '%-24s running  pid %s\n' "$c" "$pid"
+    else printf '%-24s stopped\n' "$c"; rc=1; fi
+  done
+  if node_ready >/dev/null 2>&1; then printf '%-24s Ready\n' "node $NODE_NAME"
+  else printf '%-24s not Ready\n' "node $NODE_NAME"; rc=1; fi
+  return $rc
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  import) [ -s "${2:-}" ] || die "usage: $0 import <docker-archive>"; import_image "$2" ;;
+  build-image) [ $# = 6 ] || die "usage: $0 build-image <ref> <rootfs> <entrypoint json> <user> <out>"
+    mkdir -p "$NODE_STATE" "$RUN"; shift; build_image "$@" ;;
+  ctr) shift; ctr "$@" ;;
+  *) sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
