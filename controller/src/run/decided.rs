@@ -63,7 +63,7 @@ pub(super) fn decide_without_job<'a>(
 /// Retires `token` (its period is decided). Correctness: an error stops the caller from
 /// recording the decision (it is retried); Efficiency: logged, and the decision goes on.
 pub async fn retire(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
-    match b.retire(&sj.key(), token).await {
+    match b.retire(&sj.backstop_key(), token).await {
         Ok(()) => Ok(()),
         Err(e) if sj.purpose() == LockPurpose::Efficiency => {
             tracing::warn!(sj = %sj.key(), token, error = %e, "could not retire the token of a decided period; Efficiency: recording it anyway");
