@@ -709,6 +709,7 @@ mod tests {
             start_time: None,
             finish_time: None,
             requested_by: None,
+            cluster: None,
         };
         m.recorded(&a, &entry(Outcome::Succeeded, "", 1));
         m.recorded(

@@ -658,6 +658,7 @@ impl Records {
             start_time: None,
             finish_time: Some(now.into()),
             requested_by: None,
+            cluster: None,
         });
     }
 

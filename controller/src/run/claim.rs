@@ -80,7 +80,8 @@ pub(super) async fn backstop_claim(
                     "period {p} was claimed in the shared backstop by cluster {cluster:?} ({job_name}, token {token}); no Job created in this cluster"
                 );
                 let d =
-                    decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note);
+                    decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note)
+                        .elsewhere(cluster);
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
@@ -206,7 +207,8 @@ pub(super) async fn confirm_in_backstop(
         claim.token
     );
     tracing::warn!(sj = %sj.key(), "{note}");
-    let d = decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note);
+    let d = decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note)
+        .elsewhere(cluster);
     // The token is below the fence already (the takeover raised it): nothing to retire.
     decided::decide_without_job(ctx, sj, claim, d, None).await?;
     Ok(false)
