@@ -262,7 +262,7 @@ impl Metrics {
         );
         r.register(
             "multicluster_claims",
-            "Backstop claims by this cluster (--cluster-id) and result: Claimed, Duplicate, ClaimedElsewhere (another cluster has the period), TookOver, NotYet (standby before its delay)",
+            "Backstop claims by this cluster (--cluster-id) and result: Claimed, Duplicate, ClaimedElsewhere (another cluster has the period), TookOver, NotYet (a standby before its delay, or an unconfirmed claim of another cluster within the takeover bound)",
             m.multicluster_claims.clone(),
         );
         r.register(

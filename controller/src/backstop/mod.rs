@@ -108,7 +108,8 @@ pub enum ClaimOutcome {
     /// Another cluster's claim, unconfirmed past the takeover bound, now names this claim, and
     /// the fence is raised to its token: the other claimer's confirm and writes are refused.
     TookOver { cluster: String, token: u64 },
-    /// A standby's period not yet its turn: the database's clock is before this instant.
+    /// Not this cluster's turn yet, by the database's clock: a standby before its delay, or
+    /// another cluster's unconfirmed claim within the takeover bound. Ask again from `until`.
     NotYet { until: Timestamp },
 }
 
@@ -777,6 +778,10 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
                     token: existing.token,
                     job_name: job_name_there,
                 });
+            }
+            multi::Verdict::WaitUntil(until) => {
+                tx.rollback().await.map_err(pg)?;
+                return Ok(ClaimOutcome::NotYet { until });
             }
             multi::Verdict::Elsewhere => {
                 tx.rollback().await.map_err(pg)?;

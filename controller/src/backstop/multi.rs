@@ -42,6 +42,9 @@ pub enum Verdict {
     Duplicate,
     /// Another cluster's claim that may not be taken over: it ran, or runs, there.
     Elsewhere,
+    /// Another cluster's unconfirmed claim, within the bound: it may still start there, or be
+    /// taken over from this database time on. Ask again then (or once it is confirmed).
+    WaitUntil(Timestamp),
     /// Another cluster's claim, unconfirmed past the bound: take it over and raise the fence.
     TakeOver,
 }
@@ -55,13 +58,16 @@ pub fn judge(existing: &Existing, me: &Claimer, token: u64, db_now: Timestamp) -
     if existing.cluster.is_empty() || existing.cluster == me.cluster {
         return Verdict::Duplicate;
     }
-    let overdue = me
-        .takeover_after
-        .is_some_and(|bound| db_now.duration_since(existing.claimed_at) >= bound);
-    if me.cluster.is_empty() || existing.confirmed || !overdue {
-        return Verdict::Elsewhere;
+    let bound = match me.takeover_after {
+        Some(bound) if !me.cluster.is_empty() && !existing.confirmed => bound,
+        _ => return Verdict::Elsewhere,
+    };
+    match existing.claimed_at.checked_add(bound) {
+        Ok(from) if db_now < from => Verdict::WaitUntil(from),
+        Ok(_) => Verdict::TakeOver,
+        // A bound beyond the calendar's end, which no clock reaches.
+        Err(_) => Verdict::Elsewhere,
     }
-    Verdict::TakeOver
 }
 
 /// A standby's turn: `None` when `me` may claim `period` at the database's time `db_now`, else
@@ -122,10 +128,11 @@ mod tests {
             judge(&row("b", 7, AT, true), &me("a", Some(1)), 8, late),
             Verdict::Elsewhere
         );
-        // Unconfirmed, within the bound (by the database's clock): still theirs.
+        // Unconfirmed, within the bound (by the database's clock): theirs for now; ask again
+        // when the bound ends.
         assert_eq!(
             judge(&row("b", 7, AT, false), &me("a", Some(60)), 8, early),
-            Verdict::Elsewhere
+            Verdict::WaitUntil(late)
         );
         // Unconfirmed, at the bound: taken over.
         assert_eq!(
@@ -150,7 +157,7 @@ mod tests {
                 8,
                 late
             ),
-            Verdict::Elsewhere
+            Verdict::WaitUntil(t("2026-01-01T00:06:00Z"))
         );
     }
 

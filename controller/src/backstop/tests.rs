@@ -1652,7 +1652,8 @@ fn cluster(id: &str, takeover_secs: Option<i64>, standby_secs: Option<i64>) -> C
 }
 
 /// Two clusters share one database. Cluster a claims a period and pauses before confirming;
-/// within the bound b is told ClaimedElsewhere (with a's identity); past the bound, by the
+/// within the bound b is told NotYet (ask again when it ends), without a bound ClaimedElsewhere
+/// (with a's identity); past the bound, by the
 /// database's clock, b takes the claim over in one transaction that raises the fence. Then a's
 /// confirm is refused (so it creates no Job), a's token is refused by `fence()`, b's confirm
 /// wins, and once confirmed the claim is never taken over again.
@@ -1682,6 +1683,25 @@ async fn an_unconfirmed_claim_is_taken_over_and_its_claimer_fenced_out() {
         .unwrap();
     assert_eq!(
         within,
+        ClaimOutcome::NotYet {
+            until: row.claimed_at + jiff::SignedDuration::from_secs(3600)
+        },
+        "within the bound: ask again when it ends"
+    );
+    // Without a bound: the period is the other cluster's.
+    let no_bound = b
+        .claim_as(
+            job,
+            period,
+            2,
+            "billing-b",
+            None,
+            &cluster("west", None, None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        no_bound,
         ClaimOutcome::ClaimedElsewhere {
             cluster: "east".into(),
             token: 1,
@@ -1728,15 +1748,12 @@ async fn an_unconfirmed_claim_is_taken_over_and_its_claimer_fenced_out() {
     let fence = format!("SELECT {p}fence($1, $2)");
     let e = fenced_write(&mut w, &fence, job, 1).await.unwrap_err();
     assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE), "{e}");
-    // a claiming again (a retry of its reconcile) sees the period elsewhere.
+    // a claiming again (a retry of its reconcile) must wait: b's claim is within a's bound.
     let again = a
         .claim_as(job, period, 1, "billing-a", None, &ca)
         .await
         .unwrap();
-    assert!(
-        matches!(again, ClaimOutcome::ClaimedElsewhere { ref cluster, token: 2, .. } if cluster == "west"),
-        "{again:?}"
-    );
+    assert!(matches!(again, ClaimOutcome::NotYet { .. }), "{again:?}");
 
     // b confirms and runs; its token passes the fence.
     assert!(b.confirm(job, period, 2).await.unwrap());
@@ -1752,7 +1769,7 @@ async fn an_unconfirmed_claim_is_taken_over_and_its_claimer_fenced_out() {
         .await
         .unwrap();
     assert!(
-        matches!(late, ClaimOutcome::ClaimedElsewhere { token: 2, .. }),
+        matches!(late, ClaimOutcome::ClaimedElsewhere { ref cluster, token: 2, .. } if cluster == "west"),
         "{late:?}"
     );
     assert_eq!(a.fence(job).await.unwrap(), 2);

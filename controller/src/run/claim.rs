@@ -85,7 +85,8 @@ pub(super) async fn backstop_claim(
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
-            // A standby before its turn (by the database's clock): retried then.
+            // Not our turn yet, by the database's clock (a standby before its delay, or another
+            // cluster's unconfirmed claim within the bound): retried then, the claim pending.
             Ok(ClaimOutcome::NotYet { until }) => {
                 return Err(Error::StandbyWaiting { until });
             }
