@@ -49,7 +49,7 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
         Error::StandbyWaiting { until } => {
             let wait = until.duration_since(jiff::Timestamp::now());
             let wait = Duration::try_from(wait).unwrap_or_default();
-            Action::requeue(wait.clamp(Duration::from_millis(200), Duration::from_secs(5)))
+            Action::requeue(wait.clamp(Duration::from_millis(200), Duration::from_secs(1)))
         }
         _ => {
             tracing::warn!(sj = %sj.key(), kind = err.kind(), error = %err, "reconcile failed");

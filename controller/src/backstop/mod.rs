@@ -304,19 +304,26 @@ impl Backstop {
 
     /// Confirms the claim of (`job`, `period`) with `token` before its Job is created: a
     /// conditional update that fails (`false`) when the row no longer carries `token` (another
-    /// cluster took it over). A confirmed claim is never taken over. Idempotent.
-    pub async fn confirm(&self, job: &str, period: Timestamp, token: u64) -> Result<bool> {
+    /// cluster took it over; the row must name `cluster` too, as two clusters may choose the same
+    /// token). A confirmed claim is never taken over. Idempotent.
+    pub async fn confirm(
+        &self,
+        job: &str,
+        period: Timestamp,
+        token: u64,
+        cluster: &str,
+    ) -> Result<bool> {
         let token_i = to_i64(token)?;
         self.bounded("confirm claim", async {
             let mut slot = self.session().await?;
             let sql = format!(
                 "UPDATE {} SET confirmed_at = coalesce(confirmed_at, now()) \
-                 WHERE job = $1 AND period = $2 AND token = $3 RETURNING 1",
+                 WHERE job = $1 AND period = $2 AND token = $3 AND cluster = $4 RETURNING 1",
                 slot.tables()?.claims
             );
             let r = slot
                 .client()?
-                .query_opt(&sql, &[&job, &period, &token_i])
+                .query_opt(&sql, &[&job, &period, &token_i, &cluster])
                 .await
                 .map(|row| row.is_some())
                 .map_err(|e| Error::from_pg(e, false));

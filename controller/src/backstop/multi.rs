@@ -52,7 +52,9 @@ pub enum Verdict {
 /// Judges the period's existing claim row for `me`, claiming with `token`, at the database's
 /// time `db_now`.
 pub fn judge(existing: &Existing, me: &Claimer, token: u64, db_now: Timestamp) -> Verdict {
-    if existing.token == token {
+    // Tokens are chosen before the claim transaction, so two clusters may pick the same one: a
+    // row is ours only if it names our cluster too.
+    if existing.token == token && existing.cluster == me.cluster {
         return Verdict::Ours;
     }
     if existing.cluster.is_empty() || existing.cluster == me.cluster {
@@ -109,10 +111,24 @@ mod tests {
     fn every_case_of_judge() {
         let late = t("2026-01-01T00:01:00Z"); // 60 s after AT
         let early = t("2026-01-01T00:00:59Z");
-        // Our own token: ours, whoever and whenever.
+        // Our own token in our cluster's row: ours (a retry), confirmed or not.
+        assert_eq!(
+            judge(&row("a", 7, AT, true), &me("a", Some(60)), 7, late),
+            Verdict::Ours
+        );
+        assert_eq!(
+            judge(&row("", 7, AT, false), &me("", None), 7, late),
+            Verdict::Ours
+        );
+        // The same token chosen by another cluster (tokens are chosen before the claim): not
+        // ours.
+        assert_eq!(
+            judge(&row("b", 7, AT, false), &me("a", Some(60)), 7, late),
+            Verdict::TakeOver
+        );
         assert_eq!(
             judge(&row("b", 7, AT, true), &me("a", Some(60)), 7, late),
-            Verdict::Ours
+            Verdict::Elsewhere
         );
         // Our cluster, or no identity on the row: a plain duplicate, never taken over.
         assert_eq!(

@@ -1741,7 +1741,7 @@ async fn an_unconfirmed_claim_is_taken_over_and_its_claimer_fenced_out() {
 
     // a resumes: its confirm fails (no Job), its writes are refused.
     assert!(
-        !a.confirm(job, period, 1).await.unwrap(),
+        !a.confirm(job, period, 1, "east").await.unwrap(),
         "a's late confirm must be refused"
     );
     let mut w = workload().await;
@@ -1756,9 +1756,9 @@ async fn an_unconfirmed_claim_is_taken_over_and_its_claimer_fenced_out() {
     assert!(matches!(again, ClaimOutcome::NotYet { .. }), "{again:?}");
 
     // b confirms and runs; its token passes the fence.
-    assert!(b.confirm(job, period, 2).await.unwrap());
+    assert!(b.confirm(job, period, 2, "west").await.unwrap());
     assert!(
-        b.confirm(job, period, 2).await.unwrap(),
+        b.confirm(job, period, 2, "west").await.unwrap(),
         "confirm is idempotent"
     );
     fenced_write(&mut w, &fence, job, 2).await.unwrap();
@@ -1799,7 +1799,7 @@ async fn confirm_and_takeover_never_both_win() {
     for (period, token) in periods {
         let fence = b.fence(job).await.unwrap();
         let (confirmed, taken) = tokio::join!(
-            a.confirm(job, period, token),
+            a.confirm(job, period, token, "east"),
             b.claim_as(job, period, fence + 1, "b", None, &cb)
         );
         let confirmed = confirmed.unwrap();
@@ -1877,5 +1877,54 @@ async fn standby_waits_by_the_database_clock_and_anonymous_claims_stay() {
             job_name: "anon".into()
         }
     );
+    cleanup(&prefix).await;
+}
+
+/// Two clusters may choose the same token (it is chosen before the claim transaction, from the
+/// fence each read): the other cluster's row with our token is not ours. Within the bound we
+/// wait; past it the takeover needs a token above the fence (StaleToken: claim again higher), and
+/// the row stays as it was; confirming with the same token from the wrong cluster fails.
+#[tokio::test]
+async fn the_same_token_from_another_cluster_is_not_ours() {
+    let prefix = unique_prefix("sametoken");
+    let b = backstop(&prefix);
+    let (job, period) = ("shared/same", ts("2026-06-01T00:00:00Z"));
+    let east = cluster("east", Some(1), None);
+    let west = cluster("west", Some(1), None);
+    assert_eq!(
+        b.claim_as(job, period, 1, "same-1", None, &east)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let r = b
+        .claim_as(job, period, 1, "same-1", None, &west)
+        .await
+        .unwrap();
+    assert!(matches!(r, ClaimOutcome::NotYet { .. }), "{r:?}");
+    assert!(!b.confirm(job, period, 1, "west").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let e = b
+        .claim_as(job, period, 1, "same-1", None, &west)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::StaleToken { current: 1, .. }), "{e}");
+    let row = b.claimed(job, period).await.unwrap().unwrap();
+    assert_eq!(
+        (row.cluster.as_str(), row.token),
+        ("east", 1),
+        "rolled back"
+    );
+    assert_eq!(
+        b.claim_as(job, period, 2, "same-1", None, &west)
+            .await
+            .unwrap(),
+        ClaimOutcome::TookOver {
+            cluster: "east".into(),
+            token: 1
+        }
+    );
+    assert!(!b.confirm(job, period, 1, "east").await.unwrap());
+    assert!(b.confirm(job, period, 2, "west").await.unwrap());
     cleanup(&prefix).await;
 }

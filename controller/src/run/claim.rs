@@ -187,7 +187,7 @@ pub(super) async fn confirm_in_backstop(
     }
     let key = sj.backstop_key();
     let period = claim.period.0;
-    if Box::pin(b.confirm(&key, period, claim.token)).await? {
+    if Box::pin(b.confirm(&key, period, claim.token, ctx.backstops.cluster())).await? {
         return Ok(true);
     }
     let row = Box::pin(b.claimed(&key, period)).await?;
