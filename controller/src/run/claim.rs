@@ -88,6 +88,17 @@ pub(super) async fn backstop_claim(
             // Not our turn yet, by the database's clock (a standby before its delay, or another
             // cluster's unconfirmed claim within the bound): retried then, the claim pending.
             Ok(ClaimOutcome::NotYet { until }) => {
+                // G2: a period that may no longer start is recorded, not waited for forever.
+                if past_deadline(&sj, &claim) {
+                    let note = format!(
+                        "period {} passed its starting deadline while waiting for its turn in the shared backstop (until {until}, database time)",
+                        naming::period_rfc3339(period)
+                    );
+                    let d =
+                        decided::Decision::new(Outcome::Missed, reason::DEADLINE_EXCEEDED, note);
+                    decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                    return Ok(Backstopped::Decided);
+                }
                 return Err(Error::StandbyWaiting { until });
             }
             Ok(ClaimOutcome::TookOver { cluster, token }) => {
