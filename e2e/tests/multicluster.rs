@@ -343,3 +343,66 @@ async fn a_paused_claimer_is_taken_over_its_job_never_created_and_its_token_fenc
     );
     Ok(())
 }
+
+/// Clocks 40 s apart: the standby's controller (east) runs 40 s ahead (libfaketime; its skew
+/// tolerance raised to 60 s so it acts on that clock, as a cluster whose clocks all run ahead
+/// would). By its clock every period is due 40 s early, but its turn is judged by the database's
+/// clock (standbyDelaySeconds 3): the primary (west, true clock) still runs every period, each
+/// once, and the standby none.
+#[tokio::test]
+async fn clocks_40s_apart_the_database_clock_decides() -> Result<()> {
+    let mut t = two("dr-skew").await?;
+    let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
+    let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
+    t.east
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 10\n    standbyDelaySeconds: 3\n"))
+        .await?;
+    t.west
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 10\n"))
+        .await?;
+    t.east
+        .start_controller_with_env(
+            &e2e::skewed_clock("+40s")?,
+            &["--cluster-id", "east", "--max-clock-skew-seconds", "60"],
+        )
+        .await?;
+    t.west.start_controller(&["--cluster-id", "west"]).await?;
+    t.east
+        .wait_for("six periods run", Duration::from_secs(60), || async {
+            Ok((ran(&eo, &wo).len() >= 6).then_some(()))
+        })
+        .await?;
+    // The skewed standby did try: it has claims pending or decided elsewhere.
+    let tried = t
+        .east
+        .wait_for(
+            "the skewed standby to record ClaimedElsewhere",
+            Duration::from_secs(30),
+            || async {
+                let s = t.east.get_sj("dr").await?.status.unwrap_or_default();
+                let n = s
+                    .history
+                    .iter()
+                    .filter(|h| h.reason.as_deref() == Some("ClaimedElsewhere"))
+                    .count();
+                Ok((n > 0).then_some(n))
+            },
+        )
+        .await?;
+    t.east.stop_controller(0, true).await?;
+    t.west.stop_controller(0, true).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let by = ran(&eo, &wo);
+    ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
+    ensure(
+        &t.east,
+        by.values().all(|c| c == &["west"]),
+        ("the skewed standby ran a period", &by),
+    )
+    .await?;
+    println!(
+        "clocks 40 s apart: {} periods, all in the primary, each once; the standby recorded {tried} ClaimedElsewhere",
+        by.len()
+    );
+    Ok(())
+}
