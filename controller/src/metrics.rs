@@ -367,17 +367,9 @@ impl Metrics {
         self.tokens_issued.get_or_create(&self.job(sj)).inc();
     }
 
-    /// A backstop claim by `cluster` ended with `outcome` (multi-cluster; counted for every
-    /// backstop claim, with an empty cluster when there is no identity).
-    pub fn multi_cluster_claim(&self, cluster: &str, outcome: &crate::backstop::ClaimOutcome) {
-        use crate::backstop::ClaimOutcome as C;
-        let result = match outcome {
-            C::Claimed => "Claimed",
-            C::Duplicate { .. } => "Duplicate",
-            C::ClaimedElsewhere { .. } => "ClaimedElsewhere",
-            C::TookOver { .. } => "TookOver",
-            C::NotYet { .. } => "NotYet",
-        };
+    /// A backstop claim by `cluster` ended with `result` (a `ClaimOutcome` variant name;
+    /// counted for every backstop claim, with an empty cluster when there is no identity).
+    pub fn multi_cluster_claim(&self, cluster: &str, result: &'static str) {
         self.multicluster_claims
             .get_or_create(&ClusterClaimLabels {
                 cluster: cluster.to_string(),
@@ -686,13 +678,7 @@ mod tests {
         m.leader_epoch.set(3);
         m.lease_renew_failures.inc();
         m.acquire_attempt_failed("Contention");
-        m.multi_cluster_claim(
-            "east",
-            &crate::backstop::ClaimOutcome::TookOver {
-                cluster: "west".into(),
-                token: 3,
-            },
-        );
+        m.multi_cluster_claim("east", "TookOver");
         m.token_issued(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();

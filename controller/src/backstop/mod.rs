@@ -114,6 +114,17 @@ pub enum ClaimOutcome {
 }
 
 impl ClaimOutcome {
+    /// The variant's name, for metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClaimOutcome::Claimed => "Claimed",
+            ClaimOutcome::Duplicate { .. } => "Duplicate",
+            ClaimOutcome::ClaimedElsewhere { .. } => "ClaimedElsewhere",
+            ClaimOutcome::TookOver { .. } => "TookOver",
+            ClaimOutcome::NotYet { .. } => "NotYet",
+        }
+    }
+
     /// Whether the run may go ahead with `token`: a fresh claim, or our own earlier one.
     pub fn is_ours(&self, token: u64) -> bool {
         match self {

@@ -54,74 +54,14 @@ pub(super) async fn backstop_claim(
     let key = sj.backstop_key();
     let claimer = claimer(ctx, &sj);
     for _ in 0..=RECLAIMS {
-        // A rerun takes the period's row over from the token it found there (`supersedes`).
-        let claimed = b.claim_as(
-            &key,
-            period,
-            claim.token,
-            &claim.job_name,
-            claim.supersedes,
-            &claimer,
-        );
-        let claimed = Box::pin(claimed).await;
-        if let Ok(outcome) = &claimed {
-            crate::metrics::global().multi_cluster_claim(&claimer.cluster, outcome);
-        }
+        let claimed = claim_once(b, &key, &claim, &claimer).await;
         match claimed {
-            // Multi-cluster: another cluster ran or runs this period (docs/multi-cluster.md).
-            // This claim's token never reached the fence: nothing to retire.
-            Ok(ClaimOutcome::ClaimedElsewhere {
-                cluster,
-                token,
-                job_name,
-            }) => {
-                let p = naming::period_rfc3339(period);
-                let note = format!(
-                    "period {p} was claimed in the shared backstop by cluster {cluster:?} ({job_name}, token {token}); no Job created in this cluster"
-                );
-                let d =
-                    decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note)
-                        .elsewhere(cluster);
-                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
-                return Ok(Backstopped::Decided);
-            }
-            // Not our turn yet, by the database's clock (a standby before its delay, or another
-            // cluster's unconfirmed claim within the bound): retried then, the claim pending.
-            Ok(ClaimOutcome::NotYet { until }) => {
-                // G2: a period that may no longer start is recorded, not waited for forever.
-                if past_deadline(&sj, &claim) {
-                    let note = format!(
-                        "period {} passed its starting deadline while waiting for its turn in the shared backstop (until {until}, database time)",
-                        naming::period_rfc3339(period)
-                    );
-                    let d =
-                        decided::Decision::new(Outcome::Missed, reason::DEADLINE_EXCEEDED, note);
-                    decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
-                    return Ok(Backstopped::Decided);
-                }
-                return Err(Error::StandbyWaiting { until });
-            }
-            Ok(ClaimOutcome::TookOver { cluster, token }) => {
-                let p = naming::period_rfc3339(period);
-                let note = format!(
-                    "took period {p} over from cluster {cluster:?} (token {token}), whose claim was not confirmed within takeoverAfterSeconds; its token is fenced out"
-                );
-                tracing::warn!(sj = %sj.key(), from = %cluster, stale = token, token = claim.token, "{note}");
-                ctx.events
-                    .publish(
-                        &sj,
-                        kube::runtime::events::EventType::Warning,
-                        reason::TOOK_OVER,
-                        "Claim",
-                        note,
-                    )
-                    .await;
-                return Ok(Backstopped::Go {
-                    sj: Box::new(sj),
-                    claim,
-                    skipped: false,
-                });
-            }
+            // Multi-cluster (docs/multi-cluster.md).
+            Ok(
+                o @ (ClaimOutcome::ClaimedElsewhere { .. }
+                | ClaimOutcome::NotYet { .. }
+                | ClaimOutcome::TookOver { .. }),
+            ) => return multi_cluster(ctx, sj, claim, o).await,
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
                 // The claim's own token never reached the fence (the transaction rolled back):
                 // nothing to retire.
@@ -205,14 +145,7 @@ pub(super) async fn confirm_in_backstop(
     let (cluster, token) = row
         .map(|r| (r.cluster, r.token))
         .unwrap_or_else(|| (String::from("?"), 0));
-    crate::metrics::global().multi_cluster_claim(
-        ctx.backstops.cluster(),
-        &ClaimOutcome::ClaimedElsewhere {
-            cluster: cluster.clone(),
-            token,
-            job_name: String::new(),
-        },
-    );
+    crate::metrics::global().multi_cluster_claim(ctx.backstops.cluster(), "ClaimedElsewhere");
     let p = naming::period_rfc3339(period);
     let note = format!(
         "period {p} was taken over by cluster {cluster:?} (token {token}) before this cluster confirmed its claim (token {}); no Job created in this cluster",
@@ -224,6 +157,95 @@ pub(super) async fn confirm_in_backstop(
     // The token is below the fence already (the takeover raised it): nothing to retire.
     decided::decide_without_job(ctx, sj, claim, d, None).await?;
     Ok(false)
+}
+
+/// Step 4, one claim in the backstop as this cluster, counted by result. A rerun takes the
+/// period's row over from the token it found there (`supersedes`).
+async fn claim_once(
+    b: &crate::backstop::Backstop,
+    key: &str,
+    claim: &RunRef,
+    claimer: &crate::backstop::Claimer,
+) -> Result<ClaimOutcome> {
+    let claimed = b.claim_as(
+        key,
+        claim.period.0,
+        claim.token,
+        &claim.job_name,
+        claim.supersedes,
+        claimer,
+    );
+    let claimed = Box::pin(claimed).await;
+    if let Ok(outcome) = &claimed {
+        crate::metrics::global().multi_cluster_claim(&claimer.cluster, outcome.kind());
+    }
+    claimed
+}
+
+/// Step 4, the multi-cluster outcomes of a backstop claim (docs/multi-cluster.md).
+fn multi_cluster<'a>(
+    ctx: &'a Context,
+    sj: SingletonJob,
+    claim: RunRef,
+    outcome: ClaimOutcome,
+) -> BoxFuture<'a, Result<Backstopped>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let p = naming::period_rfc3339(claim.period.0);
+        match outcome {
+            // Another cluster ran or runs this period. This claim's token never reached the
+            // fence: nothing to retire.
+            ClaimOutcome::ClaimedElsewhere {
+                cluster,
+                token,
+                job_name,
+            } => {
+                let note = format!(
+                    "period {p} was claimed in the shared backstop by cluster {cluster:?} ({job_name}, token {token}); no Job created in this cluster"
+                );
+                let d =
+                    decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note)
+                        .elsewhere(cluster);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                Ok(Backstopped::Decided)
+            }
+            // Not our turn yet, by the database's clock (a standby before its delay, or another
+            // cluster's unconfirmed claim within the bound): retried then, the claim pending.
+            // G2: a period that may no longer start is recorded, not waited for forever.
+            ClaimOutcome::NotYet { until } if past_deadline(&sj, &claim) => {
+                let note = format!(
+                    "period {p} passed its starting deadline while waiting for its turn in the shared backstop (until {until}, database time)"
+                );
+                let d = decided::Decision::new(Outcome::Missed, reason::DEADLINE_EXCEEDED, note);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                Ok(Backstopped::Decided)
+            }
+            ClaimOutcome::NotYet { until } => Err(Error::StandbyWaiting { until }),
+            ClaimOutcome::TookOver { cluster, token } => {
+                let note = format!(
+                    "took period {p} over from cluster {cluster:?} (token {token}), whose claim was not confirmed within takeoverAfterSeconds; its token is fenced out"
+                );
+                tracing::warn!(sj = %sj.key(), from = %cluster, stale = token, token = claim.token, "{note}");
+                ctx.events
+                    .publish(
+                        &sj,
+                        kube::runtime::events::EventType::Warning,
+                        reason::TOOK_OVER,
+                        "Claim",
+                        note,
+                    )
+                    .await;
+                Ok(Backstopped::Go {
+                    sj: Box::new(sj),
+                    claim,
+                    skipped: false,
+                })
+            }
+            ClaimOutcome::Claimed | ClaimOutcome::Duplicate { .. } => {
+                Err(Error::Backstop("not a multi-cluster claim outcome".into()))
+            }
+        }
+    })
 }
 
 /// Step 4, re-claim: the pending claim is rewritten, by compare-and-swap, with a token above the
