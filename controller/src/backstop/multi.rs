@@ -3,7 +3,7 @@
 //! time here is made with the database's clock (`now()` in the claim transaction), the one clock
 //! all clusters share; a cluster's own clock never decides a takeover or a standby's turn.
 //!
-//! These are the pure halves of the decisions; the transaction in [`super::claim_tx`] reads the
+//! These are the pure halves of the decisions; the claim transaction (`claim_tx` in the parent module) reads the
 //! row (locked) and the database's `now()`, asks these, and acts on the answer.
 
 use jiff::{SignedDuration, Timestamp};
