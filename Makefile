@@ -124,8 +124,9 @@ export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
 export KUBECTL="$(KUBECTL)" HELM="$(HELM)"
 "$(KUBECTL)" apply --server-side -f crds/
 "$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
-# Each test deletes its namespace; this catches those a crashed test left behind.
-trap 'if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+# Each test deletes its namespace; this catches those a crashed test left behind. The second
+# control plane the multi-cluster tests start (e2e/src/multicluster.rs) is stopped in any case.
+trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 
 e2e:

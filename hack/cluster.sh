@@ -25,6 +25,10 @@
 #      lifecycle controller may run: `up` then creates default/default and lifts the node's
 #      not-ready taint itself. `up` records them in .cache/cluster/extra-args, so
 #      a caller can tell how a running cluster was started.
+#      SINGLETON_CLUSTER_NAME: a second (third, ...) control plane beside the default one, for
+#      multi-cluster tests (docs/multi-cluster.md): its state lives in .cache/cluster-NAME, it
+#      needs its own ports (the SINGLETON_*_PORT above), and it has no PostgreSQL of its own: it
+#      shares the one of SINGLETON_PG_PORT, which only the unnamed cluster starts and stops.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=cluster
@@ -39,12 +43,17 @@ SCHEDULER_PORT=${SINGLETON_SCHEDULER_PORT:-36259}
 SERVICE_CIDR=10.96.0.0/16
 NODE=kwok-node-0
 
-STATE=$REPO/.cache/cluster
+CLUSTER_NAME=${SINGLETON_CLUSTER_NAME:-}
+case $CLUSTER_NAME in
+  '') STATE=$REPO/.cache/cluster ;;
+  *[!a-z0-9-]*) echo "SINGLETON_CLUSTER_NAME must be lower-case letters, digits and '-'" >&2; exit 2 ;;
+  *) STATE=$REPO/.cache/cluster-$CLUSTER_NAME ;;
+esac
 PKI=$STATE/pki
 PIDS=$STATE/pids
 LOGS=$STATE/logs
 KUBECONFIG_FILE=$STATE/kubeconfig
-DEMO_PIDS=$REPO/.cache/demo   # the demo's controller; `down` stops it before the API goes away
+DEMO_PIDS=$REPO/.cache/demo${CLUSTER_NAME:+-$CLUSTER_NAME}   # the demo's controller; `down` stops it before the API goes away
 
 K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
 ETCD_BIN=$TOOLS_DIR/etcd-$ETCD_VERSION/etcd
@@ -53,6 +62,15 @@ COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)  # 
 read -ra APISERVER_EXTRA_ARGS <<< "${SINGLETON_APISERVER_EXTRA_ARGS:-}"
 read -ra KCM_EXTRA_ARGS <<< "${SINGLETON_KCM_EXTRA_ARGS:-}"
 EXTRA_ARGS_FILE=$STATE/extra-args
+
+# PostgreSQL is the unnamed cluster's: a named one shares it and never starts or stops it.
+pg() {
+  if [ -n "$CLUSTER_NAME" ]; then
+    case $1 in url|status) "$REPO/hack/postgres.sh" "$1" ;; *) : ;; esac
+  else
+    "$REPO/hack/postgres.sh" "$@"
+  fi
+}
 
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -308,34 +326,34 @@ stop_all() {
 
 # --- commands --------------------------------------------------------------------------------------
 # The real node (hack/node.sh): on unless SINGLETON_REAL_NODE=0 (kwok-only, no root needed).
-real_node() { [ "${SINGLETON_REAL_NODE:-1}" != 0 ]; }
+real_node() { [ -z "$CLUSTER_NAME" ] && [ "${SINGLETON_REAL_NODE:-1}" != 0 ]; }
 
 cmd_up() {
   ensure_tools
   if healthy; then
     log "already up"
-    "$REPO/hack/postgres.sh" up
+    pg up
     if real_node; then "$REPO/hack/node.sh" up; fi
   else
     if [ -d "$PIDS" ] && ls "$PIDS"/*.pid >/dev/null 2>&1; then
       local dead=() c
       for c in "${COMPONENTS[@]}"; do pid_alive "$(pidfile "$c")" || dead+=("$c"); done
       log "cluster is unhealthy (not running: ${dead[*]:-none}); restarting from a fresh state"
-      "$REPO/hack/node.sh" down
+      if [ -z "$CLUSTER_NAME" ]; then "$REPO/hack/node.sh" down; fi
       stop_all
     fi
     # A fresh cluster gets a fresh database too: tokens recorded there belong to the old cluster.
-    "$REPO/hack/postgres.sh" down
+    pg down
     rm -rf "$STATE/etcd" "$STATE/run"
     local t0=$SECONDS
     # initdb (~2 s) overlaps the control plane's start.
-    "$REPO/hack/postgres.sh" up &
+    pg up &
     PG_JOB=$!
     # A trap, not `if ! start_all`: errexit is suspended inside a function tested by `if`.
     trap 'if [ $? != 0 ]; then
             log "start failed; stopping what was started (logs stay in $LOGS)"
-            "$REPO/hack/node.sh" down || true
-            stop_all; wait "$PG_JOB" || true; "$REPO/hack/postgres.sh" down
+            if [ -z "$CLUSTER_NAME" ]; then "$REPO/hack/node.sh" down || true; fi
+            stop_all; wait "$PG_JOB" || true; pg down
           fi' EXIT
     start_all
     wait "$PG_JOB"
@@ -348,9 +366,10 @@ cmd_up() {
 
 cmd_down() {
   # Always (not only with SINGLETON_REAL_NODE on): whatever a node left on the host is undone.
-  "$REPO/hack/node.sh" down
+  # The node belongs to the unnamed cluster: a named one (SINGLETON_CLUSTER_NAME) never has one.
+  if [ -z "$CLUSTER_NAME" ]; then "$REPO/hack/node.sh" down; fi
   stop_all
-  "$REPO/hack/postgres.sh" down
+  pg down
   rm -rf "$STATE/etcd" "$STATE/run" "$PIDS" "$STATE"/*.kubeconfig "$EXTRA_ARGS_FILE"
   log "down"
 }
@@ -373,7 +392,7 @@ cmd_status() {
   else
     printf '%-24s not ready\n' apiserver; rc=1
   fi
-  "$REPO/hack/postgres.sh" status || rc=1
+  pg status || rc=1
   if real_node; then "$REPO/hack/node.sh" status || rc=1; fi
   [ $rc = 0 ] && echo "KUBECONFIG=$KUBECONFIG_FILE"
   return $rc
@@ -381,7 +400,7 @@ cmd_status() {
 
 cmd_env() {
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
-  echo "export DATABASE_URL=$("$REPO/hack/postgres.sh" url)"
+  echo "export DATABASE_URL=$(pg url)"
   # The project's kubectl and helm (built for this cluster, cached outside the repo) and the
   # controller's binaries, kubectl-singleton among them (so `kubectl singleton ...` works).
   echo "export PATH=\"$K8S_BIN:$TOOLS_DIR/helm-$HELM_VERSION:${CARGO_TARGET_DIR:-$REPO/target}/debug:\$PATH\""
@@ -392,10 +411,11 @@ cmd_component() {
   local action=$1 comp=${2:-} f pid
   case $comp in
     postgres)
+      [ -z "$CLUSTER_NAME" ] || die "postgres belongs to the unnamed cluster (unset SINGLETON_CLUSTER_NAME)"
       case $action in
-        stop) "$REPO/hack/postgres.sh" stop ;;
-        start) "$REPO/hack/postgres.sh" up ;;
-        restart) "$REPO/hack/postgres.sh" stop; "$REPO/hack/postgres.sh" up ;;
+        stop) pg stop ;;
+        start) pg up ;;
+        restart) pg stop; pg up ;;
         *) die "postgres supports stop, start and restart" ;;
       esac
       return ;;

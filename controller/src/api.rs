@@ -595,6 +595,23 @@ pub struct BackstopSpec {
     /// `singleton_fence(job, token)` function for workloads, created by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<PostgresBackstop>,
+    /// The job's name in the backstop database (claims, fence, `SINGLETON_JOB`). Default
+    /// `namespace/name`. SingletonJobs in several clusters that share one database and carry the
+    /// same key are one job: each period runs in one cluster only (docs/multi-cluster.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub job_key: Option<String>,
+    /// Multi-cluster: another cluster's claim of a period not confirmed as started within this
+    /// many seconds, by the database's clock, is taken over by this cluster, and the fence is
+    /// raised so the first claimer's late start and writes are refused. Unset: never taken over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub takeover_after_seconds: Option<i64>,
+    /// Multi-cluster standby: claim a period only this many seconds after its instant, by the
+    /// database's clock, so the primary (unset) claims every period while it is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub standby_delay_seconds: Option<i64>,
 }
 
 /// Where the PostgreSQL backstop is and how to reach it.
@@ -1002,6 +1019,10 @@ pub struct HistoryEntry {
     /// Who asked for the run (trigger, backfill, rerun), as the request said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
+    /// Multi-cluster (reason `ClaimedElsewhere`): the identity (`--cluster-id`) of the cluster
+    /// that claimed the period in the shared backstop and runs it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 fn one() -> u64 {
@@ -1019,6 +1040,15 @@ impl SingletonJob {
     }
 
     /// `namespace/name`, the value of SINGLETON_JOB.
+    /// The job's name in the backstop database: `spec.backstop.jobKey`, else [`Self::key`].
+    pub fn backstop_key(&self) -> String {
+        self.spec
+            .backstop
+            .as_ref()
+            .and_then(|b| b.job_key.clone())
+            .unwrap_or_else(|| self.key())
+    }
+
     pub fn key(&self) -> String {
         format!(
             "{}/{}",

@@ -75,6 +75,11 @@ pub enum Error {
     /// An unexpected error from the backstop database.
     #[error("backstop: {0}")]
     Backstop(String),
+
+    /// Multi-cluster standby: the period is not this cluster's to claim until the database's
+    /// clock reaches `until` (`spec.backstop.standbyDelaySeconds`). Retried then.
+    #[error("standby: period not claimable here before {until} (database time)")]
+    StandbyWaiting { until: jiff::Timestamp },
 }
 
 impl Error {
@@ -96,6 +101,7 @@ impl Error {
             Error::StaleToken { .. } => "StaleToken",
             Error::BackstopConfig(_) => "BackstopConfig",
             Error::Backstop(_) => "Backstop",
+            Error::StandbyWaiting { .. } => "StandbyWaiting",
         }
     }
 

@@ -30,7 +30,7 @@ pub fn build(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
     spec.ttl_seconds_after_finished = None;
 
     let env = [
-        (ENV_JOB, sj.key()),
+        (ENV_JOB, sj.backstop_key()),
         (ENV_PERIOD, period_rfc3339(period)),
         (ENV_TOKEN, token.to_string()),
         (ENV_IDEMPOTENCY_KEY, idempotency_key(&sj.key(), period)),

@@ -97,6 +97,15 @@ pub struct AttemptLabels {
     pub reason: String,
 }
 
+/// Labels of `singleton_multicluster_claims_total`: this controller's cluster identity (one value
+/// per process, from `--cluster-id`) and the backstop claim's result (a variant name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterClaimLabels {
+    pub cluster: String,
+    /// `Claimed`, `Duplicate`, `ClaimedElsewhere`, `TookOver`, `NotYet`.
+    pub result: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn backstop_histogram() -> Histogram {
@@ -121,6 +130,7 @@ pub struct Metrics {
     pub periods_missed: Family<ReasonLabels, Counter>,
     pub periods_skipped: Family<ReasonLabels, Counter>,
     pub claims_conflicted: Family<JobLabels, Counter>,
+    pub multicluster_claims: Family<ClusterClaimLabels, Counter>,
     pub claims_deduplicated: Family<JobLabels, Counter>,
     pub runs_late: Family<JobLabels, Counter>,
     pub suspended_after_failures: Family<JobLabels, Counter>,
@@ -169,6 +179,7 @@ impl Metrics {
             periods_missed: Family::default(),
             periods_skipped: Family::default(),
             claims_conflicted: Family::default(),
+            multicluster_claims: Family::default(),
             claims_deduplicated: Family::default(),
             runs_late: Family::default(),
             suspended_after_failures: Family::default(),
@@ -248,6 +259,11 @@ impl Metrics {
             "claims_conflicted",
             "Period claims refused by the API server with 409 Conflict (someone else wrote first)",
             m.claims_conflicted.clone(),
+        );
+        r.register(
+            "multicluster_claims",
+            "Backstop claims by this cluster (--cluster-id) and result: Claimed, Duplicate, ClaimedElsewhere (another cluster has the period), TookOver, NotYet (a standby before its delay, or an unconfirmed claim of another cluster within the takeover bound)",
+            m.multicluster_claims.clone(),
         );
         r.register(
             "claims_deduplicated",
@@ -349,6 +365,17 @@ impl Metrics {
     /// A period claim was written: a token was issued.
     pub fn token_issued(&self, sj: &SingletonJob) {
         self.tokens_issued.get_or_create(&self.job(sj)).inc();
+    }
+
+    /// A backstop claim by `cluster` ended with `result` (a `ClaimOutcome` variant name;
+    /// counted for every backstop claim, with an empty cluster when there is no identity).
+    pub fn multi_cluster_claim(&self, cluster: &str, result: &'static str) {
+        self.multicluster_claims
+            .get_or_create(&ClusterClaimLabels {
+                cluster: cluster.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
     }
 
     /// The claim's status write failed; counts a 409.
@@ -651,6 +678,7 @@ mod tests {
         m.leader_epoch.set(3);
         m.lease_renew_failures.inc();
         m.acquire_attempt_failed("Contention");
+        m.multi_cluster_claim("east", "TookOver");
         m.token_issued(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
@@ -667,6 +695,7 @@ mod tests {
             start_time: None,
             finish_time: None,
             requested_by: None,
+            cluster: None,
         };
         m.recorded(&a, &entry(Outcome::Succeeded, "", 1));
         m.recorded(
@@ -738,6 +767,7 @@ mod tests {
             ("singleton_periods_missed", "counter"),
             ("singleton_periods_skipped", "counter"),
             ("singleton_claims_conflicted", "counter"),
+            ("singleton_multicluster_claims", "counter"),
             ("singleton_claims_deduplicated", "counter"),
             ("singleton_runs_late", "counter"),
             ("singleton_suspended_after_failures", "counter"),
@@ -762,6 +792,7 @@ mod tests {
             "singleton_leader_transitions_total 1\n",
             r#"singleton_lease_acquire_attempts_failed_total{reason="Contention"} 1"#,
             r#"singleton_runs_started_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_multicluster_claims_total{cluster="east",result="TookOver"} 1"#,
             r#"singleton_tokens_issued_total{namespace="ns",name="a"} 1"#,
             r#"singleton_claims_conflicted_total{namespace="ns",name="a"} 1"#,
             r#"singleton_runs_finished_total{namespace="ns",name="a",outcome="Succeeded"} 1"#,

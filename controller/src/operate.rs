@@ -209,7 +209,10 @@ impl Operations<'_> {
         // The period's records: the status, its Jobs, and the backstop's claim row (which the
         // rerun's claim takes over from the token found here).
         let claim = match self.db {
-            Availability::Ready(b) => b.claimed(&self.sj.key(), period).await?.map(|r| r.token),
+            Availability::Ready(b) => b
+                .claimed(&self.sj.backstop_key(), period)
+                .await?
+                .map(|r| r.token),
             Availability::Unavailable(why) if self.sj.purpose() == LockPurpose::Correctness => {
                 let mut op = ops::accepted(&req, self.now);
                 op.message = format!(
@@ -340,7 +343,10 @@ impl Operations<'_> {
             // Any record that the period ran counts: the backstop's claim, the status history,
             // a Job of the period.
             if observe::ran(self.status, self.gates.owned, period)
-                || backstop.claimed(&self.sj.key(), period).await?.is_some()
+                || backstop
+                    .claimed(&self.sj.backstop_key(), period)
+                    .await?
+                    .is_some()
             {
                 op.already_run += 1;
                 op.next = Some(ops::after(period).into());

@@ -45,6 +45,12 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
             tracing::info!(sj = %sj.key(), %why, "waiting for the backstop's fence row");
             Action::requeue(Duration::from_secs(1))
         }
+        // A standby's turn comes by the database's clock; our clock only paces the retry.
+        Error::StandbyWaiting { until } => {
+            let wait = until.duration_since(jiff::Timestamp::now());
+            let wait = Duration::try_from(wait).unwrap_or_default();
+            Action::requeue(wait.clamp(Duration::from_millis(200), Duration::from_secs(1)))
+        }
         _ => {
             tracing::warn!(sj = %sj.key(), kind = err.kind(), error = %err, "reconcile failed");
             Action::requeue(Duration::from_secs(5))
@@ -82,6 +88,8 @@ pub struct Config {
     pub label_selector: Option<String>,
     /// The hosts a backstop may point at (empty: all).
     pub backstop_allowed_hosts: AllowedHosts,
+    /// This cluster's identity in shared backstop databases (`--cluster-id`; empty: none).
+    pub cluster_id: String,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -289,7 +297,8 @@ fn context(
         calendars,
         clock,
         gate,
-        backstops: BackstopCache::new(cfg.backstop_allowed_hosts.clone()),
+        backstops: BackstopCache::new(cfg.backstop_allowed_hosts.clone())
+            .with_cluster(cfg.cluster_id.clone()),
         backstop_health: Health::default(),
         rejections_seen: Mutex::default(),
         own_writes: OwnWrites::default(),

@@ -27,6 +27,9 @@ pub struct Env {
     pub ns: String,
     controllers: Vec<Controller>,
     log_dir: PathBuf,
+    /// The cluster's kubeconfig when not the default one (a second control plane,
+    /// [`crate::multicluster`]); its controllers get it as `KUBECONFIG`.
+    kubeconfig: Option<PathBuf>,
 }
 
 /// A controller process started by a test.
@@ -76,6 +79,17 @@ impl Env {
         let client = Client::try_default().await.context(
             "no cluster: run `make up` and `eval \"$(make -s env)\"`, or use `make test`",
         )?;
+        Self::with_client(name, client, None).await
+    }
+
+    /// Like [`Env::new`], in the cluster of `kubeconfig` (a second control plane): the
+    /// namespace, the client and the controllers this Env starts are all in that cluster.
+    pub async fn new_in(name: &str, kubeconfig: &std::path::Path) -> Result<Env> {
+        let client = service_account::client_from_kubeconfig(kubeconfig).await?;
+        Self::with_client(name, client, Some(kubeconfig.to_path_buf())).await
+    }
+
+    async fn with_client(name: &str, client: Client, kubeconfig: Option<PathBuf>) -> Result<Env> {
         let suffix = format!("{:06x}", rand_u32() & 0xffffff);
         let ns = format!("e2e-{name}-{suffix}");
         let nss: Api<Namespace> = Api::all(client.clone());
@@ -95,6 +109,7 @@ impl Env {
             ns,
             controllers: Vec::new(),
             log_dir,
+            kubeconfig,
         })
     }
 
@@ -157,6 +172,9 @@ impl Env {
         let log = self.log_dir.join(format!("controller-{idx}.log"));
         let file = std::fs::File::create(&log)?;
         let mut cmd = Command::new(controller_bin());
+        if let Some(kc) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", kc);
+        }
         cmd.envs(envs.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("--namespace")
@@ -459,7 +477,11 @@ impl Drop for Env {
         }
         // The spawned task may not finish if the runtime is shutting down: `make e2e` also deletes
         // every namespace labelled singleton.dev/e2e=true at the end.
-        let _ = kubectl()
+        let mut delete = kubectl();
+        if let Some(kc) = &self.kubeconfig {
+            delete.arg("--kubeconfig").arg(kc);
+        }
+        let _ = delete
             .args([
                 "delete",
                 "namespace",

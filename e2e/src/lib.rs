@@ -14,6 +14,7 @@ mod commands;
 mod env;
 mod http;
 mod manifest;
+pub mod multicluster;
 mod proxy;
 mod service_account;
 mod tls;

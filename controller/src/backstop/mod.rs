@@ -30,6 +30,7 @@ mod config;
 mod error;
 mod guard;
 pub mod health;
+pub mod multi;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -60,6 +61,7 @@ pub use schema::{
     NEVER_ISSUED_SQLSTATE, NOT_PERMITTED_SQLSTATE, SCHEMA_VERSION, STALE_TOKEN_SQLSTATE,
 };
 
+pub use multi::Claimer;
 use schema::Tables;
 
 /// The label a Secret must carry (value `"true"`) before the controller reads it as a backstop
@@ -96,14 +98,39 @@ pub enum ClaimOutcome {
     /// The period was claimed before; nothing changed. These are the existing row's token and
     /// Job name: when they equal the caller's, it is the caller's own earlier claim (a retry).
     Duplicate { token: u64, job_name: String },
+    /// Another cluster claimed the period (its identity, token and Job name), and the claim may
+    /// not be taken over: it ran or runs there. Nothing changed.
+    ClaimedElsewhere {
+        cluster: String,
+        token: u64,
+        job_name: String,
+    },
+    /// Another cluster's claim, unconfirmed past the takeover bound, now names this claim, and
+    /// the fence is raised to its token: the other claimer's confirm and writes are refused.
+    TookOver { cluster: String, token: u64 },
+    /// Not this cluster's turn yet, by the database's clock: a standby before its delay, or
+    /// another cluster's unconfirmed claim within the takeover bound. Ask again from `until`.
+    NotYet { until: Timestamp },
 }
 
 impl ClaimOutcome {
+    /// The variant's name, for metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClaimOutcome::Claimed => "Claimed",
+            ClaimOutcome::Duplicate { .. } => "Duplicate",
+            ClaimOutcome::ClaimedElsewhere { .. } => "ClaimedElsewhere",
+            ClaimOutcome::TookOver { .. } => "TookOver",
+            ClaimOutcome::NotYet { .. } => "NotYet",
+        }
+    }
+
     /// Whether the run may go ahead with `token`: a fresh claim, or our own earlier one.
     pub fn is_ours(&self, token: u64) -> bool {
         match self {
-            ClaimOutcome::Claimed => true,
+            ClaimOutcome::Claimed | ClaimOutcome::TookOver { .. } => true,
             ClaimOutcome::Duplicate { token: t, .. } => *t == token,
+            ClaimOutcome::ClaimedElsewhere { .. } | ClaimOutcome::NotYet { .. } => false,
         }
     }
 }
@@ -116,6 +143,10 @@ pub struct ClaimRow {
     pub token: u64,
     pub job_name: String,
     pub claimed_at: Timestamp,
+    /// The claiming cluster's identity (empty: none).
+    pub cluster: String,
+    /// When the claimer confirmed it was starting the Job (database time).
+    pub confirmed_at: Option<Timestamp>,
 }
 
 /// A connection to one backstop database, with its schema ensured on first use.
@@ -235,6 +266,31 @@ impl Backstop {
         job_name: &str,
         takes_over: Option<u64>,
     ) -> Result<ClaimOutcome> {
+        self.claim_as(
+            job,
+            period,
+            token,
+            job_name,
+            takes_over,
+            &Claimer::default(),
+        )
+        .await
+    }
+
+    /// [`Self::claim`] by `claimer`, a cluster sharing this database with others
+    /// (docs/multi-cluster.md): the row records its identity; another cluster's row is
+    /// [`ClaimOutcome::ClaimedElsewhere`], or, unconfirmed past `claimer.takeover_after` by the
+    /// database's clock, [`ClaimOutcome::TookOver`]; a standby's claim before its delay (again by
+    /// the database's clock) is [`ClaimOutcome::NotYet`]. All in the one claim transaction.
+    pub async fn claim_as(
+        &self,
+        job: &str,
+        period: Timestamp,
+        token: u64,
+        job_name: &str,
+        takes_over: Option<u64>,
+        claimer: &Claimer,
+    ) -> Result<ClaimOutcome> {
         let token_i = to_i64(token)?;
         if token == 0 {
             return Err(Error::Backstop("a claim's token must be at least 1".into()));
@@ -246,6 +302,7 @@ impl Backstop {
             token: token_i,
             job_name,
             takes_over,
+            claimer,
         };
         self.bounded("claim", async {
             let mut slot = self.session().await?;
@@ -256,12 +313,42 @@ impl Backstop {
         .await
     }
 
+    /// Confirms the claim of (`job`, `period`) with `token` before its Job is created: a
+    /// conditional update that fails (`false`) when the row no longer carries `token` (another
+    /// cluster took it over; the row must name `cluster` too, as two clusters may choose the same
+    /// token). A confirmed claim is never taken over. Idempotent.
+    pub async fn confirm(
+        &self,
+        job: &str,
+        period: Timestamp,
+        token: u64,
+        cluster: &str,
+    ) -> Result<bool> {
+        let token_i = to_i64(token)?;
+        self.bounded("confirm claim", async {
+            let mut slot = self.session().await?;
+            let sql = format!(
+                "UPDATE {} SET confirmed_at = coalesce(confirmed_at, now()) \
+                 WHERE job = $1 AND period = $2 AND token = $3 AND cluster = $4 RETURNING 1",
+                slot.tables()?.claims
+            );
+            let r = slot
+                .client()?
+                .query_opt(&sql, &[&job, &period, &token_i, &cluster])
+                .await
+                .map(|row| row.is_some())
+                .map_err(|e| Error::from_pg(e, false));
+            slot.settle(r)
+        })
+        .await
+    }
+
     /// The claim of (`job`, `period`), if any: whether that period has run.
     pub async fn claimed(&self, job: &str, period: Timestamp) -> Result<Option<ClaimRow>> {
         self.bounded("read claim", async {
             let mut slot = self.session().await?;
             let sql = format!(
-                "SELECT token, job_name, claimed_at FROM {} WHERE job = $1 AND period = $2",
+                "SELECT token, job_name, claimed_at, cluster, confirmed_at FROM {} WHERE job = $1 AND period = $2",
                 slot.tables()?.claims
             );
             let r = match slot.client()?.query_opt(&sql, &[&job, &period]).await {
@@ -274,6 +361,8 @@ impl Backstop {
                         token,
                         job_name: row.get(1),
                         claimed_at: row.get(2),
+                        cluster: row.get(3),
+                        confirmed_at: row.get(4),
                     })
                 }),
             };
@@ -615,13 +704,14 @@ fn upsert_fence_sql(t: &Tables) -> String {
     )
 }
 
-/// One claim, as [`Backstop::claim`] takes it.
+/// One claim, as [`Backstop::claim_as`] takes it.
 struct Claim<'a> {
     job: &'a str,
     period: Timestamp,
     token: i64,
     job_name: &'a str,
     takes_over: Option<i64>,
+    claimer: &'a Claimer,
 }
 
 async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<ClaimOutcome> {
@@ -631,40 +721,54 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
         token,
         job_name,
         takes_over,
+        claimer,
     } = *c;
+    let cluster = claimer.cluster.as_str();
     let pg = |e| Error::from_pg(e, false);
     // Dropping the transaction without commit rolls it back (also on an early `?`).
     let tx = client.transaction().await.map_err(pg)?;
+    // A standby's turn, by the database's clock (the one all clusters share).
+    if claimer.standby_delay.is_some() && takes_over.is_none() {
+        let db_now: Timestamp = tx.query_one("SELECT now()", &[]).await.map_err(pg)?.get(0);
+        if let Some(until) = multi::standby_until(claimer, period, db_now) {
+            tx.rollback().await.map_err(pg)?;
+            return Ok(ClaimOutcome::NotYet { until });
+        }
+    }
     // The unique constraint decides between racing claimers: the loser waits for the winner's
     // insert to commit, then takes the DO NOTHING branch. A rerun takes the period's row over
     // instead, only from the token it expects (compare-and-swap): the row stays the one claim of
     // the period, and a row that moved meanwhile is left alone (Duplicate).
     let sql = match takes_over {
         None => format!(
-            "INSERT INTO {} (job, period, token, job_name) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO {} (job, period, token, job_name, cluster) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO NOTHING RETURNING token",
             t.claims, t.prefix
         ),
         Some(_) => format!(
-            "INSERT INTO {} AS c (job, period, token, job_name) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO {} AS c (job, period, token, job_name, cluster) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO UPDATE \
-             SET token = EXCLUDED.token, job_name = EXCLUDED.job_name, claimed_at = now() \
-             WHERE c.token = $5 RETURNING c.token",
+             SET token = EXCLUDED.token, job_name = EXCLUDED.job_name, cluster = EXCLUDED.cluster, \
+                 claimed_at = now(), confirmed_at = NULL \
+             WHERE c.token = $6 RETURNING c.token",
             t.claims, t.prefix
         ),
     };
     let old = takes_over.unwrap_or_default();
     let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = match takes_over {
-        None => &[&job, &period, &token, &job_name],
-        Some(_) => &[&job, &period, &token, &job_name, &old],
+        None => &[&job, &period, &token, &job_name, &cluster],
+        Some(_) => &[&job, &period, &token, &job_name, &cluster, &old],
     };
     let inserted = tx.query_opt(&sql, params).await.map_err(pg)?;
+    let mut outcome = ClaimOutcome::Claimed;
     if inserted.is_none() {
-        // A new statement in READ COMMITTED sees the winner's committed row.
+        // A new statement in READ COMMITTED sees the winner's committed row; locked, so a
+        // confirm and a takeover of it are serialised with this transaction.
         let row = tx
             .query_opt(
                 &format!(
-                    "SELECT token, job_name FROM {} WHERE job = $1 AND period = $2",
+                    "SELECT token, job_name, cluster, claimed_at, confirmed_at IS NOT NULL, now() \
+                     FROM {} WHERE job = $1 AND period = $2 FOR UPDATE",
                     t.claims
                 ),
                 &[&job, &period],
@@ -672,11 +776,72 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
             .await
             .map_err(pg)?
             .ok_or_else(|| Error::Backstop("the claim row conflicted but then vanished".into()))?;
-        tx.rollback().await.map_err(pg)?;
-        return Ok(ClaimOutcome::Duplicate {
+        let existing = multi::Existing {
             token: to_u64(row.get(0))?,
-            job_name: row.get(1),
-        });
+            cluster: row.get(2),
+            claimed_at: row.get(3),
+            confirmed: row.get(4),
+        };
+        let job_name_there: String = row.get(1);
+        let db_now: Timestamp = row.get(5);
+        // A rerun's compare-and-swap lost: never a takeover, whatever the row.
+        let verdict = match takes_over {
+            Some(_) => multi::Verdict::Duplicate,
+            None => multi::judge(&existing, claimer, token.unsigned_abs(), db_now),
+        };
+        match verdict {
+            multi::Verdict::Ours | multi::Verdict::Duplicate => {
+                tx.rollback().await.map_err(pg)?;
+                return Ok(ClaimOutcome::Duplicate {
+                    token: existing.token,
+                    job_name: job_name_there,
+                });
+            }
+            multi::Verdict::WaitUntil(until) => {
+                tx.rollback().await.map_err(pg)?;
+                return Ok(ClaimOutcome::NotYet { until });
+            }
+            multi::Verdict::Elsewhere => {
+                tx.rollback().await.map_err(pg)?;
+                return Ok(ClaimOutcome::ClaimedElsewhere {
+                    cluster: existing.cluster,
+                    token: existing.token,
+                    job_name: job_name_there,
+                });
+            }
+            multi::Verdict::TakeOver => {
+                // The row is locked: this compare-and-swap cannot miss. The fence advance below,
+                // in the same transaction, refuses the earlier claimer's token from the commit on.
+                let moved = tx
+                    .execute(
+                        &format!(
+                            "UPDATE {} SET token = $3, job_name = $4, cluster = $5, \
+                             claimed_at = now(), confirmed_at = NULL \
+                             WHERE job = $1 AND period = $2 AND token = $6",
+                            t.claims
+                        ),
+                        &[
+                            &job,
+                            &period,
+                            &token,
+                            &job_name,
+                            &cluster,
+                            &to_i64(existing.token)?,
+                        ],
+                    )
+                    .await
+                    .map_err(pg)?;
+                if moved != 1 {
+                    return Err(Error::Backstop(
+                        "a locked claim row moved during its takeover".into(),
+                    ));
+                }
+                outcome = ClaimOutcome::TookOver {
+                    cluster: existing.cluster,
+                    token: existing.token,
+                };
+            }
+        }
     }
     // Only upward, and strictly: an equal token would mean two runs share it.
     let advanced = tx
@@ -700,7 +865,7 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
         });
     }
     tx.commit().await.map_err(pg)?;
-    Ok(ClaimOutcome::Claimed)
+    Ok(outcome)
 }
 
 /// The token after `highest`. Tokens are PostgreSQL bigints (also without a backstop: one may be
@@ -799,6 +964,8 @@ pub fn secret_data(
 pub struct BackstopCache {
     entries: std::sync::Mutex<HashMap<String, (Fingerprint, Arc<Backstop>)>>,
     allowed: Arc<AllowedHosts>,
+    /// This cluster's identity in the claims it writes (`--cluster-id`; empty: none).
+    cluster: String,
 }
 
 impl BackstopCache {
@@ -807,7 +974,19 @@ impl BackstopCache {
         BackstopCache {
             entries: Default::default(),
             allowed: Arc::new(allowed),
+            cluster: String::new(),
         }
+    }
+
+    /// Claims through this cache name the cluster `id` (docs/multi-cluster.md).
+    pub fn with_cluster(mut self, id: String) -> Self {
+        self.cluster = id;
+        self
+    }
+
+    /// This cluster's identity (empty: none).
+    pub fn cluster(&self) -> &str {
+        &self.cluster
     }
 
     /// The backstop of `sj_key` for this Secret data, building it (no I/O) when new or changed.

@@ -7,6 +7,7 @@
 //! |------------------------------|------------------------------------------------------------|
 //! | `<p>schema_version`          | one row per applied migration                              |
 //! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
+//! |                              | with the claiming cluster and its confirmation (schema 4)   |
 //! | `<p>fences`                  | one row per job: the highest fencing token, the highest     |
 //! |                              | retired one (its period decided: refused from then on), and |
 //! |                              | the role that owns the job (schema 3)                       |
@@ -31,7 +32,7 @@ pub const NOT_PERMITTED_SQLSTATE: &str = "SF002";
 pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Fully qualified, ready-to-splice names of one backstop's objects.
 #[derive(Clone, Debug)]
@@ -188,6 +189,18 @@ REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
 "#
         )),
         3 => Some(migration_3(t)),
+        // Multi-cluster (docs/multi-cluster.md): which cluster claimed the period, and when it
+        // confirmed it was starting the Job. An unconfirmed claim of another cluster may be taken
+        // over after a bound judged by the database's clock (`claimed_at`, `now()`). Rows already
+        // there, and rows an older controller inserts, get the empty identity: never taken over.
+        4 => Some(format!(
+            r#"
+ALTER TABLE {claims} ADD COLUMN cluster text NOT NULL DEFAULT '';
+ALTER TABLE {claims} ADD COLUMN confirmed_at timestamptz;
+COMMENT ON COLUMN {claims}.cluster IS 'singleton-controller: the identity (--cluster-id) of the cluster that claimed the period; empty: none, never taken over';
+COMMENT ON COLUMN {claims}.confirmed_at IS 'singleton-controller: the database time its claimer confirmed it was starting the Job; a confirmed claim is never taken over';
+"#
+        )),
         _ => None,
     }
 }

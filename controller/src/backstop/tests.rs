@@ -1640,3 +1640,291 @@ fn a_forbidden_secret_says_how_to_grant_it() {
     let m = secret_forbidden("team-a", "db", "forbidden");
     assert!(m.contains("the controller's ServiceAccount"), "{m}");
 }
+
+// ---------------------------------------------------------------- multi-cluster (schema 4)
+
+fn cluster(id: &str, takeover_secs: Option<i64>, standby_secs: Option<i64>) -> Claimer {
+    Claimer {
+        cluster: id.into(),
+        takeover_after: takeover_secs.map(jiff::SignedDuration::from_secs),
+        standby_delay: standby_secs.map(jiff::SignedDuration::from_secs),
+    }
+}
+
+/// Two clusters share one database. Cluster a claims a period and pauses before confirming;
+/// within the bound b is told NotYet (ask again when it ends), without a bound ClaimedElsewhere
+/// (with a's identity); past the bound, by the
+/// database's clock, b takes the claim over in one transaction that raises the fence. Then a's
+/// confirm is refused (so it creates no Job), a's token is refused by `fence()`, b's confirm
+/// wins, and once confirmed the claim is never taken over again.
+#[tokio::test]
+async fn an_unconfirmed_claim_is_taken_over_and_its_claimer_fenced_out() {
+    let prefix = unique_prefix("takeover");
+    let p = prefix.as_str();
+    let (job, period) = ("shared/billing", ts("2026-03-01T00:00:00Z"));
+    let a = backstop(&prefix);
+    let b = backstop(&prefix);
+    let ca = cluster("east", Some(1), None);
+    // b's bound is long at first: a's claim is still within it.
+    let cb_patient = cluster("west", Some(3600), None);
+    let cb = cluster("west", Some(1), None);
+
+    let first = a
+        .claim_as(job, period, 1, "billing-a", None, &ca)
+        .await
+        .unwrap();
+    assert_eq!(first, ClaimOutcome::Claimed);
+    let row = a.claimed(job, period).await.unwrap().unwrap();
+    assert_eq!((row.cluster.as_str(), row.confirmed_at), ("east", None));
+
+    let within = b
+        .claim_as(job, period, 2, "billing-b", None, &cb_patient)
+        .await
+        .unwrap();
+    assert_eq!(
+        within,
+        ClaimOutcome::NotYet {
+            until: row.claimed_at + jiff::SignedDuration::from_secs(3600)
+        },
+        "within the bound: ask again when it ends"
+    );
+    // Without a bound: the period is the other cluster's.
+    let no_bound = b
+        .claim_as(
+            job,
+            period,
+            2,
+            "billing-b",
+            None,
+            &cluster("west", None, None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        no_bound,
+        ClaimOutcome::ClaimedElsewhere {
+            cluster: "east".into(),
+            token: 1,
+            job_name: "billing-a".into()
+        }
+    );
+    assert_eq!(
+        b.fence(job).await.unwrap(),
+        1,
+        "a refused claim changes nothing"
+    );
+
+    // Past the bound by the database's clock (claimed_at is the database's now()).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let over = b
+        .claim_as(job, period, 2, "billing-b", None, &cb)
+        .await
+        .unwrap();
+    assert_eq!(
+        over,
+        ClaimOutcome::TookOver {
+            cluster: "east".into(),
+            token: 1
+        }
+    );
+    assert!(over.is_ours(2));
+    assert_eq!(
+        b.fence(job).await.unwrap(),
+        2,
+        "the takeover raised the fence"
+    );
+    let row = b.claimed(job, period).await.unwrap().unwrap();
+    assert_eq!(
+        (row.cluster.as_str(), row.token, row.job_name.as_str()),
+        ("west", 2, "billing-b")
+    );
+
+    // a resumes: its confirm fails (no Job), its writes are refused.
+    assert!(
+        !a.confirm(job, period, 1, "east").await.unwrap(),
+        "a's late confirm must be refused"
+    );
+    let mut w = workload().await;
+    let fence = format!("SELECT {p}fence($1, $2)");
+    let e = fenced_write(&mut w, &fence, job, 1).await.unwrap_err();
+    assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE), "{e}");
+    // a claiming again (a retry of its reconcile) must wait: b's claim is within a's bound.
+    let again = a
+        .claim_as(job, period, 1, "billing-a", None, &ca)
+        .await
+        .unwrap();
+    assert!(matches!(again, ClaimOutcome::NotYet { .. }), "{again:?}");
+
+    // b confirms and runs; its token passes the fence.
+    assert!(b.confirm(job, period, 2, "west").await.unwrap());
+    assert!(
+        b.confirm(job, period, 2, "west").await.unwrap(),
+        "confirm is idempotent"
+    );
+    fenced_write(&mut w, &fence, job, 2).await.unwrap();
+    // Confirmed: never taken over, however long ago.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let late = a
+        .claim_as(job, period, 3, "billing-a", None, &ca)
+        .await
+        .unwrap();
+    assert!(
+        matches!(late, ClaimOutcome::ClaimedElsewhere { ref cluster, token: 2, .. } if cluster == "west"),
+        "{late:?}"
+    );
+    assert_eq!(a.fence(job).await.unwrap(), 2);
+    cleanup(&prefix).await;
+}
+
+/// The confirm and the takeover race on the row lock: whichever commits first wins, never both.
+/// Many rounds of a's confirm against b's takeover of an overdue claim.
+#[tokio::test]
+async fn confirm_and_takeover_never_both_win() {
+    let prefix = unique_prefix("confrace");
+    let a = backstop(&prefix);
+    let b = backstop(&prefix);
+    let ca = cluster("east", Some(1), None);
+    let cb = cluster("west", Some(1), None);
+    let job = "shared/race";
+    let mut periods = Vec::new();
+    for i in 0..8i64 {
+        let period = Timestamp::from_second(1_800_000_000 + i * 60).unwrap();
+        let token = (2 * i + 1) as u64;
+        a.claim_as(job, period, token, "a", None, &ca)
+            .await
+            .unwrap();
+        periods.push((period, token));
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for (period, token) in periods {
+        let fence = b.fence(job).await.unwrap();
+        let (confirmed, taken) = tokio::join!(
+            a.confirm(job, period, token, "east"),
+            b.claim_as(job, period, fence + 1, "b", None, &cb)
+        );
+        let confirmed = confirmed.unwrap();
+        let taken = taken.unwrap();
+        let took = matches!(taken, ClaimOutcome::TookOver { .. });
+        assert!(
+            confirmed != took,
+            "period {period}: confirmed={confirmed} taken={taken:?}"
+        );
+        let row = a.claimed(job, period).await.unwrap().unwrap();
+        assert_eq!(row.cluster, if took { "west" } else { "east" });
+    }
+    cleanup(&prefix).await;
+}
+
+/// A standby claims a period only once the database's clock is `standbyDelaySeconds` past it;
+/// the primary's claim meanwhile makes it ClaimedElsewhere. Claims of a controller without an
+/// identity (an older one, or a single cluster) are never taken over.
+#[tokio::test]
+async fn standby_waits_by_the_database_clock_and_anonymous_claims_stay() {
+    let prefix = unique_prefix("standby");
+    let a = backstop(&prefix);
+    let job = "shared/report";
+    let standby = cluster("west", Some(1), Some(3600));
+    // The database's now, not ours.
+    let db_now: Timestamp = workload()
+        .await
+        .query_one("SELECT now()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let period = db_now - jiff::SignedDuration::from_secs(10);
+    let r = a
+        .claim_as(job, period, 1, "s", None, &standby)
+        .await
+        .unwrap();
+    match r {
+        ClaimOutcome::NotYet { until } => {
+            assert_eq!(until, period + jiff::SignedDuration::from_secs(3600))
+        }
+        other => panic!("expected NotYet, got {other:?}"),
+    }
+    assert_eq!(
+        a.fence(job).await.unwrap(),
+        0,
+        "a standby's early claim writes nothing"
+    );
+    assert_eq!(a.claimed(job, period).await.unwrap(), None);
+    // Past its delay (a period an hour and more ago): it claims.
+    let old = db_now - jiff::SignedDuration::from_secs(3700);
+    assert_eq!(
+        a.claim_as(job, old, 1, "s", None, &standby).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+
+    // An anonymous claim, unconfirmed and overdue, is never taken over.
+    let anon_period = ts("2026-05-01T00:00:00Z");
+    a.claim(job, anon_period, 2, "anon", None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let r = a
+        .claim_as(
+            job,
+            anon_period,
+            3,
+            "w",
+            None,
+            &cluster("west", Some(1), None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        ClaimOutcome::Duplicate {
+            token: 2,
+            job_name: "anon".into()
+        }
+    );
+    cleanup(&prefix).await;
+}
+
+/// Two clusters may choose the same token (it is chosen before the claim transaction, from the
+/// fence each read): the other cluster's row with our token is not ours. Within the bound we
+/// wait; past it the takeover needs a token above the fence (StaleToken: claim again higher), and
+/// the row stays as it was; confirming with the same token from the wrong cluster fails.
+#[tokio::test]
+async fn the_same_token_from_another_cluster_is_not_ours() {
+    let prefix = unique_prefix("sametoken");
+    let b = backstop(&prefix);
+    let (job, period) = ("shared/same", ts("2026-06-01T00:00:00Z"));
+    let east = cluster("east", Some(1), None);
+    let west = cluster("west", Some(1), None);
+    assert_eq!(
+        b.claim_as(job, period, 1, "same-1", None, &east)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let r = b
+        .claim_as(job, period, 1, "same-1", None, &west)
+        .await
+        .unwrap();
+    assert!(matches!(r, ClaimOutcome::NotYet { .. }), "{r:?}");
+    assert!(!b.confirm(job, period, 1, "west").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let e = b
+        .claim_as(job, period, 1, "same-1", None, &west)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::StaleToken { current: 1, .. }), "{e}");
+    let row = b.claimed(job, period).await.unwrap().unwrap();
+    assert_eq!(
+        (row.cluster.as_str(), row.token),
+        ("east", 1),
+        "rolled back"
+    );
+    assert_eq!(
+        b.claim_as(job, period, 2, "same-1", None, &west)
+            .await
+            .unwrap(),
+        ClaimOutcome::TookOver {
+            cluster: "east".into(),
+            token: 1
+        }
+    );
+    assert!(!b.confirm(job, period, 1, "east").await.unwrap());
+    assert!(b.confirm(job, period, 2, "west").await.unwrap());
+    cleanup(&prefix).await;
+}

@@ -66,6 +66,11 @@ struct Args {
     /// names (default: any). A host outside is refused before any connection is attempted.
     #[arg(long, env = "SINGLETON_BACKSTOP_ALLOWED_HOSTS", value_delimiter = ',')]
     backstop_allowed_hosts: Vec<String>,
+    /// This cluster's identity, recorded in the claims it writes to a backstop database shared
+    /// with other clusters (docs/multi-cluster.md): one per cluster, the same for all replicas.
+    /// Empty: single-cluster; such claims are never taken over.
+    #[arg(long, env = "SINGLETON_CLUSTER_ID", default_value = "", value_parser = parse_cluster_id)]
+    cluster_id: String,
     /// Address of /healthz and /readyz (plain HTTP, no authentication).
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
@@ -128,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
         clock_check_interval: Duration::from_secs(args.clock_check_seconds.max(1).into()),
         label_selector: args.label_selector.filter(|s| !s.trim().is_empty()),
         backstop_allowed_hosts: AllowedHosts::parse(&args.backstop_allowed_hosts)?,
+        cluster_id: args.cluster_id,
     };
     let opts = ReplicaOptions {
         election,
@@ -141,4 +147,17 @@ async fn main() -> anyhow::Result<()> {
     // Err(LeadershipLost) exits non-zero: the Deployment restarts this pod as a standby.
     replica::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
     Ok(())
+}
+
+/// A cluster identity: at most 63 characters of `[A-Za-z0-9._-]` (it goes into status, Events,
+/// logs and a metric label).
+fn parse_cluster_id(s: &str) -> Result<String, String> {
+    let ok = s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("a cluster id is at most 63 characters of letters, digits, '.', '_' and '-'".into())
+    }
 }

@@ -112,6 +112,10 @@ pub mod reason {
     pub const BACKSTOP_UNAVAILABLE: &str = "BackstopUnavailable";
     pub const BACKSTOP_SKIPPED: &str = "BackstopSkipped";
     pub const DEDUPLICATED: &str = "AlreadyClaimed";
+    /// Multi-cluster: another cluster claimed (and ran, or runs) the period in the shared backstop.
+    pub const CLAIMED_ELSEWHERE: &str = "ClaimedElsewhere";
+    /// Multi-cluster: this cluster took over another's claim left unconfirmed past the bound.
+    pub const TOOK_OVER: &str = "TookOver";
     pub const LOCK_BROKEN: &str = "LockBroken";
     /// The backstop's fence row stayed locked by an open transaction past the deadline.
     pub const FENCE_HELD: &str = "FenceHeld";
@@ -654,6 +658,7 @@ impl Records {
             start_time: None,
             finish_time: Some(now.into()),
             requested_by: None,
+            cluster: None,
         });
     }
 

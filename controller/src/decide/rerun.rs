@@ -150,6 +150,7 @@ mod tests {
             start_time: None,
             finish_time: None,
             requested_by: None,
+            cluster: None,
         }
     }
 

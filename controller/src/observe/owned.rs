@@ -366,6 +366,7 @@ mod tests {
             start_time: None,
             finish_time: None,
             requested_by: None,
+            cluster: None,
         });
         assert!(ran(&st, &[], p));
         st.history[0].outcome = crate::api::Outcome::Missed;

@@ -30,6 +30,7 @@ pub(super) fn entry(
         start_time: token.map(|_| t(period)),
         finish_time: Some(t(period)),
         requested_by: None,
+        cluster: None,
     }
 }
 

@@ -293,6 +293,15 @@ fn next_times_section(times: &[Time]) -> String {
     section("Next Schedule Times", lines)
 }
 
+/// An entry's reason; with the cluster that has the period when it ran in another one
+/// (`ClaimedElsewhere (east)`, multi-cluster).
+fn reason(h: &HistoryEntry) -> String {
+    match (&h.reason, &h.cluster) {
+        (Some(r), Some(c)) => format!("{r} ({c})"),
+        (r, _) => dash(r.as_deref()),
+    }
+}
+
 /// The newest [`STATUS_HISTORY`] entries; `history` shows them all.
 fn history_section(history: &[HistoryEntry]) -> String {
     let rows: Vec<Vec<String>> = history
@@ -303,7 +312,7 @@ fn history_section(history: &[HistoryEntry]) -> String {
                 period(&h.period),
                 count(h),
                 outcome(h.outcome),
-                dash(h.reason.as_deref()),
+                reason(h),
                 dash(h.job_name.as_deref()),
                 token(h),
             ]
@@ -359,7 +368,7 @@ pub fn render_history(history: &[HistoryEntry]) -> String {
                 opt_ts(h.last_period.as_ref()),
                 count(h),
                 outcome(h.outcome),
-                dash(h.reason.as_deref()),
+                reason(h),
                 dash(h.job_name.as_deref()),
                 token(h),
                 dash(h.requested_by.as_deref()),
@@ -642,6 +651,18 @@ mod tests {
         assert!(skipped.contains(&"2026-01-01T00:04:00Z"), "{skipped:?}");
         assert!(lines[1].contains("   2   "), "{out}");
         assert_eq!(render_history(&[]), "No history yet.\n");
+        // Multi-cluster: a period another cluster ran names that cluster.
+        let mut elsewhere = entry(
+            "2026-01-01T00:10:00Z",
+            Outcome::Deduplicated,
+            None,
+            Some("ClaimedElsewhere"),
+        );
+        elsewhere.cluster = Some("west".into());
+        assert!(
+            render_history(&[elsewhere]).contains("ClaimedElsewhere (west)"),
+            "the other cluster's identity is shown"
+        );
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub fn run_entry(
         start_time: run.claimed_at.clone(),
         finish_time: finished.map(Into::into),
         requested_by: run.requested_by.clone(),
+        cluster: None,
     }
 }
 
@@ -64,6 +65,7 @@ pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
         start_time: old.claimed_at.clone(),
         finish_time: Some(at.into()),
         requested_by: None,
+        cluster: None,
     }
 }
 
@@ -81,6 +83,7 @@ pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp)
         start_time: claim.claimed_at.clone(),
         finish_time: Some(at.into()),
         requested_by: claim.requested_by.clone(),
+        cluster: None,
     }
 }
 

@@ -242,6 +242,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
         start_time: None,
         finish_time: None,
         requested_by: None,
+        cluster: None,
     };
     let mut with_history = SingletonJobStatus::default();
     with_history.history.push(entry);

@@ -42,7 +42,7 @@ pub async fn break_lock(
 
     // 2. Token.
     let fence = match db {
-        Availability::Ready(b) => b.fence(&sj.key()).await?,
+        Availability::Ready(b) => b.fence(&sj.backstop_key()).await?,
         Availability::NotConfigured => 0,
         // Breaking a lock without the fence would promise what it cannot keep: wait for it.
         Availability::Unavailable(why) => return Err(Error::BackstopUnavailable(why.clone())),
@@ -55,7 +55,7 @@ pub async fn break_lock(
     stopped.extend(status.pending_claim.take());
     if let Availability::Ready(b) = db {
         // 3. Fence.
-        if let Err(e) = b.retire(&sj.key(), token).await {
+        if let Err(e) = b.retire(&sj.backstop_key(), token).await {
             if matches!(e, Error::FenceHeld(_)) {
                 stop_runs(ctx, &ns, &stopped).await?;
             }

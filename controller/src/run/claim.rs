@@ -51,11 +51,17 @@ pub(super) async fn backstop_claim(
     };
     let mut sj = sj.clone();
     let period = claim.period.0;
-    let key = sj.key();
+    let key = sj.backstop_key();
+    let claimer = claimer(ctx, &sj);
     for _ in 0..=RECLAIMS {
-        // A rerun takes the period's row over from the token it found there (`supersedes`).
-        let claimed = b.claim(&key, period, claim.token, &claim.job_name, claim.supersedes);
-        match Box::pin(claimed).await {
+        let claimed = claim_once(b, &key, &claim, &claimer).await;
+        match claimed {
+            // Multi-cluster (docs/multi-cluster.md).
+            Ok(
+                o @ (ClaimOutcome::ClaimedElsewhere { .. }
+                | ClaimOutcome::NotYet { .. }
+                | ClaimOutcome::TookOver { .. }),
+            ) => return multi_cluster(ctx, sj, claim, o).await,
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
                 // The claim's own token never reached the fence (the transaction rolled back):
                 // nothing to retire.
@@ -99,6 +105,147 @@ pub(super) async fn backstop_claim(
         "the backstop's fence kept rising above the claim of {}",
         claim.job_name
     )))
+}
+
+/// Who claims in the backstop: this cluster (`--cluster-id`) under the SingletonJob's
+/// multi-cluster policy (`spec.backstop`).
+pub(super) fn claimer(ctx: &Context, sj: &SingletonJob) -> crate::backstop::Claimer {
+    let spec = sj.spec.backstop.as_ref();
+    let secs = |s: Option<i64>| s.map(|s| SignedDuration::from_secs(s.max(0)));
+    crate::backstop::Claimer {
+        cluster: ctx.backstops.cluster().to_string(),
+        takeover_after: secs(spec.and_then(|b| b.takeover_after_seconds)),
+        standby_delay: secs(spec.and_then(|b| b.standby_delay_seconds)),
+    }
+}
+
+/// Step 4, multi-cluster confirm: before anything acts on the claim (replacing, creating the
+/// Job), its backstop row is confirmed by a conditional update that fails when another cluster
+/// took it over meanwhile (the claimer paused past `takeoverAfterSeconds`). Losing it, the period
+/// is decided here without a Job: it is the other cluster's now, and this token is fenced out.
+/// Without a cluster identity claims are never taken over, and nothing is confirmed.
+pub(super) async fn confirm_in_backstop(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+    db: &Availability,
+) -> Result<bool> {
+    let Availability::Ready(b) = db else {
+        return Ok(true);
+    };
+    if ctx.backstops.cluster().is_empty() {
+        return Ok(true);
+    }
+    let key = sj.backstop_key();
+    let period = claim.period.0;
+    if Box::pin(b.confirm(&key, period, claim.token, ctx.backstops.cluster())).await? {
+        return Ok(true);
+    }
+    let row = Box::pin(b.claimed(&key, period)).await?;
+    let (cluster, token) = row
+        .map(|r| (r.cluster, r.token))
+        .unwrap_or_else(|| (String::from("?"), 0));
+    crate::metrics::global().multi_cluster_claim(ctx.backstops.cluster(), "ClaimedElsewhere");
+    let p = naming::period_rfc3339(period);
+    let note = format!(
+        "period {p} was taken over by cluster {cluster:?} (token {token}) before this cluster confirmed its claim (token {}); no Job created in this cluster",
+        claim.token
+    );
+    tracing::warn!(sj = %sj.key(), "{note}");
+    let d = decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note)
+        .elsewhere(cluster);
+    // The token is below the fence already (the takeover raised it): nothing to retire.
+    decided::decide_without_job(ctx, sj, claim, d, None).await?;
+    Ok(false)
+}
+
+/// Step 4, one claim in the backstop as this cluster, counted by result. A rerun takes the
+/// period's row over from the token it found there (`supersedes`).
+async fn claim_once(
+    b: &crate::backstop::Backstop,
+    key: &str,
+    claim: &RunRef,
+    claimer: &crate::backstop::Claimer,
+) -> Result<ClaimOutcome> {
+    let claimed = b.claim_as(
+        key,
+        claim.period.0,
+        claim.token,
+        &claim.job_name,
+        claim.supersedes,
+        claimer,
+    );
+    let claimed = Box::pin(claimed).await;
+    if let Ok(outcome) = &claimed {
+        crate::metrics::global().multi_cluster_claim(&claimer.cluster, outcome.kind());
+    }
+    claimed
+}
+
+/// Step 4, the multi-cluster outcomes of a backstop claim (docs/multi-cluster.md).
+fn multi_cluster<'a>(
+    ctx: &'a Context,
+    sj: SingletonJob,
+    claim: RunRef,
+    outcome: ClaimOutcome,
+) -> BoxFuture<'a, Result<Backstopped>> {
+    // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
+    Box::pin(async move {
+        let p = naming::period_rfc3339(claim.period.0);
+        match outcome {
+            // Another cluster ran or runs this period. This claim's token never reached the
+            // fence: nothing to retire.
+            ClaimOutcome::ClaimedElsewhere {
+                cluster,
+                token,
+                job_name,
+            } => {
+                let note = format!(
+                    "period {p} was claimed in the shared backstop by cluster {cluster:?} ({job_name}, token {token}); no Job created in this cluster"
+                );
+                let d =
+                    decided::Decision::new(Outcome::Deduplicated, reason::CLAIMED_ELSEWHERE, note)
+                        .elsewhere(cluster);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                Ok(Backstopped::Decided)
+            }
+            // Not our turn yet, by the database's clock (a standby before its delay, or another
+            // cluster's unconfirmed claim within the bound): retried then, the claim pending.
+            // G2: a period that may no longer start is recorded, not waited for forever.
+            ClaimOutcome::NotYet { until } if past_deadline(&sj, &claim) => {
+                let note = format!(
+                    "period {p} passed its starting deadline while waiting for its turn in the shared backstop (until {until}, database time)"
+                );
+                let d = decided::Decision::new(Outcome::Missed, reason::DEADLINE_EXCEEDED, note);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                Ok(Backstopped::Decided)
+            }
+            ClaimOutcome::NotYet { until } => Err(Error::StandbyWaiting { until }),
+            ClaimOutcome::TookOver { cluster, token } => {
+                let note = format!(
+                    "took period {p} over from cluster {cluster:?} (token {token}), whose claim was not confirmed within takeoverAfterSeconds; its token is fenced out"
+                );
+                tracing::warn!(sj = %sj.key(), from = %cluster, stale = token, token = claim.token, "{note}");
+                ctx.events
+                    .publish(
+                        &sj,
+                        kube::runtime::events::EventType::Warning,
+                        reason::TOOK_OVER,
+                        "Claim",
+                        note,
+                    )
+                    .await;
+                Ok(Backstopped::Go {
+                    sj: Box::new(sj),
+                    claim,
+                    skipped: false,
+                })
+            }
+            ClaimOutcome::Claimed | ClaimOutcome::Duplicate { .. } => {
+                Err(Error::Backstop("not a multi-cluster claim outcome".into()))
+            }
+        }
+    })
 }
 
 /// Step 4, re-claim: the pending claim is rewritten, by compare-and-swap, with a token above the

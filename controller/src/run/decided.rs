@@ -18,6 +18,8 @@ pub(super) struct Decision {
     outcome: Outcome,
     reason: &'static str,
     note: String,
+    /// Multi-cluster: the cluster that has the period instead (recorded in the history).
+    cluster: Option<String>,
 }
 
 impl Decision {
@@ -26,7 +28,14 @@ impl Decision {
             outcome,
             reason,
             note,
+            cluster: None,
         }
+    }
+
+    /// The period is another cluster's (`ClaimedElsewhere`): its identity goes to the history.
+    pub(super) fn elsewhere(mut self, cluster: String) -> Self {
+        self.cluster = Some(cluster);
+        self
     }
 }
 
@@ -49,7 +58,8 @@ pub(super) fn decide_without_job<'a>(
         let mut status = sj.status.clone().unwrap_or_default();
         status.pending_claim = None;
         status.last_result = Some(d.outcome);
-        let entry = record::decided_entry(claim, d.outcome, d.reason, Timestamp::now());
+        let mut entry = record::decided_entry(claim, d.outcome, d.reason, Timestamp::now());
+        entry.cluster = d.cluster;
         record::push_history(&mut status, entry.clone());
         kube_io::write_status(ctx, sj, status, Lane::Background).await?;
         crate::metrics::global().recorded(sj, &entry);
@@ -63,7 +73,7 @@ pub(super) fn decide_without_job<'a>(
 /// Retires `token` (its period is decided). Correctness: an error stops the caller from
 /// recording the decision (it is retried); Efficiency: logged, and the decision goes on.
 pub async fn retire(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
-    match b.retire(&sj.key(), token).await {
+    match b.retire(&sj.backstop_key(), token).await {
         Ok(()) => Ok(()),
         Err(e) if sj.purpose() == LockPurpose::Efficiency => {
             tracing::warn!(sj = %sj.key(), token, error = %e, "could not retire the token of a decided period; Efficiency: recording it anyway");

@@ -17,6 +17,11 @@
 //!               the run being replaced stops that run first.                      G1, G3, G5
 //!    Re-check : re-read the status: go on only while this claim is still pending
 //!               (a paused claimer must not act on a claim another completed).     G1
+//! 4b.Confirm  : multi-cluster (`--cluster-id`): confirm the backstop claim row by a
+//!               conditional update; another cluster took it over (this claimer
+//!               paused past takeoverAfterSeconds, judged by the database's clock,
+//!               the fence raised above this token): decide ClaimedElsewhere,
+//!               create nothing (docs/multi-cluster.md).                            G1, G3
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
 //!               their Jobs are deleted, before the new Job exists.                G5
 //! 6. Create   : the Job, SUSPENDED: it cannot run pods yet. Its name is
@@ -106,7 +111,7 @@ pub async fn start(
 
     // 2. Token (G3): above every token this status and the backstop have ever seen.
     let fence = match db {
-        Availability::Ready(b) => match Box::pin(b.fence(&sj.key())).await {
+        Availability::Ready(b) => match Box::pin(b.fence(&sj.backstop_key())).await {
             Ok(f) => f,
             Err(e) if sj.purpose() == LockPurpose::Efficiency => {
                 tracing::warn!(sj = %sj.key(), error = %e, "backstop fence unreadable; Efficiency: going on without it");
@@ -260,6 +265,13 @@ pub async fn complete_claim(
         )));
     }
     failpoint::hit(failpoint::REREAD);
+
+    // 4b. Confirm in the backstop (G1, multi-cluster only): a conditional update that fails when
+    //     another cluster took the claim over while this claimer was paused; then the period is
+    //     theirs, this token is fenced out, and nothing is created here.
+    if !Box::pin(claim::confirm_in_backstop(ctx, &fresh, &claim, db)).await? {
+        return Ok(());
+    }
 
     // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
     for old in &claim.replaces {

@@ -1,0 +1,408 @@
+//! Multi-cluster disaster recovery (docs/multi-cluster.md): two real control planes on this
+//! machine (the second from `hack/cluster.sh` with `SINGLETON_CLUSTER_NAME`, see
+//! e2e/src/multicluster.rs) share one PostgreSQL; a controller per cluster (`--cluster-id east`
+//! in the default cluster, `west` in the second); one SingletonJob per cluster, in namespaces of
+//! different names, made one job by `spec.backstop.jobKey`. An outside checker (an
+//! [`Observer`] per API server) counts the Jobs that ran per period across both clusters.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Result;
+use e2e::multicluster::SecondCluster;
+use e2e::{Env, Observer, backstop_secret, backstop_spec, ensure, pg, sj_yaml, table_prefix};
+use jiff::Timestamp;
+
+/// Both clusters' Envs, with the backstop Secret in each, and the shared key and prefix.
+struct Two {
+    east: Env,
+    west: Env,
+    prefix: String,
+    key: String,
+    second: SecondCluster,
+}
+
+async fn two(name: &str) -> Result<Two> {
+    let second = SecondCluster::hold().await?;
+    let east = Env::new(name).await?;
+    let west = Env::new_in(name, &second.kubeconfig).await?;
+    let url = e2e::database_url()?;
+    backstop_secret(&east, "db", &url, true).await?;
+    backstop_secret(&west, "db", &url, true).await?;
+    let prefix = table_prefix(&east);
+    let key = format!("dr/{}", east.ns);
+    Ok(Two {
+        east,
+        west,
+        prefix,
+        key,
+        second,
+    })
+}
+
+impl Two {
+    /// The SingletonJob "dr" (every 2 s) with the shared key and `extra` backstop lines.
+    fn yaml(&self, extra: &str) -> String {
+        let lines = format!("    jobKey: {}\n{extra}", self.key);
+        sj_yaml(
+            "dr",
+            "*/2 * * * * *",
+            &backstop_spec("db", &self.prefix, &lines),
+        )
+    }
+
+    /// The claim rows of the job: period -> (cluster, token, confirmed).
+    async fn claims(&self) -> Result<BTreeMap<Timestamp, (String, i64, bool)>> {
+        let db = pg().await?;
+        let rows = db
+            .query(
+                &format!(
+                    "SELECT period, cluster, token, confirmed_at IS NOT NULL FROM {}claims WHERE job = $1",
+                    self.prefix
+                ),
+                &[&self.key],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3))))
+            .collect())
+    }
+}
+
+/// Periods -> the clusters in which a Job of the period ran (was allowed to run pods).
+fn ran(east: &Observer, west: &Observer) -> BTreeMap<Timestamp, Vec<&'static str>> {
+    let mut by: BTreeMap<Timestamp, Vec<&'static str>> = BTreeMap::new();
+    for (cluster, o) in [("east", east), ("west", west)] {
+        for j in o.jobs() {
+            if let (true, Some(p)) = (j.ran, j.period) {
+                by.entry(p).or_default().push(cluster);
+            }
+        }
+    }
+    by
+}
+
+fn twice(by: &BTreeMap<Timestamp, Vec<&'static str>>) -> Vec<(Timestamp, Vec<&'static str>)> {
+    by.iter()
+        .filter(|(_, cs)| cs.len() > 1)
+        .map(|(p, cs)| (*p, cs.clone()))
+        .collect()
+}
+
+/// Both clusters active, racing for every period: each period runs exactly once, in exactly one
+/// cluster, and the claim row names that cluster.
+#[tokio::test]
+async fn both_active_every_period_runs_once_in_exactly_one_cluster() -> Result<()> {
+    let mut t = two("dr-both").await?;
+    let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
+    let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
+    let spec = t.yaml("    takeoverAfterSeconds: 10\n");
+    t.east.create_sj(&spec).await?;
+    t.west.create_sj(&spec).await?;
+    t.east.start_controller(&["--cluster-id", "east"]).await?;
+    t.west.start_controller(&["--cluster-id", "west"]).await?;
+    t.east
+        .wait_for("eight periods run", Duration::from_secs(60), || async {
+            Ok((ran(&eo, &wo).len() >= 8).then_some(()))
+        })
+        .await?;
+    t.east.stop_controller(0, true).await?;
+    t.west.stop_controller(0, true).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await; // the observers' last events
+    let by = ran(&eo, &wo);
+    ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
+    // Every confirmed claim up to the last period that ran has its one Job, in its cluster.
+    let last = *by.keys().last().unwrap_or(&Timestamp::UNIX_EPOCH);
+    let claims = t.claims().await?;
+    let mut split: BTreeMap<&str, usize> = BTreeMap::new();
+    for (p, (cluster, _, confirmed)) in claims.range(..=last) {
+        let there = by.get(p).cloned().unwrap_or_default();
+        ensure(
+            &t.east,
+            *confirmed && there == [cluster.as_str()],
+            ("claim and run", p, cluster, confirmed, &there),
+        )
+        .await?;
+        *split.entry(there[0]).or_default() += 1;
+    }
+    println!(
+        "both active: {} periods, each run once; by cluster {split:?}; observer relists east {} west {}",
+        claims.range(..=last).count(),
+        eo.relists(),
+        wo.relists()
+    );
+    drop(t.second);
+    Ok(())
+}
+
+/// Active/standby: the standby (east, standbyDelaySeconds 3) runs nothing while the primary
+/// (west) runs; with the primary's API server stopped, the standby runs the next periods, each
+/// once.
+#[tokio::test]
+async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<()> {
+    let mut t = two("dr-standby").await?;
+    let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
+    let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
+    t.east
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 6\n    standbyDelaySeconds: 3\n"))
+        .await?;
+    t.west
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 6\n"))
+        .await?;
+    t.east.start_controller(&["--cluster-id", "east"]).await?;
+    t.west.start_controller(&["--cluster-id", "west"]).await?;
+    t.east
+        .wait_for(
+            "three periods run by the primary",
+            Duration::from_secs(60),
+            || async {
+                let by = ran(&eo, &wo);
+                Ok((by.values().filter(|c| *c == &["west"]).count() >= 3).then_some(()))
+            },
+        )
+        .await?;
+    let before = ran(&eo, &wo);
+    ensure(
+        &t.east,
+        before.values().all(|c| c == &["west"]),
+        ("the standby ran while the primary was up", &before),
+    )
+    .await?;
+
+    let stopped = Timestamp::now();
+    t.second.apiserver("stop").await?;
+    let first = t
+        .east
+        .wait_for(
+            "three periods run by the standby",
+            Duration::from_secs(60),
+            || async {
+                let by = ran(&eo, &wo);
+                let mine: Vec<Timestamp> = by
+                    .iter()
+                    .filter(|(p, c)| **p > stopped && *c == &["east"])
+                    .map(|(p, _)| *p)
+                    .collect();
+                Ok((mine.len() >= 3).then(|| mine[0]))
+            },
+        )
+        .await?;
+    let created = eo
+        .jobs()
+        .into_iter()
+        .filter(|j| j.period == Some(first))
+        .filter_map(|j| j.created)
+        .next();
+    t.second.apiserver("start").await?;
+    // The primary comes back: it must not run what the standby ran.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    t.east.stop_controller(0, true).await?;
+    t.west.stop_controller(0, true).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let by = ran(&eo, &wo);
+    ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
+    println!(
+        "standby: API server stopped at {stopped}; first standby period {first}, its Job created {created:?}; {} periods in all, {} in the standby",
+        by.len(),
+        by.values().filter(|c| *c == &["east"]).count()
+    );
+    Ok(())
+}
+
+/// The primary's controller freezes (SIGSTOP, failpoint backstop-claimed) right after its
+/// database claim. Past the bound the standby takes the period over and runs it; the primary,
+/// resumed, creates no Job for it (its confirm is refused), records ClaimedElsewhere naming the
+/// standby, and a write with its token is refused by the fence.
+#[tokio::test]
+async fn a_paused_claimer_is_taken_over_its_job_never_created_and_its_token_fenced() -> Result<()> {
+    let mut t = two("dr-paused").await?;
+    let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
+    let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
+    t.east
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 5\n    standbyDelaySeconds: 2\n"))
+        .await?;
+    t.west
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 5\n"))
+        .await?;
+    t.east.start_controller(&["--cluster-id", "east"]).await?;
+    let freeze = [(
+        "SINGLETON_FAILPOINTS".to_string(),
+        "backstop-claimed=stop".to_string(),
+    )];
+    let w = t
+        .west
+        .start_controller_with_env(&freeze, &["--cluster-id", "west"])
+        .await?;
+    t.west
+        .wait_for(
+            "the primary frozen after its database claim",
+            Duration::from_secs(30),
+            || async { Ok(t.west.controller_stopped(w).then_some(())) },
+        )
+        .await?;
+    let pending = t
+        .west
+        .get_sj("dr")
+        .await?
+        .status
+        .and_then(|s| s.pending_claim)
+        .ok_or_else(|| anyhow::anyhow!("the frozen primary has no pending claim"))?;
+    let (period, token) = (pending.period.0, pending.token);
+    let row = t.claims().await?.get(&period).cloned();
+    ensure(
+        &t.east,
+        row.as_ref().is_some_and(|r| r.0 == "west" && !r.2),
+        ("the primary's unconfirmed row", &row),
+    )
+    .await?;
+
+    // The standby takes the period over past the bound and runs it.
+    t.east
+        .wait_for(
+            "the standby to run the frozen period",
+            Duration::from_secs(30),
+            || async {
+                Ok(ran(&eo, &wo)
+                    .get(&period)
+                    .is_some_and(|c| c == &["east"])
+                    .then_some(()))
+            },
+        )
+        .await?;
+    let row = t.claims().await?.get(&period).cloned();
+    ensure(
+        &t.east,
+        row.as_ref()
+            .is_some_and(|r| r.0 == "east" && r.1 as u64 > token),
+        ("taken over", &row),
+    )
+    .await?;
+
+    // The primary resumes: ClaimedElsewhere (east), no Job of the period in its cluster.
+    t.west.signal_controller(w, "CONT").await?;
+    let entry = t
+        .west
+        .wait_for(
+            "the primary to record ClaimedElsewhere",
+            Duration::from_secs(30),
+            || async {
+                let sj = t.west.get_sj("dr").await?;
+                Ok(sj.status.and_then(|s| {
+                    s.history.into_iter().find(|h| {
+                        h.period.0 == period && h.reason.as_deref() == Some("ClaimedElsewhere")
+                    })
+                }))
+            },
+        )
+        .await?;
+    ensure(
+        &t.west,
+        entry.cluster.as_deref() == Some("east") && entry.token == Some(token),
+        ("history entry", &entry),
+    )
+    .await?;
+    let west_jobs = e2e::periods(&t.west.job_list().await?);
+    ensure(
+        &t.west,
+        !west_jobs.contains(&period),
+        ("a Job of the taken-over period in the primary", &west_jobs),
+    )
+    .await?;
+    let seen = wo
+        .jobs()
+        .into_iter()
+        .filter(|j| j.period == Some(period))
+        .count();
+    ensure(
+        &t.west,
+        seen == 0,
+        ("the observer saw a primary Job of the period", seen),
+    )
+    .await?;
+
+    // A write with the primary's token is refused by the fence.
+    let db = pg().await?;
+    let err = db
+        .query(
+            &format!("SELECT {}fence($1, $2)", t.prefix),
+            &[&t.key, &(token as i64)],
+        )
+        .await
+        .expect_err("the taken-over token must be refused");
+    ensure(
+        &t.east,
+        err.code().map(|c| c.code()) == Some("SF001"),
+        ("SQLSTATE", err.to_string()),
+    )
+    .await?;
+    let by = ran(&eo, &wo);
+    ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
+    println!(
+        "paused claimer: period {period} token {token} taken over by east; primary's Job never created; fence refused token {token}"
+    );
+    Ok(())
+}
+
+/// Clocks 40 s apart: the standby's controller (east) runs 40 s ahead (libfaketime; its skew
+/// tolerance raised to 60 s so it acts on that clock, as a cluster whose clocks all run ahead
+/// would). By its clock every period is due 40 s early, but its turn is judged by the database's
+/// clock (standbyDelaySeconds 3): the primary (west, true clock) still runs every period, each
+/// once, and the standby none.
+#[tokio::test]
+async fn clocks_40s_apart_the_database_clock_decides() -> Result<()> {
+    let mut t = two("dr-skew").await?;
+    let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
+    let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
+    t.east
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 10\n    standbyDelaySeconds: 3\n"))
+        .await?;
+    t.west
+        .create_sj(&t.yaml("    takeoverAfterSeconds: 10\n"))
+        .await?;
+    t.east
+        .start_controller_with_env(
+            &e2e::skewed_clock("+40s")?,
+            &["--cluster-id", "east", "--max-clock-skew-seconds", "60"],
+        )
+        .await?;
+    t.west.start_controller(&["--cluster-id", "west"]).await?;
+    t.east
+        .wait_for("six periods run", Duration::from_secs(60), || async {
+            Ok((ran(&eo, &wo).len() >= 6).then_some(()))
+        })
+        .await?;
+    // The skewed standby did try: it has claims pending or decided elsewhere.
+    let tried = t
+        .east
+        .wait_for(
+            "the skewed standby to record ClaimedElsewhere",
+            Duration::from_secs(30),
+            || async {
+                let s = t.east.get_sj("dr").await?.status.unwrap_or_default();
+                let n = s
+                    .history
+                    .iter()
+                    .filter(|h| h.reason.as_deref() == Some("ClaimedElsewhere"))
+                    .count();
+                Ok((n > 0).then_some(n))
+            },
+        )
+        .await?;
+    t.east.stop_controller(0, true).await?;
+    t.west.stop_controller(0, true).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let by = ran(&eo, &wo);
+    ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
+    ensure(
+        &t.east,
+        by.values().all(|c| c == &["west"]),
+        ("the skewed standby ran a period", &by),
+    )
+    .await?;
+    println!(
+        "clocks 40 s apart: {} periods, all in the primary, each once; the standby recorded {tried} ClaimedElsewhere",
+        by.len()
+    );
+    Ok(())
+}
