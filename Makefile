@@ -35,8 +35,8 @@ help:
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
 	echo 'make test     lint + unit + e2e (what CI runs)'
-	echo 'make demo     run the controller against the local cluster with examples/hello.yaml (namespace singleton-demo)'
-	echo 'make demo-stop  stop the demo controller (make down stops everything)'
+	echo 'make demo     the chart on the real node (images built locally) running the billing example every 10 s, namespace singleton-demo (examples/hello.yaml on kwok with SINGLETON_REAL_NODE=0)'
+	echo 'make demo-stop  stop the demo controller (helm uninstall; make down stops everything)'
 	echo 'make bench    SingletonJob against CronJob on its own local cluster (~25 min; BENCH=quick ~8 min): bench/results/'
 
 tools:
