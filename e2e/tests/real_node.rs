@@ -256,6 +256,22 @@ async fn ready_pods(env: &Env, release: &str) -> Result<Vec<(String, IpAddr)>> {
     Ok(out)
 }
 
+/// Waits until a pod other than `leader` holds the release's Lease; returns its identity.
+async fn another_holder(
+    env: &Env,
+    release: &str,
+    leader: &str,
+    what: &str,
+    timeout: Duration,
+) -> Result<String> {
+    wait(what, timeout, &[&env.ns], || async {
+        Ok(lease_holder(env, release)
+            .await?
+            .filter(|h| !h.starts_with(&format!("{leader}-"))))
+    })
+    .await
+}
+
 async fn lease_holder(env: &Env, lease: &str) -> Result<Option<String>> {
     Ok(Api::<Lease>::namespaced(env.client.clone(), &env.ns)
         .get_opt(lease)
@@ -475,15 +491,12 @@ async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
     Api::<Pod>::namespaced(env.client.clone(), &env.ns)
         .delete(&leader, &DeleteParams::default())
         .await?;
-    let new_leader = wait(
+    let new_leader = another_holder(
+        &env,
+        &release,
+        &leader,
         "another pod to take the Lease",
         Duration::from_secs(90),
-        &[&env.ns],
-        || async {
-            Ok(lease_holder(&env, &release)
-                .await?
-                .filter(|h| !h.starts_with(&format!("{leader}-"))))
-        },
     )
     .await?;
     let (job2, period2, token2) = next_completed_job(&work, std::slice::from_ref(&job1)).await?;
@@ -738,15 +751,12 @@ async fn frozen_leader_loses_the_lease_and_stays_out() -> Result<()> {
     set_freezer(&cgroup, "FROZEN").await?;
     // The Lease (15 s) runs out while it is frozen; thawed right after the takeover, before the
     // liveness probe (3 failures 10 s apart) would restart it.
-    let taken = wait(
+    let taken = another_holder(
+        &env,
+        &release,
+        &leader,
         "the standby to take the Lease from the frozen leader",
         Duration::from_secs(40),
-        &[&env.ns],
-        || async {
-            Ok(lease_holder(&env, &release)
-                .await?
-                .filter(|h| !h.starts_with(&format!("{leader}-"))))
-        },
     )
     .await;
     set_freezer(&cgroup, "THAWED").await?;
