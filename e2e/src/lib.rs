@@ -14,6 +14,7 @@ mod commands;
 mod env;
 mod http;
 mod manifest;
+mod markdown;
 pub mod multicluster;
 mod proxy;
 mod service_account;
@@ -31,6 +32,7 @@ pub use env::{
 };
 pub use http::{HttpResponse, health_addr_in, http_get, https_get, metric, metrics_addr_in};
 pub use manifest::{never_scheduled, periods, sj_yaml, token_of};
+pub use markdown::{ShBlock, sh_blocks};
 pub use observer::Observer;
 pub use proxy::Proxy;
 pub use service_account::{can_i, client_from_kubeconfig};

@@ -794,3 +794,68 @@ async fn frozen_leader_loses_the_lease_and_stays_out() -> Result<()> {
     check(&work, unique, ("Jobs (period, token)", &jobs)).await?;
     Ok(())
 }
+
+/// The README's commands after `make demo`, run as written in a shell that has nothing but what
+/// `make env` gives it (`env -i`, `PATH=/usr/bin:/bin`): kubectl, its plugin and the cluster come
+/// from `eval "$(make -s env)"`. What `make demo` sets up with the real node is set up here (the
+/// chart with the local images, the billing database and Secret), the demo's SingletonJob
+/// (examples/billing/demo.yaml) runs, and the demo's namespace becomes this test's.
+#[tokio::test]
+async fn the_readmes_commands_after_make_demo_run_in_a_clean_shell() -> Result<()> {
+    // `_uninstall` kept: dropping it uninstalls the chart.
+    let Setup {
+        env,
+        work,
+        _uninstall,
+        ..
+    } = setup("readme").await?;
+    let demo = std::fs::read_to_string(e2e::repo_file("examples/billing/demo.yaml"))?;
+    // The image tag the demo applies: this build's version (hack/demo.sh does the same).
+    let demo: String = demo
+        .lines()
+        .map(|l| match l.split_once("billing-workload:") {
+            Some((head, _)) => format!("{head}billing-workload:{VERSION}\n"),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    work.create_sj(&demo).await?;
+    let (job, _, token) = next_completed_job(&work, &[]).await?;
+
+    let readme = std::fs::read_to_string(e2e::repo_file("README.md"))?;
+    let after = readme
+        .split_once("After `make demo`")
+        .map(|(_, rest)| rest)
+        .context("the README has its \"After `make demo`\" paragraph")?;
+    let block = e2e::sh_blocks(after)
+        .into_iter()
+        .next()
+        .context("a ```sh block after it")?;
+    let script = block.script.replace("singleton-demo", &work.ns);
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let out = std::process::Command::new("env")
+        .args(["-i", &format!("HOME={home}"), "PATH=/usr/bin:/bin"])
+        .args(["bash", "-euo", "pipefail", "-c", &script])
+        .current_dir(e2e::repo_file(""))
+        .output()?;
+    let (text, err) = (e2e::stdout(&out), e2e::stderr(&out));
+    check(
+        &env,
+        out.status.success()
+            && text.contains("invoices")
+            && text.contains("Succeeded")
+            && text.contains("Fencing Token")
+            && text.contains("committed 3 invoice(s)"),
+        (
+            "README block at its line",
+            block.line,
+            &script,
+            "first run",
+            &job,
+            token,
+            &text,
+            &err,
+        ),
+    )
+    .await?;
+    Ok(())
+}

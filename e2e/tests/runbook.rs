@@ -9,44 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use e2e::{
-    Env, backstop_secret, backstop_spec, database_url, ensure, plugin_bin, repo_file, sj_yaml,
-    stderr, stdout, table_prefix,
+    Env, backstop_secret, backstop_spec, database_url, ensure, plugin_bin, repo_file, sh_blocks,
+    sj_yaml, stderr, stdout, table_prefix,
 };
-
-/// A ```sh block of the runbook and the line it starts on.
-struct Block {
-    line: usize,
-    script: String,
-}
-
-/// The runnable blocks of a markdown text.
-fn sh_blocks(text: &str) -> Vec<Block> {
-    let mut blocks = Vec::new();
-    let mut lines = text.lines().enumerate();
-    let mut previous = "";
-    while let Some((i, line)) = lines.next() {
-        if line.trim() == "```sh" {
-            let body: Vec<&str> = lines
-                .by_ref()
-                .map(|(_, l)| l)
-                .take_while(|l| l.trim() != "```")
-                .collect();
-            if !previous
-                .trim_start()
-                .starts_with("<!-- runbook: not run here")
-            {
-                blocks.push(Block {
-                    line: i + 1,
-                    script: body.join("\n"),
-                });
-            }
-        }
-        if !line.trim().is_empty() {
-            previous = line;
-        }
-    }
-    blocks
-}
 
 /// PATH with the cached kubectl and the built plugin first, as a user would have them.
 fn path_with_tools() -> Result<std::ffi::OsString> {
@@ -181,55 +146,6 @@ async fn the_operations_runbook_runs_as_written() -> Result<()> {
             && backfills[0].contains("started 3 run(s); 0 period(s) had run before")
             && backfills[1].contains("started 0 run(s); 3 period(s) had run before"),
         ("the backfill, twice", &backfills),
-    )
-    .await?;
-    Ok(())
-}
-
-/// The README's commands after `make demo`, run as written in a shell that has nothing but what
-/// `make env` gives it (`env -i`, `PATH=/usr/bin:/bin`): kubectl, its plugin and the cluster come
-/// from `eval "$(make -s env)"`. The demo's namespace becomes this test's, and its SingletonJob
-/// is the demo's example.
-#[tokio::test]
-async fn the_readmes_commands_after_make_demo_run_in_a_clean_shell() -> Result<()> {
-    let mut env = Env::new("readme").await?;
-    env.start_controller(&[]).await?;
-    let hello = std::fs::read_to_string(repo_file("examples/hello.yaml"))?;
-    env.create_sj(&hello).await?;
-    env.wait_for(
-        "a run of hello succeeded",
-        Duration::from_secs(60),
-        || async {
-            let st = env.get_sj("hello").await?.status.unwrap_or_default();
-            Ok(st.last_successful_time.map(|_| ()))
-        },
-    )
-    .await?;
-
-    let readme = std::fs::read_to_string(repo_file("README.md"))?;
-    let after = readme
-        .split_once("After `make demo`")
-        .map(|(_, rest)| rest)
-        .context("the README has its \"After `make demo`\" paragraph")?;
-    let block = sh_blocks(after)
-        .into_iter()
-        .next()
-        .context("a ```sh block after it")?;
-    let script = block.script.replace("singleton-demo", &env.ns);
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let out = std::process::Command::new("env")
-        .args(["-i", &format!("HOME={home}"), "PATH=/usr/bin:/bin"])
-        .args(["bash", "-euo", "pipefail", "-c", &script])
-        .current_dir(repo_file(""))
-        .output()?;
-    let (text, err) = (stdout(&out), stderr(&out));
-    ensure(
-        &env,
-        out.status.success()
-            && text.contains("hello")
-            && text.contains("Succeeded")
-            && text.contains("fencing token"),
-        ("README block at its line", block.line, &script, &text, &err),
     )
     .await?;
     Ok(())
