@@ -317,30 +317,39 @@ async fn a_database_outage_starts_nothing_without_a_claim_and_loses_nothing() ->
         Ok(ps.iter().any(|t| *t > up_at).then_some(()))
     })
     .await?;
+    // A status with no claim in flight: every period it has decided through has its claim row
+    // or its recorded outcome by now (a claim is written to the status before its row).
+    let s = env
+        .wait_for(
+            "a status with no claim in flight",
+            Duration::from_secs(20),
+            || async {
+                let s = env.get_sj("o").await?.status.unwrap_or_default();
+                Ok(s.pending_claim.is_none().then_some(s))
+            },
+        )
+        .await?;
+    let through = s.decided_through.as_ref().map(|t| t.0).unwrap_or(up_at);
     let db = pg().await?;
     let job_key = format!("{}/o", env.ns);
-    let claims: i64 = db
-        .query_one(
-            &format!("SELECT count(*) FROM {p}claims WHERE job = $1"),
-            &[&job_key],
-        )
-        .await?
-        .get(0);
-    let distinct: i64 = db
-        .query_one(
-            &format!("SELECT count(DISTINCT period) FROM {p}claims WHERE job = $1"),
-            &[&job_key],
-        )
-        .await?
-        .get(0);
+    let (claims, distinct): (i64, i64) = {
+        let row = db
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(DISTINCT period) FROM {p}claims \
+                     WHERE job = $1 AND period <= $2"
+                ),
+                &[&job_key, &through],
+            )
+            .await?;
+        (row.get(0), row.get(1))
+    };
     ensure(
         &env,
         claims == distinct,
         ("no period claimed twice", claims, distinct),
     )
     .await?;
-    let s = env.get_sj("o").await?.status.unwrap_or_default();
-    let through = s.decided_through.as_ref().map(|t| t.0).unwrap_or(up_at);
     let created = env
         .get_sj("o")
         .await?
