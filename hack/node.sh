@@ -398,9 +398,19 @@ start_kubelet() {
 # --- commands --------------------------------------------------------------------------------------
 # One real node per machine: its ports (10250, 10248), bridge, iptables chain and /run paths are
 # fixed. $RUN/owner names the checkout whose node it is; another checkout's up refuses, and its
-# down leaves the node alone.
+# down leaves the node alone. An owner whose containerd no longer runs (its checkout deleted, the
+# machine restored from a snapshot that kept /run) is stale: the node is taken over, not refused.
 OWNER=$RUN/owner
-foreign_owner() { [ -s "$OWNER" ] && [ "$(cat "$OWNER")" != "$REPO" ]; }
+foreign_owner() {
+  [ -s "$OWNER" ] || return 1
+  local owner
+  owner=$(cat "$OWNER")
+  [ "$owner" != "$REPO" ] || return 1
+  if pid_alive "$owner/.cache/node/pids/containerd.pid"; then return 0; fi
+  log "the real node's owner $owner no longer runs it: taking over"
+  rm -f "$OWNER"
+  return 1
+}
 
 cmd_up() {
   if foreign_owner; then
