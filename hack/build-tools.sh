@@ -317,15 +317,18 @@ kwok_stages() {
 
 mkdir -p "$TOOLS_DIR"
 case ${1:-} in
-  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd kwok helm promtool)" ;;
+  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd kwok helm promtool cargo-deny)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny)
 for t in "${tools[@]}"; do
   case $t in
     kubernetes) build_k8s ;;
     kubelet) build_kubelet ;;
     containerd) build_containerd ;;
+    # The CRI client the chaos suite kills the real node's containers with, as an operator would.
+    crictl) build_simple crictl sigs.k8s.io/cri-tools "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl \
+      "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" ;;
     etcd) build_etcd ;;
     kwok) build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok; kwok_stages ;;
     # Helm's own Makefile stamps the full version; without it `helm version` says only "v4.3".

@@ -3,7 +3,7 @@
 # through containerd and runc, on a CNI bridge. Called by hack/cluster.sh up/down/status once the
 # API server runs; usable alone too.
 #
-# Usage: hack/node.sh up|down|status|image-import <archive>|crictl-like <ctr args...>
+# Usage: hack/node.sh up|down|status|import <archive>|build-image ...|ctr <args...>|crictl <args...>
 #   up      record the host settings a kubelet changes (once), set up the pod bridge, start
 #           containerd and the kubelet, build and import the pause image, wait for the node Ready.
 #           A no-op when the node is already Ready.
@@ -14,6 +14,7 @@
 #   build-image <ref> <rootfs dir> <entrypoint json> <user> <out.tar>: a `from scratch` image of
 #            the dir's contents, with buildah (storage under our state dir), as a docker-archive.
 #   ctr <args...>            run containerd's ctr against the node's containerd.
+#   crictl <args...>         run crictl against the node's containerd (CRI), e.g. `crictl stop -t 0 <id>`.
 #
 # The node is named singleton-node, labelled singleton.dev/node=real and tainted
 # singleton.dev/node=real:NoSchedule: only pods that tolerate the taint (the real-node tests) land
@@ -65,6 +66,12 @@ HOST_DIRS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /v
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
 # ctr, without the deprecation warning containerd prints on every call on a cgroup v1 host.
 ctr() { "$CONTAINERD_DIR/ctr" --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2); }
+# crictl, the CRI client an operator uses on a node (the chaos suite kills containers with it);
+# no /etc/crictl.yaml: the endpoint is given here.
+crictl() {
+  "$TOOLS_DIR/crictl-$CRICTL_VERSION/crictl" --runtime-endpoint "unix://$SOCK" \
+    --image-endpoint "unix://$SOCK" --timeout 10s "$@" 2> >(grep -v 'msg="Config .* does not exist' >&2)
+}
 pidfile() { echo "$PIDS/$1.pid"; }
 logfile() { echo "$LOGS/$1.log"; }
 
@@ -79,7 +86,7 @@ ensure_host_tools() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libc6-dev >/dev/null
   fi
   [ -x /usr/lib/cni/bridge ] || ensure_cmd /usr/lib/cni/bridge containernetworking-plugins
-  "$REPO/hack/build-tools.sh" kubelet containerd
+  "$REPO/hack/build-tools.sh" kubelet containerd crictl
 }
 
 # --- the host, before and after ----------------------------------------------------------------------
@@ -493,5 +500,6 @@ case ${1:-} in
   build-image) [ $# = 6 ] || die "usage: $0 build-image <ref> <rootfs> <entrypoint json> <user> <out>"
     mkdir -p "$NODE_STATE" "$RUN"; shift; build_image "$@" ;;
   ctr) shift; ctr "$@" ;;
+  crictl) shift; "$REPO/hack/build-tools.sh" crictl; crictl "$@" ;;
   *) sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -8,6 +8,7 @@ K8S_STAGING_VERSION=v0.37.2  # k8s.io/* staging modules matching K8S_VERSION
 ETCD_VERSION=v3.6.16         # go.etcd.io/etcd/server/v3
 HELM_VERSION=v4.3.2          # helm.sh/helm/v4
 CONTAINERD_VERSION=v2.4.2   # github.com/containerd/containerd/v2 (real node runtime, with its runc shim and ctr)
+CRICTL_VERSION=v1.37.0       # sigs.k8s.io/cri-tools (crictl: the chaos suite's container kill on the real node)
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok (fake node)
 PROMTOOL_VERSION=v0.316.0    # github.com/prometheus/prometheus/cmd/promtool (Prometheus 3.16.0): alert rule tests
 CARGO_DENY_VERSION=0.20.2    # crates.io cargo-deny: license, ban, source and advisory checks (make lint)
