@@ -17,6 +17,7 @@ mod manifest;
 mod markdown;
 pub mod multicluster;
 mod proxy;
+pub mod real_node;
 mod service_account;
 mod tls;
 

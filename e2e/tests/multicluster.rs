@@ -126,6 +126,19 @@ async fn both_active_every_period_runs_once_in_exactly_one_cluster() -> Result<(
         .await?;
         *split.entry(there[0]).or_default() += 1;
     }
+    // G3 across clusters: the claim transaction accepts a token only above the job's one fence
+    // row and raises it, so with no takeover (every claim confirmed) tokens rise with the
+    // periods, whichever cluster claimed them.
+    let tokens: Vec<(Timestamp, &str, i64)> = claims
+        .range(..=last)
+        .map(|(p, (c, t, _))| (*p, c.as_str(), *t))
+        .collect();
+    let falls: Vec<_> = tokens
+        .windows(2)
+        .filter(|w| w[1].2 <= w[0].2)
+        .map(|w| (w[0], w[1]))
+        .collect();
+    ensure(&t.east, falls.is_empty(), ("tokens not increasing", &falls)).await?;
     println!(
         "both active: {} periods, each run once; by cluster {split:?}; observer relists east {} west {}",
         claims.range(..=last).count(),

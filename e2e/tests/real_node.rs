@@ -8,277 +8,23 @@
 //! Needs the real node (`make up`, unless SINGLETON_REAL_NODE=0) and the images (`make image`,
 //! which `make e2e` runs): without them this test fails and says so; it never passes vacuously.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
-use e2e::{Env, database_port, helm, https_get, kubectl, pg, run_ok, token_of};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use anyhow::{Context as _, Result};
+use e2e::{Env, https_get, kubectl, run_ok, token_of};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 
-const NODE: &str = "singleton-node";
-/// The pod bridge's gateway (hack/node.sh): PostgreSQL is reached there from pods.
-const GATEWAY: &str = "10.244.0.1";
-const VERSION: &str = env!("CARGO_PKG_VERSION");
+use e2e::real_node::*;
 
-/// The real node is there and Ready, or a clear failure.
-async fn real_node_ready(env: &Env) -> Result<()> {
-    let node = Api::<Node>::all(env.client.clone())
-        .get_opt(NODE)
-        .await?
-        .with_context(|| {
-            format!(
-                "node {NODE} does not exist: this test needs the real node (make up without \
-                 SINGLETON_REAL_NODE=0; hack/node.sh up)"
-            )
-        })?;
-    let ready = node
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    anyhow::ensure!(ready, "node {NODE} is not Ready (hack/node.sh status)");
-    Ok(())
-}
-
-fn restricted(ns: &str) -> Result<()> {
-    run_ok(
-        kubectl()
-            .args(["label", "namespace", ns, "--overwrite"])
-            .args([
-                "pod-security.kubernetes.io/enforce=restricted",
-                "pod-security.kubernetes.io/enforce-version=latest",
-            ]),
-    )?;
-    Ok(())
-}
-
-/// A database of this test's own, with the billing example's tables.
-async fn billing_database(name: &str) -> Result<String> {
-    let admin = pg().await?;
-    // Two statements: CREATE DATABASE refuses to run in the implicit transaction of a batch.
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .await?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await?;
-    let host_url = format!(
-        "postgres://postgres@127.0.0.1:{}/{name}?sslmode=disable",
-        database_port()?
-    );
-    let (client, conn) = tokio_postgres::connect(&host_url, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    client
-        .batch_execute(&std::fs::read_to_string(e2e::repo_file(
-            "examples/billing/schema.sql",
-        ))?)
-        .await?;
-    Ok(host_url)
-}
-
-/// The SingletonJob: every minute, the billing workload's image on the real node, as a pod the
-/// restricted standard admits.
-fn billing_sj(policy: &str, work_seconds: u32) -> String {
-    format!(
-        r#"apiVersion: singleton.dev/v1alpha1
-kind: SingletonJob
-metadata:
-  name: invoices
-spec:
-  schedule: "* * * * *"
-  concurrencyPolicy: {policy}
-  lock:
-    purpose: Correctness
-  backstop:
-    postgres:
-      secretRef: {{name: billing-db}}
-      tablePrefix: singleton_
-  jobTemplate:
-    spec:
-      backoffLimit: 0
-      template:
-        spec:
-          restartPolicy: Never
-          terminationGracePeriodSeconds: 120
-          nodeSelector: {{singleton.dev/node: real}}
-          tolerations: [{{key: singleton.dev/node, operator: Exists, effect: NoSchedule}}]
-          securityContext:
-            runAsNonRoot: true
-            runAsUser: 65532
-            seccompProfile: {{type: RuntimeDefault}}
-          containers:
-          - name: invoice-run
-            image: localhost/singleton/billing-workload:{VERSION}
-            imagePullPolicy: Never
-            env:
-            - name: DATABASE_URL
-              valueFrom: {{secretKeyRef: {{name: billing-db, key: url}}}}
-            - {{name: BILLING_WORK_SECONDS, value: "{work_seconds}"}}
-            securityContext:
-              allowPrivilegeEscalation: false
-              readOnlyRootFilesystem: true
-              capabilities: {{drop: [ALL]}}
-"#
-    )
-}
-
-/// Polls `check` every 500 ms until it returns Some, or fails after `timeout` with what the
-/// cluster showed. (Not `Env::wait_for`: that one refuses a controller it did not start, and here
-/// the chart's pods are the controllers.)
-async fn wait<T, F, Fut>(
-    what: &str,
-    timeout: Duration,
-    namespaces: &[&str],
-    mut check: F,
-) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let start = std::time::Instant::now();
-    let mut last = None;
-    loop {
-        match check().await {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = Some(format!("{e:#}")),
-        }
-        if start.elapsed() > timeout {
-            let mut dump = String::new();
-            for ns in namespaces {
-                for args in [
-                    vec!["get", "all,leases,events", "-o", "wide", "-n", ns],
-                    vec![
-                        "logs",
-                        "-n",
-                        ns,
-                        "--all-containers",
-                        "--prefix",
-                        "--tail=40",
-                        "-l",
-                        "app.kubernetes.io/name=singleton-controller",
-                    ],
-                ] {
-                    let out = kubectl().args(&args).output();
-                    if let Ok(o) = out {
-                        dump.push_str(&String::from_utf8_lossy(&o.stdout));
-                        dump.push_str(&String::from_utf8_lossy(&o.stderr));
-                    }
-                }
-            }
-            bail!("timed out after {timeout:?} waiting for {what} (last error: {last:?})\n{dump}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
+const EVERY_MINUTE: &str = "* * * * *";
 
 /// An assertion on what the test saw (not `e2e::ensure`: it refuses the chart's controllers).
 async fn check(_env: &Env, ok: bool, what: impl std::fmt::Debug) -> Result<()> {
     anyhow::ensure!(ok, "assertion failed: {what:?}");
     Ok(())
-}
-
-/// The (period, token) rows the workload committed.
-async fn runs_written(host_url: &str) -> Result<Vec<(String, i64)>> {
-    let (client, conn) = tokio_postgres::connect(host_url, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    let rows = client
-        .query(
-            "SELECT to_char(period AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), token \
-             FROM invoice_runs ORDER BY period",
-            &[],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
-/// A completed Job of the SingletonJob other than `seen`, with its period and token.
-async fn next_completed_job(work: &Env, seen: &[String]) -> Result<(String, String, u64)> {
-    wait(
-        "a run's Job to complete on the real node",
-        Duration::from_secs(150),
-        &[&work.ns],
-        || async {
-            for job in work.jobs().list(&ListParams::default()).await? {
-                let name = job.name_any();
-                if seen.contains(&name) {
-                    continue;
-                }
-                let st = job.status.clone().unwrap_or_default();
-                if st.failed.unwrap_or(0) > 0 {
-                    bail!("Job {name} failed: {:?}", st.conditions);
-                }
-                if st.succeeded.unwrap_or(0) > 0 {
-                    let period = period_of(&job).context("Job without a period annotation")?;
-                    return Ok(Some((name, period, token_of(&job))));
-                }
-            }
-            Ok(None)
-        },
-    )
-    .await
-}
-
-fn period_of(job: &Job) -> Option<String> {
-    let p: jiff::Timestamp = job
-        .annotations()
-        .get("singleton.dev/period")?
-        .parse()
-        .ok()?;
-    Some(p.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-}
-
-/// The controller pods of the release that are Ready, by name, with their IPs.
-async fn ready_pods(env: &Env, release: &str) -> Result<Vec<(String, IpAddr)>> {
-    let pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
-        .await?;
-    let mut out = Vec::new();
-    for p in pods {
-        if p.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let st = p.status.clone().unwrap_or_default();
-        let ready = st
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        if let (true, Some(ip)) = (ready, st.pod_ip) {
-            out.push((p.name_any(), ip.parse()?));
-        }
-    }
-    Ok(out)
-}
-
-/// Waits until a pod other than `leader` holds the release's Lease; returns its identity.
-async fn another_holder(
-    env: &Env,
-    release: &str,
-    leader: &str,
-    what: &str,
-    timeout: Duration,
-) -> Result<String> {
-    wait(what, timeout, &[&env.ns], || async {
-        Ok(lease_holder(env, release)
-            .await?
-            .filter(|h| !h.starts_with(&format!("{leader}-"))))
-    })
-    .await
-}
-
-async fn lease_holder(env: &Env, lease: &str) -> Result<Option<String>> {
-    Ok(Api::<Lease>::namespaced(env.client.clone(), &env.ns)
-        .get_opt(lease)
-        .await?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty()))
 }
 
 /// Removes the test's ClusterRoleBinding (cluster-scoped: its namespace's deletion does not).
@@ -294,93 +40,6 @@ impl Drop for Binding {
             ])
             .output();
     }
-}
-
-/// What both tests start from: the release namespace and the namespace it serves (both enforcing
-/// the restricted Pod Security Standard), a billing database of the test's own with its Secret,
-/// and the chart installed with the local image on the real node.
-struct Setup {
-    env: Env,
-    work: Env,
-    release: String,
-    full: String,
-    host_url: String,
-    _uninstall: Uninstall,
-}
-
-async fn setup(name: &str) -> Result<Setup> {
-    let env = Env::new(name).await?;
-    real_node_ready(&env).await?;
-    let work = Env::new(&format!("{name}-w")).await?;
-    restricted(&env.ns)?;
-    restricted(&work.ns)?;
-    let suffix = env.ns.rsplit('-').next().unwrap_or("x").to_string();
-    let db = format!("e2e_real_{suffix}");
-    let host_url = billing_database(&db).await?;
-
-    // The backstop and the workload reach PostgreSQL at the bridge's gateway.
-    let pod_url = format!(
-        "postgres://postgres@{GATEWAY}:{}/{db}?sslmode=disable",
-        database_port()?
-    );
-    let mut secret = Secret::default();
-    secret.metadata.name = Some("billing-db".into());
-    secret.metadata.labels = Some([("singleton.dev/backstop".into(), "true".into())].into());
-    secret.string_data = Some(
-        [
-            ("url".to_string(), pod_url.clone()),
-            ("sslmode".to_string(), "disable".to_string()),
-        ]
-        .into(),
-    );
-    Api::<Secret>::namespaced(work.client.clone(), &work.ns)
-        .create(&PostParams::default(), &secret)
-        .await?;
-
-    // The chart, with the locally built image, on the real node only.
-    let release = format!("sc-{suffix}");
-    let full = format!("{release}-singleton-controller");
-    let install = helm()
-        .args(["install", &release])
-        .arg(e2e::chart_dir())
-        .args(["--namespace", &env.ns, "--wait", "--timeout", "180s"])
-        .args(["--set", "crds.install=false"])
-        .args([
-            "--set",
-            "image.repository=localhost/singleton/singleton-controller",
-        ])
-        .args(["--set", &format!("image.tag={VERSION}")])
-        .args(["--set", "image.pullPolicy=Never"])
-        .args(["--set", &format!("watchNamespaces={{{}}}", work.ns)])
-        .args([
-            "--set",
-            &format!("controller.backstopAllowedHosts={{{GATEWAY}/32}}"),
-        ])
-        .args(["--set", "nodeSelector.singleton\\.dev/node=real"])
-        .args(["--set", "tolerations[0].key=singleton.dev/node"])
-        .args(["--set", "tolerations[0].operator=Exists"])
-        .args(["--set", "tolerations[0].effect=NoSchedule"])
-        .args(["--set", &format!("rbac.backstopNamespaces={{{}}}", work.ns)])
-        .output()?;
-    if !install.status.success() {
-        let dump = run_ok(kubectl().args(["describe", "pods", "-n", &env.ns]))
-            .unwrap_or_else(|e| e.to_string());
-        bail!(
-            "helm install on the real node failed (images missing? run `make image`):\n{}\n{}\n{dump}",
-            String::from_utf8_lossy(&install.stdout),
-            String::from_utf8_lossy(&install.stderr)
-        );
-    }
-    let _uninstall = scopeguard(release.clone(), env.ns.clone());
-
-    Ok(Setup {
-        env,
-        work,
-        release,
-        full,
-        host_url,
-        _uninstall,
-    })
 }
 
 #[tokio::test]
@@ -469,7 +128,8 @@ async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
     .await?;
 
     // A run: the Job's real container writes its period and token, fenced.
-    work.create_sj(&billing_sj("Forbid", 0)).await?;
+    work.create_sj(&billing_sj(EVERY_MINUTE, "Forbid", 0))
+        .await?;
     let (job1, period1, token1) = next_completed_job(&work, &[]).await?;
     let written = runs_written(&host_url).await?;
     check(
@@ -526,89 +186,6 @@ async fn chart_runs_real_pods_and_a_fenced_workload() -> Result<()> {
     Ok(())
 }
 
-/// `helm uninstall` when the test ends, passed or not (the namespaces go with their [`Env`]s).
-struct Uninstall(String, String);
-impl Drop for Uninstall {
-    fn drop(&mut self) {
-        let _ = helm()
-            .args([
-                "uninstall",
-                &self.0,
-                "--namespace",
-                &self.1,
-                "--ignore-not-found",
-            ])
-            .output();
-    }
-}
-fn scopeguard(release: String, ns: String) -> Uninstall {
-    Uninstall(release, ns)
-}
-
-/// The freezer cgroup (v1, this host's hierarchy) of a container on the real node.
-fn freezer_of(container_id: &str) -> Result<std::path::PathBuf> {
-    fn find(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
-        for entry in std::fs::read_dir(dir).ok()?.flatten() {
-            let path = entry.path();
-            if !path.is_dir() {
-                continue;
-            }
-            if entry.file_name() == name {
-                return Some(path);
-            }
-            if let Some(p) = find(&path, name) {
-                return Some(p);
-            }
-        }
-        None
-    }
-    let root = std::path::Path::new("/sys/fs/cgroup/freezer/singleton-node");
-    find(root, container_id)
-        .with_context(|| format!("no freezer cgroup for container {container_id} under {root:?}"))
-}
-
-/// Sets a freezer cgroup's state and waits until the kernel reports it.
-async fn set_freezer(cgroup: &std::path::Path, state: &str) -> Result<()> {
-    let file = cgroup.join("freezer.state");
-    std::fs::write(&file, state).with_context(|| format!("writing {state} to {file:?}"))?;
-    wait(
-        &format!("{file:?} to be {state}"),
-        Duration::from_secs(20),
-        &[],
-        || async { Ok((std::fs::read_to_string(&file)?.trim() == state).then_some(())) },
-    )
-    .await
-}
-
-/// The Running pod of a Job, with its container's id.
-async fn running_pod_of(work: &Env, job: &str) -> Result<(String, String)> {
-    wait(
-        &format!("Job {job}'s pod to run"),
-        Duration::from_secs(90),
-        &[&work.ns],
-        || async {
-            let pods = Api::<Pod>::namespaced(work.client.clone(), &work.ns)
-                .list(&ListParams::default().labels(&format!("job-name={job}")))
-                .await?;
-            for p in pods {
-                let st = p.status.clone().unwrap_or_default();
-                let id = st
-                    .container_statuses
-                    .unwrap_or_default()
-                    .iter()
-                    .find(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-                    .and_then(|c| c.container_id.clone());
-                if let Some(id) = id {
-                    let id = id.rsplit("://").next().unwrap_or_default().to_string();
-                    return Ok(Some((p.name_any(), id)));
-                }
-            }
-            Ok(None)
-        },
-    )
-    .await
-}
-
 /// The stale-run case on real containers: a run's container is frozen with the cgroup freezer
 /// (a VM or GC pause) before its write; the next period Replaces it, which advances the fence to
 /// a newer token before the old Job is deleted; thawed, the old run goes on to its transaction
@@ -625,7 +202,8 @@ async fn frozen_workload_is_refused_by_the_fence_after_a_replace() -> Result<()>
     } = setup("real-freeze").await?;
     // 50 s of "work": the first run is still before its write when the next minute's period
     // replaces it.
-    work.create_sj(&billing_sj("Replace", 50)).await?;
+    work.create_sj(&billing_sj(EVERY_MINUTE, "Replace", 50))
+        .await?;
     let job1 = wait(
         "the first run's Job",
         Duration::from_secs(90),
@@ -725,29 +303,12 @@ async fn frozen_leader_loses_the_lease_and_stays_out() -> Result<()> {
         _uninstall,
         ..
     } = setup("real-lfreeze").await?;
-    work.create_sj(&billing_sj("Forbid", 0)).await?;
+    work.create_sj(&billing_sj(EVERY_MINUTE, "Forbid", 0))
+        .await?;
     let (job1, _, token1) = next_completed_job(&work, &[]).await?;
 
-    let holder = lease_holder(&env, &release)
-        .await?
-        .context("the Lease is not held")?;
-    let pods = ready_pods(&env, &release).await?;
-    let (leader, _) = pods
-        .iter()
-        .find(|(n, _)| holder.starts_with(&format!("{n}-")))
-        .cloned()
-        .with_context(|| format!("Lease holder {holder} is none of the pods {pods:?}"))?;
-    let pod = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
-        .get(&leader)
-        .await?;
-    let id = pod
-        .status
-        .and_then(|s| s.container_statuses)
-        .unwrap_or_default()
-        .first()
-        .and_then(|c| c.container_id.clone())
-        .context("leader pod without a container id")?;
-    let cgroup = freezer_of(id.rsplit("://").next().unwrap_or_default())?;
+    let (leader, id) = leader_container(&env, &release).await?;
+    let cgroup = freezer_of(&id)?;
     set_freezer(&cgroup, "FROZEN").await?;
     // The Lease (15 s) runs out while it is frozen; thawed right after the takeover, before the
     // liveness probe (3 failures 10 s apart) would restart it.

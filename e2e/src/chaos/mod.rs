@@ -6,6 +6,7 @@
 //! window each.
 
 pub mod check;
+mod real;
 pub mod world;
 
 use std::collections::HashSet;
@@ -93,6 +94,16 @@ pub enum Fault {
     ReplaceHungTx,
     /// A SingletonJob's status wiped with `kubectl edit --subresource=status` while it runs.
     StatusWipe,
+    /// Real pods ([`real`]): the chart's leader container frozen with the cgroup freezer past
+    /// its Lease, then thawed.
+    RealLeaderFreeze,
+    /// Real pods: the leader's container killed through the CRI (`crictl stop -t 0`).
+    RealContainerKill,
+    /// Real pods: the leader's pod deleted.
+    RealPodDelete,
+    /// Real pods: a running workload container frozen past the Replace of its run, then
+    /// thawed: its fenced write must be refused.
+    RealWorkloadFreeze,
 }
 
 pub const SCENARIOS: &[Fault] = &[
@@ -110,6 +121,10 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::BurstPause,
     Fault::ReplaceHungTx,
     Fault::StatusWipe,
+    Fault::RealLeaderFreeze,
+    Fault::RealContainerKill,
+    Fault::RealPodDelete,
+    Fault::RealWorkloadFreeze,
 ];
 
 impl Fault {
@@ -129,14 +144,32 @@ impl Fault {
             Fault::BurstPause => "burst-pause",
             Fault::ReplaceHungTx => "replace-hung-tx",
             Fault::StatusWipe => "status-wipe",
+            Fault::RealLeaderFreeze => "real-leader-freeze",
+            Fault::RealContainerKill => "real-container-kill",
+            Fault::RealPodDelete => "real-pod-delete",
+            Fault::RealWorkloadFreeze => "real-workload-freeze",
         }
+    }
+
+    /// Whether the scenario runs on the real node's pods ([`real`]) rather than local replicas.
+    pub fn on_real_node(self) -> bool {
+        matches!(
+            self,
+            Fault::RealLeaderFreeze
+                | Fault::RealContainerKill
+                | Fault::RealPodDelete
+                | Fault::RealWorkloadFreeze
+        )
     }
 
     /// What the scenario must show beyond the common checks.
     pub fn expect(self) -> Expect {
         Expect {
             // The workload holds tokens past a newer run: it must see refusals.
-            pause: matches!(self, Fault::LeaderSigstop | Fault::ReplacePause),
+            pause: matches!(
+                self,
+                Fault::LeaderSigstop | Fault::ReplacePause | Fault::RealWorkloadFreeze
+            ),
             // A hung transaction is ended by the Replace (its Job deleted, its pod dead), so the
             // claim never waits out the backstop's lock timeout.
             no_backstop_missed: self == Fault::ReplaceHungTx,
@@ -194,6 +227,9 @@ pub struct Outcome {
 pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     if fault == Fault::BurstPause {
         return run_burst(mode).await;
+    }
+    if fault.on_real_node() {
+        return real::run(fault, mode).await;
     }
     let began = Instant::now();
     let proxied = (fault == Fault::Partition).then_some(0);
@@ -568,6 +604,12 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             }
         }
         Fault::BurstPause => anyhow::bail!("burst-pause runs its own course (run_burst)"),
+        Fault::RealLeaderFreeze
+        | Fault::RealContainerKill
+        | Fault::RealPodDelete
+        | Fault::RealWorkloadFreeze => {
+            anyhow::bail!("{} runs on the real node (real::run)", fault.name())
+        }
     }
     Ok(failovers)
 }

@@ -624,141 +624,26 @@ impl World {
             self.run_for(Duration::from_millis(200)).await?;
         }
         self.workload.stopped.store(true, Ordering::SeqCst);
-        let db = crate::pg().await?;
-        let mut claims: HashMap<String, Vec<Claim>> = HashMap::new();
-        if self.sjs.iter().any(|s| s.backstop) {
-            let rows = db
-                .query(
-                    &format!("SELECT job, period, token FROM {}claims", self.prefix),
-                    &[],
-                )
-                .await?;
-            for r in rows {
-                claims.entry(r.get(0)).or_default().push(Claim {
-                    period: r.get(1),
-                    token: r.get::<_, i64>(2) as u64,
-                });
-            }
-        }
-        let sjs: HashMap<String, SingletonJob> = self
-            .env
-            .sjs()
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(|sj| (sj.name_any(), sj))
-            .collect();
+        let claims = match self.sjs.iter().any(|s| s.backstop) {
+            true => claims_in(&crate::pg().await?, &self.prefix).await?,
+            false => HashMap::new(),
+        };
+        // The replicas still run: give the watch a moment to catch up with the Jobs the job
+        // controller's Events report (see [`observe_sjs`]).
         let events = self.env.events().list(&ListParams::default()).await?.items;
         let reported = job_controller_runs(&events);
-        // The replicas still run: a Job created just before the Events were listed may not have
-        // reached the watch yet. Give the watch a moment to catch up before taking what it saw,
-        // so that only a Job it really missed counts as known from Events alone.
         self.wait_jobs(Duration::from_secs(3), Duration::from_millis(50), |jobs| {
             let known: HashSet<&str> = jobs.iter().map(|j| j.uid.as_str()).collect();
             reported.keys().all(|uid| known.contains(uid.as_str()))
         })
         .await?;
-        let records = self.observer.jobs();
-
-        // The watch's Jobs, corrected by the job controller's Events: a Job the watch never saw
-        // (a relist gap) is added, one it never saw resumed but that acted on pods ran.
-        let mut jobs: BTreeMap<String, (String, JobSeen)> = BTreeMap::new();
-        for r in &records {
-            let (Some(sj), Some(period)) = (r.sj.clone(), r.period) else {
-                continue;
-            };
-            let seen = JobSeen {
-                uid: r.uid.clone(),
-                name: r.name.clone(),
-                period,
-                token: r.token,
-                ran: r.ran,
-                removed: r.deleted.is_some(),
-                events_only: false,
-            };
-            jobs.insert(r.uid.clone(), (sj, seen));
-        }
-        let mut events_only = Vec::new();
-        for (uid, ej) in reported {
-            match jobs.get_mut(&uid) {
-                Some((_, seen)) => seen.ran |= ej.ran,
-                None => {
-                    let Some((sj, period)) = parse_job_name(&ej.name) else {
-                        continue;
-                    };
-                    if !self.sjs.iter().any(|d| d.name == sj) {
-                        continue;
-                    }
-                    events_only.push(format!("{} (uid {uid})", ej.name));
-                    let seen = JobSeen {
-                        uid: uid.clone(),
-                        name: ej.name.clone(),
-                        period,
-                        token: None,
-                        ran: ej.ran,
-                        // The Events outlive it; the list of the watch did not have it.
-                        removed: true,
-                        events_only: true,
-                    };
-                    jobs.insert(uid, (sj.to_string(), seen));
-                }
-            }
-        }
-        let mut by_sj: HashMap<String, Vec<JobSeen>> = HashMap::new();
-        for (_, (sj, seen)) in jobs {
-            by_sj.entry(sj).or_default().push(seen);
-        }
-
-        let mut out = Vec::new();
-        for def in &self.sjs {
-            let sj = sjs
-                .get(&def.name)
-                .with_context(|| format!("SingletonJob {} is gone", def.name))?;
-            let key = sj.key();
-            let status = sj.status.clone().unwrap_or_default();
-            let schedule =
-                singleton::schedule::Schedule::parse(&def.schedule, None, Default::default())?;
-            let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
-            let mut recorded: Vec<Recorded> = events
-                .iter()
-                .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
-                .filter(|e| e.involved_object.name.as_deref() == Some(def.name.as_str()))
-                .filter(|e| {
-                    matches!(
-                        e.reason.as_deref(),
-                        Some("RunMissed" | "RunSkipped" | "RunDeduplicated")
-                    )
-                })
-                .filter_map(|e| super::check::recorded_note(e.message.as_deref()?))
-                .collect();
-            recorded.extend(
-                status
-                    .history
-                    .iter()
-                    .filter(|h| {
-                        h.job_name.is_none()
-                            && matches!(
-                                h.outcome,
-                                Outcome::Missed | Outcome::Skipped | Outcome::Deduplicated
-                            )
-                    })
-                    .map(|h| Recorded {
-                        first: h.period.0,
-                        last: h.last_period.as_ref().map_or(h.period.0, |l| l.0),
-                        outcome: format!("{:?}", h.outcome),
-                        reason: h.reason.clone().unwrap_or_default(),
-                    }),
-            );
-            out.push(SjObservation {
-                claims: claims.remove(&key).unwrap_or_default(),
-                jobs: by_sj.remove(&def.name).unwrap_or_default(),
-                key,
-                due,
-                decided_through: status.decided_through.map(|t| t.0),
-                recorded,
-            });
-        }
+        let defs: Vec<(String, String)> = self
+            .sjs
+            .iter()
+            .map(|d| (d.name.clone(), d.schedule.clone()))
+            .collect();
+        let (out, events_only) =
+            observe_sjs(&self.env, &self.observer, &defs, claims, from, to).await?;
         Ok(Observations {
             sjs: out,
             writes: lock(&self.workload.writes).clone(),
@@ -785,6 +670,152 @@ impl Drop for World {
         // Hung transactions end with their (dropped) senders.
         lock(&self.workload.hung_open).clear();
     }
+}
+
+/// The backstop's claim rows under table prefix `prefix`, by job key.
+pub async fn claims_in(
+    db: &tokio_postgres::Client,
+    prefix: &str,
+) -> Result<HashMap<String, Vec<Claim>>> {
+    let rows = db
+        .query(
+            &format!("SELECT job, period, token FROM {prefix}claims"),
+            &[],
+        )
+        .await?;
+    let mut claims: HashMap<String, Vec<Claim>> = HashMap::new();
+    for r in rows {
+        claims.entry(r.get(0)).or_default().push(Claim {
+            period: r.get(1),
+            token: r.get::<_, i64>(2) as u64,
+        });
+    }
+    Ok(claims)
+}
+
+/// The external truth about the SingletonJobs `defs` (name, schedule) for periods due in
+/// (`from`, `to`]: the Jobs as `observer` saw them, corrected by the job controller's Events (a
+/// Job the watch never saw, in a relist gap, is added; one it never saw resumed but that acted on
+/// pods ran), the outcomes recorded in Events and `status.history`, and `claims` (the backstop's
+/// rows, by job key). Also the Jobs known from Events only.
+pub async fn observe_sjs(
+    env: &Env,
+    observer: &Observer,
+    defs: &[(String, String)],
+    mut claims: HashMap<String, Vec<Claim>>,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<(Vec<SjObservation>, Vec<String>)> {
+    let sjs: HashMap<String, SingletonJob> = env
+        .sjs()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|sj| (sj.name_any(), sj))
+        .collect();
+    let events = env.events().list(&ListParams::default()).await?.items;
+    let reported = job_controller_runs(&events);
+    let records = observer.jobs();
+
+    // The watch's Jobs, corrected by the job controller's Events: a Job the watch never saw
+    // (a relist gap) is added, one it never saw resumed but that acted on pods ran.
+    let mut jobs: BTreeMap<String, (String, JobSeen)> = BTreeMap::new();
+    for r in &records {
+        let (Some(sj), Some(period)) = (r.sj.clone(), r.period) else {
+            continue;
+        };
+        let seen = JobSeen {
+            uid: r.uid.clone(),
+            name: r.name.clone(),
+            period,
+            token: r.token,
+            ran: r.ran,
+            removed: r.deleted.is_some(),
+            events_only: false,
+        };
+        jobs.insert(r.uid.clone(), (sj, seen));
+    }
+    let mut events_only = Vec::new();
+    for (uid, ej) in reported {
+        match jobs.get_mut(&uid) {
+            Some((_, seen)) => seen.ran |= ej.ran,
+            None => {
+                let Some((sj, period)) = parse_job_name(&ej.name) else {
+                    continue;
+                };
+                if !defs.iter().any(|(name, _)| name == sj) {
+                    continue;
+                }
+                events_only.push(format!("{} (uid {uid})", ej.name));
+                let seen = JobSeen {
+                    uid: uid.clone(),
+                    name: ej.name.clone(),
+                    period,
+                    token: None,
+                    ran: ej.ran,
+                    // The Events outlive it; the list of the watch did not have it.
+                    removed: true,
+                    events_only: true,
+                };
+                jobs.insert(uid, (sj.to_string(), seen));
+            }
+        }
+    }
+    let mut by_sj: HashMap<String, Vec<JobSeen>> = HashMap::new();
+    for (_, (sj, seen)) in jobs {
+        by_sj.entry(sj).or_default().push(seen);
+    }
+
+    let mut out = Vec::new();
+    for (name, schedule) in defs {
+        let sj = sjs
+            .get(name)
+            .with_context(|| format!("SingletonJob {name} is gone"))?;
+        let key = sj.key();
+        let status = sj.status.clone().unwrap_or_default();
+        let schedule = singleton::schedule::Schedule::parse(schedule, None, Default::default())?;
+        let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
+        let mut recorded: Vec<Recorded> = events
+            .iter()
+            .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
+            .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
+            .filter(|e| {
+                matches!(
+                    e.reason.as_deref(),
+                    Some("RunMissed" | "RunSkipped" | "RunDeduplicated")
+                )
+            })
+            .filter_map(|e| super::check::recorded_note(e.message.as_deref()?))
+            .collect();
+        recorded.extend(
+            status
+                .history
+                .iter()
+                .filter(|h| {
+                    h.job_name.is_none()
+                        && matches!(
+                            h.outcome,
+                            Outcome::Missed | Outcome::Skipped | Outcome::Deduplicated
+                        )
+                })
+                .map(|h| Recorded {
+                    first: h.period.0,
+                    last: h.last_period.as_ref().map_or(h.period.0, |l| l.0),
+                    outcome: format!("{:?}", h.outcome),
+                    reason: h.reason.clone().unwrap_or_default(),
+                }),
+        );
+        out.push(SjObservation {
+            claims: claims.remove(&key).unwrap_or_default(),
+            jobs: by_sj.remove(name).unwrap_or_default(),
+            key,
+            due,
+            decided_through: status.decided_through.map(|t| t.0),
+            recorded,
+        });
+    }
+    Ok((out, events_only))
 }
 
 /// A proxy on loopback to the API server of the current kubeconfig.

@@ -1,0 +1,469 @@
+//! The real node's side of the e2e tests (hack/node.sh: kubelet, containerd, runc):
+//! the chart installed with the locally built images (`make image`) on the real node, the billing
+//! workload's SingletonJob, and what the tests and the chaos suite's real-pod scenarios do to the
+//! pods there (the cgroup freezer, the Lease, the Jobs' containers).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+
+use crate::{Env, database_port, helm, kubectl, pg, run_ok, token_of};
+
+pub const NODE: &str = "singleton-node";
+/// The pod bridge's gateway (hack/node.sh): PostgreSQL is reached there from pods.
+pub const GATEWAY: &str = "10.244.0.1";
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The real node is there and Ready, or a clear failure.
+pub async fn real_node_ready(env: &Env) -> Result<()> {
+    let node = Api::<Node>::all(env.client.clone())
+        .get_opt(NODE)
+        .await?
+        .with_context(|| {
+            format!(
+                "node {NODE} does not exist: this test needs the real node (make up without \
+                 SINGLETON_REAL_NODE=0; hack/node.sh up)"
+            )
+        })?;
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    anyhow::ensure!(ready, "node {NODE} is not Ready (hack/node.sh status)");
+    Ok(())
+}
+
+pub fn restricted(ns: &str) -> Result<()> {
+    run_ok(
+        kubectl()
+            .args(["label", "namespace", ns, "--overwrite"])
+            .args([
+                "pod-security.kubernetes.io/enforce=restricted",
+                "pod-security.kubernetes.io/enforce-version=latest",
+            ]),
+    )?;
+    Ok(())
+}
+
+/// A database of this test's own, with the billing example's tables.
+pub async fn billing_database(name: &str) -> Result<String> {
+    let admin = pg().await?;
+    // Two statements: CREATE DATABASE refuses to run in the implicit transaction of a batch.
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await?;
+    let host_url = format!(
+        "postgres://postgres@127.0.0.1:{}/{name}?sslmode=disable",
+        database_port()?
+    );
+    let (client, conn) = tokio_postgres::connect(&host_url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    client
+        .batch_execute(&std::fs::read_to_string(crate::repo_file(
+            "examples/billing/schema.sql",
+        ))?)
+        .await?;
+    Ok(host_url)
+}
+
+/// The SingletonJob `invoices` on `schedule`: the billing workload's image on the real node, as a
+/// pod the restricted standard admits.
+pub fn billing_sj(schedule: &str, policy: &str, work_seconds: u32) -> String {
+    format!(
+        r#"apiVersion: singleton.dev/v1alpha1
+kind: SingletonJob
+metadata:
+  name: invoices
+spec:
+  schedule: "{schedule}"
+  concurrencyPolicy: {policy}
+  lock:
+    purpose: Correctness
+  backstop:
+    postgres:
+      secretRef: {{name: billing-db}}
+      tablePrefix: singleton_
+  jobTemplate:
+    spec:
+      backoffLimit: 0
+      template:
+        spec:
+          restartPolicy: Never
+          terminationGracePeriodSeconds: 120
+          nodeSelector: {{singleton.dev/node: real}}
+          tolerations: [{{key: singleton.dev/node, operator: Exists, effect: NoSchedule}}]
+          securityContext:
+            runAsNonRoot: true
+            runAsUser: 65532
+            seccompProfile: {{type: RuntimeDefault}}
+          containers:
+          - name: invoice-run
+            image: localhost/singleton/billing-workload:{VERSION}
+            imagePullPolicy: Never
+            env:
+            - name: DATABASE_URL
+              valueFrom: {{secretKeyRef: {{name: billing-db, key: url}}}}
+            - {{name: BILLING_WORK_SECONDS, value: "{work_seconds}"}}
+            securityContext:
+              allowPrivilegeEscalation: false
+              readOnlyRootFilesystem: true
+              capabilities: {{drop: [ALL]}}
+"#
+    )
+}
+
+/// Polls `check` every 500 ms until it returns Some, or fails after `timeout` with what the
+/// cluster showed. (Not `Env::wait_for`: that one refuses a controller it did not start, and here
+/// the chart's pods are the controllers.)
+pub async fn wait<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    namespaces: &[&str],
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let start = std::time::Instant::now();
+    let mut last = None;
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = Some(format!("{e:#}")),
+        }
+        if start.elapsed() > timeout {
+            let mut dump = String::new();
+            for ns in namespaces {
+                for args in [
+                    vec!["get", "all,leases,events", "-o", "wide", "-n", ns],
+                    vec![
+                        "logs",
+                        "-n",
+                        ns,
+                        "--all-containers",
+                        "--prefix",
+                        "--tail=40",
+                        "-l",
+                        "app.kubernetes.io/name=singleton-controller",
+                    ],
+                ] {
+                    let out = kubectl().args(&args).output();
+                    if let Ok(o) = out {
+                        dump.push_str(&String::from_utf8_lossy(&o.stdout));
+                        dump.push_str(&String::from_utf8_lossy(&o.stderr));
+                    }
+                }
+            }
+            bail!("timed out after {timeout:?} waiting for {what} (last error: {last:?})\n{dump}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The (period, token) rows the workload committed.
+pub async fn runs_written(host_url: &str) -> Result<Vec<(String, i64)>> {
+    let (client, conn) = tokio_postgres::connect(host_url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let rows = client
+        .query(
+            "SELECT to_char(period AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), token \
+             FROM invoice_runs ORDER BY period",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// A completed Job of the SingletonJob other than `seen`, with its period and token.
+pub async fn next_completed_job(work: &Env, seen: &[String]) -> Result<(String, String, u64)> {
+    wait(
+        "a run's Job to complete on the real node",
+        Duration::from_secs(150),
+        &[&work.ns],
+        || async {
+            for job in work.jobs().list(&ListParams::default()).await? {
+                let name = job.name_any();
+                if seen.contains(&name) {
+                    continue;
+                }
+                let st = job.status.clone().unwrap_or_default();
+                if st.failed.unwrap_or(0) > 0 {
+                    bail!("Job {name} failed: {:?}", st.conditions);
+                }
+                if st.succeeded.unwrap_or(0) > 0 {
+                    let period = period_of(&job).context("Job without a period annotation")?;
+                    return Ok(Some((name, period, token_of(&job))));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await
+}
+
+pub fn period_of(job: &Job) -> Option<String> {
+    let p: jiff::Timestamp = job
+        .annotations()
+        .get("singleton.dev/period")?
+        .parse()
+        .ok()?;
+    Some(p.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+}
+
+/// The controller pods of the release that are Ready, by name, with their IPs.
+pub async fn ready_pods(env: &Env, release: &str) -> Result<Vec<(String, IpAddr)>> {
+    let pods = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+        .await?;
+    let mut out = Vec::new();
+    for p in pods {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let st = p.status.clone().unwrap_or_default();
+        let ready = st
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        if let (true, Some(ip)) = (ready, st.pod_ip) {
+            out.push((p.name_any(), ip.parse()?));
+        }
+    }
+    Ok(out)
+}
+
+/// Waits until a pod other than `leader` holds the release's Lease; returns its identity.
+pub async fn another_holder(
+    env: &Env,
+    release: &str,
+    leader: &str,
+    what: &str,
+    timeout: Duration,
+) -> Result<String> {
+    wait(what, timeout, &[&env.ns], || async {
+        Ok(lease_holder(env, release)
+            .await?
+            .filter(|h| !h.starts_with(&format!("{leader}-"))))
+    })
+    .await
+}
+
+pub async fn lease_holder(env: &Env, lease: &str) -> Result<Option<String>> {
+    Ok(Api::<Lease>::namespaced(env.client.clone(), &env.ns)
+        .get_opt(lease)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+/// What both tests start from: the release namespace and the namespace it serves (both enforcing
+/// the restricted Pod Security Standard), a billing database of the test's own with its Secret,
+/// and the chart installed with the local image on the real node.
+pub struct Setup {
+    pub env: Env,
+    pub work: Env,
+    pub release: String,
+    pub full: String,
+    pub host_url: String,
+    pub _uninstall: Uninstall,
+}
+
+pub async fn setup(name: &str) -> Result<Setup> {
+    let env = Env::new(name).await?;
+    real_node_ready(&env).await?;
+    let work = Env::new(&format!("{name}-w")).await?;
+    restricted(&env.ns)?;
+    restricted(&work.ns)?;
+    let suffix = env.ns.rsplit('-').next().unwrap_or("x").to_string();
+    let db = format!("e2e_real_{suffix}");
+    let host_url = billing_database(&db).await?;
+
+    // The backstop and the workload reach PostgreSQL at the bridge's gateway.
+    let pod_url = format!(
+        "postgres://postgres@{GATEWAY}:{}/{db}?sslmode=disable",
+        database_port()?
+    );
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("billing-db".into());
+    secret.metadata.labels = Some([("singleton.dev/backstop".into(), "true".into())].into());
+    secret.string_data = Some(
+        [
+            ("url".to_string(), pod_url.clone()),
+            ("sslmode".to_string(), "disable".to_string()),
+        ]
+        .into(),
+    );
+    Api::<Secret>::namespaced(work.client.clone(), &work.ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+
+    // The chart, with the locally built image, on the real node only.
+    let release = format!("sc-{suffix}");
+    let full = format!("{release}-singleton-controller");
+    let install = helm()
+        .args(["install", &release])
+        .arg(crate::chart_dir())
+        .args(["--namespace", &env.ns, "--wait", "--timeout", "180s"])
+        .args(["--set", "crds.install=false"])
+        .args([
+            "--set",
+            "image.repository=localhost/singleton/singleton-controller",
+        ])
+        .args(["--set", &format!("image.tag={VERSION}")])
+        .args(["--set", "image.pullPolicy=Never"])
+        .args(["--set", &format!("watchNamespaces={{{}}}", work.ns)])
+        .args([
+            "--set",
+            &format!("controller.backstopAllowedHosts={{{GATEWAY}/32}}"),
+        ])
+        .args(["--set", "nodeSelector.singleton\\.dev/node=real"])
+        .args(["--set", "tolerations[0].key=singleton.dev/node"])
+        .args(["--set", "tolerations[0].operator=Exists"])
+        .args(["--set", "tolerations[0].effect=NoSchedule"])
+        .args(["--set", &format!("rbac.backstopNamespaces={{{}}}", work.ns)])
+        .output()?;
+    if !install.status.success() {
+        let dump = run_ok(kubectl().args(["describe", "pods", "-n", &env.ns]))
+            .unwrap_or_else(|e| e.to_string());
+        bail!(
+            "helm install on the real node failed (images missing? run `make image`):\n{}\n{}\n{dump}",
+            String::from_utf8_lossy(&install.stdout),
+            String::from_utf8_lossy(&install.stderr)
+        );
+    }
+    let _uninstall = scopeguard(release.clone(), env.ns.clone());
+
+    Ok(Setup {
+        env,
+        work,
+        release,
+        full,
+        host_url,
+        _uninstall,
+    })
+}
+
+/// `helm uninstall` when the test ends, passed or not (the namespaces go with their [`Env`]s).
+pub struct Uninstall(pub String, pub String);
+impl Drop for Uninstall {
+    fn drop(&mut self) {
+        let _ = helm()
+            .args([
+                "uninstall",
+                &self.0,
+                "--namespace",
+                &self.1,
+                "--ignore-not-found",
+            ])
+            .output();
+    }
+}
+pub fn scopeguard(release: String, ns: String) -> Uninstall {
+    Uninstall(release, ns)
+}
+
+/// The freezer cgroup (v1, this host's hierarchy) of a container on the real node.
+pub fn freezer_of(container_id: &str) -> Result<std::path::PathBuf> {
+    fn find(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if entry.file_name() == name {
+                return Some(path);
+            }
+            if let Some(p) = find(&path, name) {
+                return Some(p);
+            }
+        }
+        None
+    }
+    let root = std::path::Path::new("/sys/fs/cgroup/freezer/singleton-node");
+    find(root, container_id)
+        .with_context(|| format!("no freezer cgroup for container {container_id} under {root:?}"))
+}
+
+/// Sets a freezer cgroup's state and waits until the kernel reports it.
+pub async fn set_freezer(cgroup: &std::path::Path, state: &str) -> Result<()> {
+    let file = cgroup.join("freezer.state");
+    std::fs::write(&file, state).with_context(|| format!("writing {state} to {file:?}"))?;
+    wait(
+        &format!("{file:?} to be {state}"),
+        Duration::from_secs(20),
+        &[],
+        || async { Ok((std::fs::read_to_string(&file)?.trim() == state).then_some(())) },
+    )
+    .await
+}
+
+/// The Running pod of a Job, with its container's id.
+pub async fn running_pod_of(work: &Env, job: &str) -> Result<(String, String)> {
+    wait(
+        &format!("Job {job}'s pod to run"),
+        Duration::from_secs(90),
+        &[&work.ns],
+        || async {
+            let pods = Api::<Pod>::namespaced(work.client.clone(), &work.ns)
+                .list(&ListParams::default().labels(&format!("job-name={job}")))
+                .await?;
+            for p in pods {
+                let st = p.status.clone().unwrap_or_default();
+                let id = st
+                    .container_statuses
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                    .and_then(|c| c.container_id.clone());
+                if let Some(id) = id {
+                    let id = id.rsplit("://").next().unwrap_or_default().to_string();
+                    return Ok(Some((p.name_any(), id)));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await
+}
+
+/// The leader pod of the release (the holder of its Lease) and its container's id.
+pub async fn leader_container(env: &Env, release: &str) -> Result<(String, String)> {
+    let holder = lease_holder(env, release)
+        .await?
+        .context("the Lease is not held")?;
+    let pods = ready_pods(env, release).await?;
+    let (leader, _) = pods
+        .iter()
+        .find(|(n, _)| holder.starts_with(&format!("{n}-")))
+        .cloned()
+        .with_context(|| format!("Lease holder {holder} is none of the pods {pods:?}"))?;
+    let pod = Api::<Pod>::namespaced(env.client.clone(), &env.ns)
+        .get(&leader)
+        .await?;
+    let id = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .first()
+        .and_then(|c| c.container_id.clone())
+        .context("leader pod without a container id")?;
+    Ok((
+        leader,
+        id.rsplit("://").next().unwrap_or_default().to_string(),
+    ))
+}
