@@ -122,6 +122,9 @@ pub fn evaluate_dr(scenario: &str, fault_window: Duration, obs: &DrObservations)
     row.details.extend(claim_cluster_mismatches(obs));
     row.details.extend(early_jobs(obs));
     row.notes.push(split(obs));
+    if let Some(why) = not_run_reasons(obs) {
+        row.notes.push(why);
+    }
     let inversions = cross_cluster_inversions(obs);
     if !inversions.is_empty() {
         row.notes.push(format!(
@@ -268,6 +271,28 @@ pub fn split(obs: &DrObservations) -> String {
         })
         .collect();
     format!("due periods by cluster: {}", parts.join("; "))
+}
+
+/// Why the due periods that ran nowhere were not run: outcome (reason) and cluster, counted.
+pub fn not_run_reasons(obs: &DrObservations) -> Option<String> {
+    let ran = ran_in(obs);
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for p in obs.due.iter().filter(|p| !ran.contains_key(p)) {
+        let why = obs.clusters.iter().find_map(|c| {
+            c.recorded
+                .iter()
+                .find(|r| r.reason != CLAIMED_ELSEWHERE && r.first <= *p && *p <= r.last)
+                .map(|r| format!("{} ({}) in {}", r.outcome, r.reason, c.cluster))
+        });
+        *counts
+            .entry(why.unwrap_or_else(|| "nothing recorded".to_string()))
+            .or_default() += 1;
+    }
+    if counts.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
+    Some(format!("due periods run nowhere: {}", parts.join(", ")))
 }
 
 /// The first period that ran in `cluster` after `since`, and when its Job was created.
@@ -422,6 +447,13 @@ mod tests {
         });
         let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
         assert_eq!((row.lost, row.recorded), (0, 1));
+        assert!(
+            row.notes
+                .iter()
+                .any(|n| n == "due periods run nowhere: 1 Missed (DeadlineExceeded) in west"),
+            "{:?}",
+            row.notes
+        );
         assert!(violations(&obs).is_empty(), "{:?}", violations(&obs));
     }
 
