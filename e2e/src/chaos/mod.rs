@@ -6,6 +6,8 @@
 //! window each.
 
 pub mod check;
+pub mod dr;
+pub mod dr_check;
 mod real;
 pub mod world;
 
@@ -63,6 +65,8 @@ impl Mode {
 /// One fault type per scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
+    /// A fault of the two-cluster setup (issue 22): [`dr`].
+    Dr(dr::DrFault),
     /// The leader SIGSTOPped longer than its lease (Kleppmann's diagram), then SIGCONT; the
     /// workload holds its tokens meanwhile.
     LeaderSigstop,
@@ -130,6 +134,7 @@ pub const SCENARIOS: &[Fault] = &[
 impl Fault {
     pub fn name(self) -> &'static str {
         match self {
+            Fault::Dr(d) => d.name(),
             Fault::LeaderSigstop => "leader-sigstop",
             Fault::LeaderSigkill => "leader-sigkill",
             Fault::RollingSigterm => "rolling-sigterm",
@@ -164,6 +169,9 @@ impl Fault {
 
     /// What the scenario must show beyond the common checks.
     pub fn expect(self) -> Expect {
+        if let Fault::Dr(d) = self {
+            return d.expect();
+        }
         Expect {
             // The workload holds tokens past a newer run: it must see refusals.
             pause: matches!(
@@ -225,6 +233,9 @@ pub struct Outcome {
 
 /// Runs one scenario end to end.
 pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
+    if let Fault::Dr(d) = fault {
+        return dr::run(d, mode).await;
+    }
     if fault == Fault::BurstPause {
         return run_burst(mode).await;
     }
@@ -437,6 +448,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
     let lease_wait = Duration::from_secs(60);
     let mut failovers = Vec::new();
     match fault {
+        Fault::Dr(_) => anyhow::bail!("two-cluster scenarios run their own course (dr::run)"),
         Fault::LeaderSigstop => {
             for sj in w.sjs.clone() {
                 w.pause_workload(&sj.name, true);
@@ -626,6 +638,16 @@ async fn heal_all() {
             eprintln!("chaos: healing {component}: {e:#}");
         }
     }
+}
+
+/// Every scenario: the single-cluster ones ([`SCENARIOS`]), then the two-cluster ones
+/// ([`dr::SCENARIOS`]).
+pub fn all_scenarios() -> Vec<Fault> {
+    SCENARIOS
+        .iter()
+        .copied()
+        .chain(dr::SCENARIOS.iter().map(|d| Fault::Dr(*d)))
+        .collect()
 }
 
 /// Runs `scenarios` in order; the rows, with a markdown table (and wall time) in `report`.

@@ -1001,7 +1001,7 @@ fn spawn_write(
 
 /// The workload's transaction: `singleton_fence` first, then its write. Retried while the database
 /// is unreachable (at most 90 s); a refusal is final.
-async fn write_with_retry(
+pub(super) async fn write_with_retry(
     prefix: &str,
     key: &str,
     period: Timestamp,

@@ -1,0 +1,898 @@
+//! Two-cluster chaos scenarios (issue 22, docs/multi-cluster.md): the same SingletonJob `dr`
+//! (every 2 s, one `jobKey`, `purpose: Correctness`, history limits 0) in two control planes
+//! sharing one PostgreSQL, a controller per cluster (`--cluster-id east` in the default cluster,
+//! `west` in the second, each electing itself leader through a Lease as the chart's Deployment
+//! does, restarted a second after they exit), an outside watch of the Jobs in
+//! BOTH API servers, and a workload doing a fenced write with the job key and each run's token.
+//! West is the primary; east a standby (`standbyDelaySeconds`) except in dr-both-active-kill.
+//! The checker ([`super::dr_check`]) counts Jobs per period across both API servers.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use jiff::{SignedDuration, Timestamp};
+use kube::api::ListParams;
+use singleton::api::{Outcome as RunOutcome, SingletonJob};
+use tokio::sync::mpsc;
+
+use super::check::{Expect, JobSeen, Recorded, Write, WriteResult, recorded_note};
+use super::dr_check::{
+    ClusterClaim, ClusterJob, ClusterRecord, DrObservations, evaluate_dr, first_run_in,
+};
+use super::world::write_with_retry;
+use super::{Mode, Outcome};
+use crate::multicluster::SecondCluster;
+use crate::observer::{Observer, Seen, job_controller_runs, parse_job_name};
+use crate::{Env, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix};
+
+/// The SingletonJob's name in both clusters.
+const SJ: &str = "dr";
+const SCHEDULE: &str = "*/2 * * * * *";
+const INTERVAL: Duration = Duration::from_secs(2);
+/// The default cluster's identity (the standby, except in dr-both-active-kill).
+const EAST: &str = "east";
+/// The second cluster's identity (the primary).
+const WEST: &str = "west";
+
+/// A fault of the two-cluster setup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrFault {
+    /// The primary's kube-apiserver stopped for the window, then started.
+    PrimaryApiserverStop,
+    /// The primary's controller frozen (failpoint `backstop-claimed`) right after its database
+    /// claim, held past `takeoverAfterSeconds`, then SIGCONT.
+    PrimaryControllerPause,
+    /// Both clusters active; their controllers SIGKILLed alternately, each just after an instant.
+    BothActiveKill,
+    /// The standby's controller 40 s ahead (libfaketime) for the window.
+    ClockSkew,
+}
+
+pub const SCENARIOS: &[DrFault] = &[
+    DrFault::PrimaryApiserverStop,
+    DrFault::PrimaryControllerPause,
+    DrFault::BothActiveKill,
+    DrFault::ClockSkew,
+];
+
+/// The backstop settings of a scenario.
+struct Layout {
+    takeover_after: u64,
+    /// East's `standbyDelaySeconds`; None: both active.
+    standby_delay: Option<u64>,
+}
+
+impl DrFault {
+    pub fn name(self) -> &'static str {
+        match self {
+            DrFault::PrimaryApiserverStop => "dr-primary-apiserver-stop",
+            DrFault::PrimaryControllerPause => "dr-primary-controller-pause",
+            DrFault::BothActiveKill => "dr-both-active-kill",
+            DrFault::ClockSkew => "dr-clock-skew-40s",
+        }
+    }
+
+    pub fn expect(self) -> Expect {
+        Expect {
+            // The frozen claimer's token must be refused by the fence.
+            pause: self == DrFault::PrimaryControllerPause,
+            ..Expect::default()
+        }
+    }
+
+    fn layout(self) -> Layout {
+        match self {
+            DrFault::PrimaryApiserverStop => Layout {
+                takeover_after: 6,
+                standby_delay: Some(3),
+            },
+            DrFault::PrimaryControllerPause => Layout {
+                takeover_after: 5,
+                standby_delay: Some(2),
+            },
+            DrFault::BothActiveKill => Layout {
+                takeover_after: 5,
+                standby_delay: None,
+            },
+            DrFault::ClockSkew => Layout {
+                takeover_after: 10,
+                standby_delay: Some(3),
+            },
+        }
+    }
+
+    /// A cluster's flags: its identity and leader election (as the chart runs it: a controller
+    /// that loses the API server loses its Lease and exits, and is restarted with fresh
+    /// caches). The skewed standby acts on its own clock (as a cluster whose clocks all run
+    /// ahead would) rather than refusing to.
+    fn args(self, cluster: &str) -> Vec<String> {
+        let mut args: Vec<String> = [crate::FAST_ELECTION, &["--lease-name", "chaos-dr"]]
+            .concat()
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        args.extend(["--cluster-id".to_string(), cluster.to_string()]);
+        if self == DrFault::ClockSkew && cluster == EAST {
+            args.extend(["--max-clock-skew-seconds".to_string(), "60".to_string()]);
+        }
+        args
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One cluster: its namespace, its watch of the Jobs, its controller (supervised).
+struct Side {
+    id: &'static str,
+    env: Env,
+    observer: Observer,
+    idx: Option<usize>,
+    envs: Vec<(String, String)>,
+    args: Vec<String>,
+    restart_at: Option<Instant>,
+}
+
+impl Side {
+    async fn start(&mut self) -> Result<()> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.idx = Some(
+            self.env
+                .start_controller_with_env(&self.envs, &args)
+                .await?,
+        );
+        self.restart_at = None;
+        Ok(())
+    }
+
+    /// Restarts the controller a second after it exited, as a kubelet would.
+    async fn tick(&mut self) -> Result<()> {
+        let Some(idx) = self.idx else { return Ok(()) };
+        if self.env.controller_exit(idx)?.is_none() {
+            return Ok(());
+        }
+        match self.restart_at {
+            None => self.restart_at = Some(Instant::now() + Duration::from_secs(1)),
+            Some(at) if Instant::now() >= at => self.start().await?,
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    async fn signal(&self, signal: &str) -> Result<()> {
+        let idx = self.idx.context("no controller started")?;
+        self.env.signal_controller(idx, signal).await
+    }
+
+    /// Running, and not waiting to be restarted.
+    fn running(&self) -> bool {
+        self.restart_at.is_none() && self.idx.is_some_and(|i| !self.env.controller_exited(i))
+    }
+
+    fn stopped(&self) -> bool {
+        self.idx.is_some_and(|i| self.env.controller_stopped(i))
+    }
+}
+
+/// The workload's writes (one fenced write per run seen, keyed by the job key).
+#[derive(Default)]
+struct Workload {
+    writes: Mutex<Vec<Write>>,
+    in_flight: AtomicUsize,
+    stopped: AtomicBool,
+}
+
+/// The two clusters of a scenario.
+pub struct DrWorld {
+    east: Side,
+    west: Side,
+    /// Held for the whole scenario; dropping it starts its API server again.
+    second: SecondCluster,
+    prefix: String,
+    key: String,
+    workload: Arc<Workload>,
+    dispatcher: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for DrWorld {
+    fn drop(&mut self) {
+        self.workload.stopped.store(true, Ordering::SeqCst);
+        self.dispatcher.abort();
+    }
+}
+
+type Check<'a, T> = Pin<Box<dyn std::future::Future<Output = Result<Option<T>>> + 'a>>;
+
+impl DrWorld {
+    /// Both namespaces and backstop Secrets, the watches (synced before any Job can exist), the
+    /// controllers, the SingletonJobs (BackstopReady in both), then the workload.
+    async fn start(fault: DrFault) -> Result<DrWorld> {
+        let second = SecondCluster::hold().await?;
+        let name = format!("chaos-{}", fault.name());
+        let east_env = Env::new(&name).await?;
+        let west_env = Env::new_in(&name, &second.kubeconfig).await?;
+        let url = database_url()?;
+        backstop_secret(&east_env, "db", &url, true).await?;
+        backstop_secret(&west_env, "db", &url, true).await?;
+        let prefix = table_prefix(&east_env);
+        let key = format!("dr/{}", east_env.ns);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let side = |id, env: Env, args| Side {
+            id,
+            observer: Observer::start(env.client.clone(), &env.ns, tx.clone()),
+            env,
+            idx: None,
+            envs: Vec::new(),
+            args,
+            restart_at: None,
+        };
+        let east = side(EAST, east_env, fault.args(EAST));
+        let west = side(WEST, west_env, fault.args(WEST));
+        let workload = Arc::new(Workload::default());
+        let mut w = DrWorld {
+            east,
+            west,
+            second,
+            prefix: prefix.clone(),
+            key: key.clone(),
+            workload: workload.clone(),
+            // Replaced once the workload's table exists.
+            dispatcher: tokio::spawn(async {}),
+        };
+        w.wait(
+            "both Job watches' first lists",
+            Duration::from_secs(30),
+            |w| {
+                Box::pin(async move {
+                    Ok((w.east.observer.synced() && w.west.observer.synced()).then_some(()))
+                })
+            },
+        )
+        .await?;
+        w.east.start().await?;
+        w.west.start().await?;
+        let layout = fault.layout();
+        let east_yaml = w.yaml(&layout, layout.standby_delay);
+        let west_yaml = w.yaml(&layout, None);
+        // The primary's first: a standby created first owns the periods before the primary's
+        // SingletonJob exists, and claims them after its delay, when the primary may have
+        // claimed a later one already.
+        w.west.env.create_sj(&west_yaml).await?;
+        w.east.env.create_sj(&east_yaml).await?;
+        w.wait(
+            "BackstopReady in both clusters",
+            Duration::from_secs(90),
+            |w| {
+                Box::pin(async move {
+                    let mut ready = true;
+                    for s in [&w.east, &w.west] {
+                        let sj = s.env.get_sj(SJ).await?;
+                        ready &= sj.status.is_some_and(|st| {
+                            singleton::record::conditions::is_true(&st.conditions, "BackstopReady")
+                        });
+                    }
+                    Ok(ready.then_some(()))
+                })
+            },
+        )
+        .await?;
+        // The schema exists once a backstop is ready; then the workload's table.
+        crate::pg()
+            .await?
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {prefix}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
+                 period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, \
+                 at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            ))
+            .await?;
+        w.dispatcher = tokio::spawn(dispatch(rx, workload, prefix, key));
+        Ok(w)
+    }
+
+    /// The SingletonJob: the shared key, the takeover bound, `standby` delay if any.
+    fn yaml(&self, layout: &Layout, standby: Option<u64>) -> String {
+        let mut lines = format!(
+            "    jobKey: {}\n    takeoverAfterSeconds: {}\n",
+            self.key, layout.takeover_after
+        );
+        if let Some(d) = standby {
+            lines += &format!("    standbyDelaySeconds: {d}\n");
+        }
+        lines += "  successfulJobsHistoryLimit: 0\n  failedJobsHistoryLimit: 0\n";
+        sj_yaml(SJ, SCHEDULE, &backstop_spec("db", &self.prefix, &lines))
+    }
+
+    async fn tick(&mut self) -> Result<()> {
+        self.east.tick().await?;
+        self.west.tick().await
+    }
+
+    /// Keeps the controllers supervised for `d`.
+    async fn run_for(&mut self, d: Duration) -> Result<()> {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            self.tick().await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Polls `check` (supervising meanwhile) until it returns Some; fails after `timeout` with
+    /// what both clusters showed.
+    async fn wait<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        check: impl for<'a> Fn(&'a DrWorld) -> Check<'a, T>,
+    ) -> Result<T> {
+        let end = Instant::now() + timeout;
+        let mut last_err = None;
+        loop {
+            self.tick().await?;
+            match tokio::time::timeout(Duration::from_secs(5), check(self)).await {
+                Ok(Ok(Some(v))) => return Ok(v),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => last_err = Some(e),
+                Err(_) => last_err = Some(anyhow::anyhow!("check timed out")),
+            }
+            if Instant::now() > end {
+                bail!(
+                    "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
+                    self.dump().await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Period -> clusters in which a Job of it ran, from the two watches.
+    fn ran(&self) -> BTreeMap<Timestamp, Vec<&'static str>> {
+        let mut by: BTreeMap<Timestamp, Vec<&'static str>> = BTreeMap::new();
+        for s in [&self.east, &self.west] {
+            for j in s.observer.jobs() {
+                if let (true, Some(p)) = (j.ran, j.period) {
+                    by.entry(p).or_default().push(s.id);
+                }
+            }
+        }
+        by
+    }
+
+    /// Waits (at most `timeout`) for a period after `since` run in `cluster` (any when None).
+    async fn wait_run_after(
+        &mut self,
+        since: Timestamp,
+        cluster: Option<&'static str>,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            let found = self
+                .ran()
+                .range(since..)
+                .any(|(_, cs)| cluster.is_none_or(|c| cs.contains(&c)));
+            if found {
+                return Ok(true);
+            }
+            self.run_for(Duration::from_millis(200)).await?;
+        }
+        Ok(false)
+    }
+
+    /// The claim row of `period`: (cluster, token, confirmed).
+    async fn claim_row(&self, period: Timestamp) -> Result<Option<(String, i64, bool)>> {
+        let db = crate::pg().await?;
+        let row = db
+            .query_opt(
+                &format!(
+                    "SELECT cluster, token, confirmed_at IS NOT NULL FROM {}claims WHERE job = $1 AND period = $2",
+                    self.prefix
+                ),
+                &[&self.key, &period],
+            )
+            .await?;
+        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+
+    /// The workload's fenced write with `token`, recorded as deliberately late (`held`).
+    async fn stale_write(&self, period: Timestamp, token: u64) -> WriteResult {
+        let result = write_with_retry(&self.prefix, &self.key, period, token, true).await;
+        lock(&self.workload.writes).push(Write {
+            job: self.key.clone(),
+            period,
+            token,
+            held: true,
+            result,
+        });
+        result
+    }
+
+    /// Stops the workload (after its in-flight writes, at most 60 s) and reads the external
+    /// truth for periods due in (`from`, `to`].
+    async fn observe(
+        &mut self,
+        from: Timestamp,
+        to: Timestamp,
+        takeovers: Vec<Duration>,
+    ) -> Result<DrObservations> {
+        let end = Instant::now() + Duration::from_secs(60);
+        while self.workload.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < end {
+            self.run_for(Duration::from_millis(200)).await?;
+        }
+        self.workload.stopped.store(true, Ordering::SeqCst);
+        let db = crate::pg().await?;
+        let claims = db
+            .query(
+                &format!(
+                    "SELECT period, token, cluster, confirmed_at IS NOT NULL FROM {}claims WHERE job = $1",
+                    self.prefix
+                ),
+                &[&self.key],
+            )
+            .await?
+            .iter()
+            .map(|r| ClusterClaim {
+                period: r.get(0),
+                token: r.get::<_, i64>(1) as u64,
+                cluster: r.get(2),
+                confirmed: r.get(3),
+            })
+            .collect();
+        let schedule = singleton::schedule::Schedule::parse(SCHEDULE, None, Default::default())?;
+        let mut obs = DrObservations {
+            key: self.key.clone(),
+            due: schedule.iter_after(from).take_while(|p| *p <= to).collect(),
+            claims,
+            writes: lock(&self.workload.writes).clone(),
+            takeovers,
+            ..DrObservations::default()
+        };
+        for side in [&self.east, &self.west] {
+            observe_side(side, &mut obs).await?;
+        }
+        Ok(obs)
+    }
+
+    /// What a human would look at when a scenario fails: both clusters and both watches.
+    async fn dump(&self) -> String {
+        let mut out = String::new();
+        for s in [&self.east, &self.west] {
+            out += &format!(
+                "==== cluster {} ====\n{}{}",
+                s.id,
+                s.env.dump().await,
+                s.observer.summary()
+            );
+        }
+        out
+    }
+}
+
+/// One cluster's Jobs (the watch, corrected by the job controller's Events), status and
+/// decisions, added to `obs`.
+async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
+    let sj: SingletonJob = side.env.get_sj(SJ).await?;
+    let status = sj.status.unwrap_or_default();
+    let events = side.env.events().list(&ListParams::default()).await?.items;
+    let mut recorded: Vec<Recorded> = events
+        .iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
+        .filter(|e| {
+            matches!(
+                e.reason.as_deref(),
+                Some("RunMissed" | "RunSkipped" | "RunDeduplicated")
+            )
+        })
+        .filter_map(|e| recorded_note(e.message.as_deref()?))
+        .collect();
+    recorded.extend(
+        status
+            .history
+            .iter()
+            .filter(|h| {
+                h.job_name.is_none()
+                    && matches!(
+                        h.outcome,
+                        RunOutcome::Missed | RunOutcome::Skipped | RunOutcome::Deduplicated
+                    )
+            })
+            .map(|h| Recorded {
+                first: h.period.0,
+                last: h.last_period.as_ref().map_or(h.period.0, |l| l.0),
+                outcome: format!("{:?}", h.outcome),
+                reason: h.reason.clone().unwrap_or_default(),
+            }),
+    );
+    obs.clusters.push(ClusterRecord {
+        cluster: side.id.to_string(),
+        decided_through: status.decided_through.map(|t| t.0),
+        recorded,
+    });
+
+    let mut jobs: BTreeMap<String, ClusterJob> = BTreeMap::new();
+    for r in side.observer.jobs() {
+        let (Some(SJ), Some(period)) = (r.sj.as_deref(), r.period) else {
+            continue;
+        };
+        let job = JobSeen {
+            uid: r.uid.clone(),
+            name: r.name.clone(),
+            period,
+            token: r.token,
+            ran: r.ran,
+            removed: r.deleted.is_some(),
+            events_only: false,
+        };
+        jobs.insert(
+            r.uid.clone(),
+            ClusterJob {
+                cluster: side.id.to_string(),
+                job,
+                created: r.created,
+            },
+        );
+    }
+    // A Job the watch never saw (a relist gap across the API server's stop) is known from the
+    // job controller's Events.
+    for (uid, ej) in job_controller_runs(&events) {
+        if let Some(j) = jobs.get_mut(&uid) {
+            j.job.ran |= ej.ran;
+            continue;
+        }
+        let Some((SJ, period)) = parse_job_name(&ej.name) else {
+            continue;
+        };
+        obs.events_only
+            .push(format!("{} in {} (uid {uid})", ej.name, side.id));
+        let job = JobSeen {
+            uid: uid.clone(),
+            name: ej.name.clone(),
+            period,
+            token: None,
+            ran: ej.ran,
+            removed: true,
+            events_only: true,
+        };
+        jobs.insert(
+            uid,
+            ClusterJob {
+                cluster: side.id.to_string(),
+                job,
+                created: None,
+            },
+        );
+    }
+    obs.jobs.extend(jobs.into_values());
+    obs.watch_relists += side.observer.relists();
+    obs.watch_errors += side.observer.errors();
+    Ok(())
+}
+
+/// The workload: each run seen allowed to run, in either cluster, does its fenced write with
+/// the job key (the fence is one across clusters) and its token.
+async fn dispatch(
+    mut seen: mpsc::UnboundedReceiver<Seen>,
+    w: Arc<Workload>,
+    prefix: String,
+    key: String,
+) {
+    while let Some(s) = seen.recv().await {
+        if w.stopped.load(Ordering::SeqCst) {
+            continue;
+        }
+        let Seen::Ran { period, token, .. } = s else {
+            continue;
+        };
+        let (w, prefix, key) = (w.clone(), prefix.clone(), key.clone());
+        w.in_flight.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let result = write_with_retry(&prefix, &key, period, token, false).await;
+            lock(&w.writes).push(Write {
+                job: key,
+                period,
+                token,
+                held: false,
+                result,
+            });
+            w.in_flight.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+/// What a fault's injection measured and found.
+#[derive(Default)]
+struct Injected {
+    /// From the fault to the other cluster having the period (failover column).
+    takeovers: Vec<Duration>,
+    /// Instants after which the next run's delay is measured (dr-both-active-kill's kills).
+    kills: Vec<Timestamp>,
+    /// When the primary's API server was stopped (dr-primary-apiserver-stop).
+    stopped_at: Option<Timestamp>,
+    /// The window in which the skewed standby ran (dr-clock-skew-40s).
+    skewed: Option<(Timestamp, Timestamp)>,
+    details: Vec<String>,
+    notes: Vec<String>,
+}
+
+/// Runs one two-cluster scenario end to end.
+pub async fn run(fault: DrFault, mode: Mode) -> Result<Outcome> {
+    let began = Instant::now();
+    let mut w = DrWorld::start(fault).await?;
+    w.wait("a first run of the job", Duration::from_secs(60), |w| {
+        Box::pin(async move { Ok((!w.ran().is_empty()).then_some(())) })
+    })
+    .await?;
+    let from = Timestamp::now();
+    w.run_for(mode.steady()).await?;
+
+    let fault_began = Instant::now();
+    let mut inj = match inject(&mut w, fault, mode).await {
+        Ok(i) => i,
+        Err(e) => {
+            heal(&w).await;
+            return Err(e.context(format!("injecting {}", fault.name())));
+        }
+    };
+    let fault_window = fault_began.elapsed();
+    let healed = Timestamp::now();
+    // Back to normal: for a stopped primary, the primary running periods again.
+    let who = (fault == DrFault::PrimaryApiserverStop).then_some(WEST);
+    if !w
+        .wait_run_after(healed, who, Duration::from_secs(120))
+        .await?
+    {
+        inj.details.push(format!(
+            "no period ran{} within 120 s of the fault's end",
+            who.map_or(String::new(), |c| format!(" in {c}"))
+        ));
+    }
+    w.run_for(mode.settle()).await?;
+    let to = Timestamp::now() - SignedDuration::from_secs(4);
+    let obs = w.observe(from, to, inj.takeovers.clone()).await?;
+    let mut row = evaluate_dr(fault.name(), fault_window, &obs);
+    after_the_fact(fault, &obs, &mut inj, &mut row);
+    row.details.extend(inj.details);
+    row.notes.extend(inj.notes);
+    let violations = row.violations(fault.expect());
+    if !violations.is_empty() {
+        eprintln!("==== {} failed ====\n{}", row.scenario, w.dump().await);
+    }
+    Ok(Outcome {
+        row,
+        violations,
+        took: began.elapsed(),
+    })
+}
+
+/// Best effort after a failed injection: every controller running, the API server up.
+async fn heal(w: &DrWorld) {
+    for s in [&w.east, &w.west] {
+        let _ = s.signal("CONT").await;
+    }
+    if let Err(e) = w.second.apiserver("start").await {
+        eprintln!("chaos: healing the second API server: {e:#}");
+    }
+}
+
+/// The scenario's own checks on the final observations: the standby's takeover within its
+/// bound, how soon a run followed each kill, the skewed standby's runs.
+fn after_the_fact(
+    fault: DrFault,
+    obs: &DrObservations,
+    inj: &mut Injected,
+    row: &mut super::check::Row,
+) {
+    let layout = fault.layout();
+    if let Some(stopped) = inj.stopped_at {
+        // The next instant, the standby's delay, a claim the primary may have had in flight
+        // (the takeover bound), and 4 s for two API round trips on a loaded machine.
+        let bound = INTERVAL
+            + Duration::from_secs(layout.standby_delay.unwrap_or(0) + layout.takeover_after + 4);
+        match first_run_in(obs, EAST, stopped) {
+            Some((period, Some(created))) => {
+                let took = created.duration_since(stopped).unsigned_abs();
+                row.failovers.push(took);
+                row.notes.push(format!(
+                    "the standby's first period after the stop: {period}, its Job {:.1} s after the stop (bound {} s)",
+                    took.as_secs_f64(),
+                    bound.as_secs()
+                ));
+                if took > bound {
+                    row.details.push(format!(
+                        "the standby took over after {:.1} s, beyond the bound of {} s",
+                        took.as_secs_f64(),
+                        bound.as_secs()
+                    ));
+                }
+            }
+            Some((period, None)) => row.notes.push(format!(
+                "the standby's first period after the stop: {period} (known from Events only)"
+            )),
+            None => row
+                .details
+                .push("the standby ran no period after the primary's API server stopped".into()),
+        }
+    }
+    for k in &inj.kills {
+        let next = obs
+            .jobs
+            .iter()
+            .filter(|j| j.job.ran)
+            .filter_map(|j| j.created)
+            .filter(|c| c > k)
+            .min();
+        if let Some(c) = next {
+            row.failovers.push(c.duration_since(*k).unsigned_abs());
+        }
+    }
+    if let Some((a, b)) = inj.skewed {
+        let mine = obs
+            .jobs
+            .iter()
+            .filter(|j| j.cluster == EAST && j.job.ran && a <= j.job.period && j.job.period <= b)
+            .count();
+        row.notes.push(format!(
+            "the skewed standby ran {mine} period(s) of its window (the primary was up throughout)"
+        ));
+    }
+}
+
+/// Injects `fault` and heals it.
+async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected> {
+    let window = mode.window();
+    let mut inj = Injected::default();
+    match fault {
+        DrFault::PrimaryApiserverStop => {
+            // Long enough for a takeover of a claim in flight at the stop (bound 6 s, standby 3 s).
+            let window = window.max(Duration::from_secs(12));
+            inj.stopped_at = Some(Timestamp::now());
+            w.second.apiserver("stop").await?;
+            w.run_for(window).await?;
+            w.second.apiserver("start").await?;
+        }
+        DrFault::PrimaryControllerPause => pause_primary(w, window, &mut inj).await?,
+        DrFault::BothActiveKill => {
+            let kills = match mode {
+                Mode::Short => 2,
+                Mode::Full => 6,
+            };
+            for i in 0..kills {
+                let side = if i % 2 == 0 { EAST } else { WEST };
+                w.wait("both controllers running", Duration::from_secs(60), |w| {
+                    Box::pin(
+                        async move { Ok((w.east.running() && w.west.running()).then_some(())) },
+                    )
+                })
+                .await?;
+                // Just after an instant: the controller is in the middle of its claim.
+                let now = Timestamp::now();
+                let next = Timestamp::from_second(now.as_second() / 2 * 2 + 2)?
+                    + SignedDuration::from_millis(150);
+                w.run_for(next.duration_since(now).unsigned_abs()).await?;
+                inj.kills.push(Timestamp::now());
+                let s = if side == EAST { &w.east } else { &w.west };
+                s.signal("KILL").await?;
+                w.run_for(window / kills).await?;
+            }
+        }
+        DrFault::ClockSkew => {
+            w.east.envs = crate::skewed_clock("+40s")?;
+            let before = w.east.idx;
+            w.east.signal("TERM").await?;
+            w.wait("the skewed standby running", Duration::from_secs(60), |w| {
+                Box::pin(
+                    async move { Ok((w.east.idx != before && w.east.running()).then_some(())) },
+                )
+            })
+            .await?;
+            let a = Timestamp::now();
+            w.run_for(window).await?;
+            inj.skewed = Some((a, Timestamp::now()));
+            w.east.envs.clear();
+            w.east.signal("TERM").await?;
+        }
+    }
+    Ok(inj)
+}
+
+/// dr-primary-controller-pause: the primary restarted with failpoint `backstop-claimed=stop`
+/// freezes right after its next database claim; held until the standby has taken the period
+/// over (at least the window), then SIGCONT. Its Job must never be created, its history must
+/// say `ClaimedElsewhere` (east), and a write with its token must be refused by the fence.
+async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) -> Result<()> {
+    w.west.envs = vec![(
+        "SINGLETON_FAILPOINTS".to_string(),
+        "backstop-claimed=stop".to_string(),
+    )];
+    let before = w.west.idx;
+    w.west.signal("TERM").await?;
+    w.wait(
+        "the primary frozen after its database claim",
+        Duration::from_secs(60),
+        |w| Box::pin(async move { Ok((w.west.idx != before && w.west.stopped()).then_some(())) }),
+    )
+    .await?;
+    let t0 = Instant::now();
+    // Restarts from now on run without the failpoint.
+    w.west.envs.clear();
+    let pending = w
+        .west
+        .env
+        .get_sj(SJ)
+        .await?
+        .status
+        .and_then(|s| s.pending_claim)
+        .context("the frozen primary has no pending claim")?;
+    let (period, token) = (pending.period.0, pending.token);
+    inj.notes.push(format!(
+        "the primary froze after claiming period {period} with token {token}"
+    ));
+    let took_over = w
+        .wait("the standby's takeover", Duration::from_secs(60), |w| {
+            Box::pin(async move {
+                Ok(w.claim_row(period)
+                    .await?
+                    .filter(|(c, _, _)| c == EAST)
+                    .map(|_| ()))
+            })
+        })
+        .await;
+    match took_over {
+        Ok(()) => inj.takeovers.push(t0.elapsed()),
+        Err(e) => inj
+            .details
+            .push(format!("no takeover of period {period}: {e:#}")),
+    }
+    w.run_for(window.saturating_sub(t0.elapsed())).await?;
+    let row = w.claim_row(period).await?;
+    if !row
+        .as_ref()
+        .is_some_and(|(c, t, _)| c == EAST && *t as u64 > token)
+    {
+        inj.details.push(format!(
+            "period {period}'s claim row before the primary resumed: {row:?}, expected east's with a token above {token}"
+        ));
+    }
+    w.west.signal("CONT").await?;
+    let recorded = w
+        .wait(
+            "the resumed primary to record ClaimedElsewhere",
+            Duration::from_secs(30),
+            |w| {
+                Box::pin(async move {
+                    let s = w.west.env.get_sj(SJ).await?.status.unwrap_or_default();
+                    Ok(s.history
+                        .into_iter()
+                        .find(|h| {
+                            h.period.0 == period && h.reason.as_deref() == Some("ClaimedElsewhere")
+                        })
+                        .map(|h| h.cluster))
+                })
+            },
+        )
+        .await;
+    match recorded {
+        Ok(Some(c)) if c == EAST => {}
+        Ok(other) => inj.details.push(format!(
+            "the resumed primary recorded period {period} ClaimedElsewhere naming {other:?}, not east"
+        )),
+        Err(e) => inj.details.push(format!(
+            "the resumed primary never recorded period {period} ClaimedElsewhere: {e:#}"
+        )),
+    }
+    match w.stale_write(period, token).await {
+        WriteResult::Refused => inj.notes.push(format!(
+            "a write with the frozen primary's token {token} was refused by the fence"
+        )),
+        WriteResult::Accepted { .. } => {} // Counted as a stale write accepted.
+        WriteResult::Unavailable => inj
+            .details
+            .push("the database never answered the frozen primary's write".into()),
+    }
+    Ok(())
+}
