@@ -25,6 +25,7 @@ use crate::context::{Context, InFlight, OwnWrites, Recent, slim_sj};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
+use crate::watch_backoff::WatchBackoff;
 use crate::{Error, Result, naming};
 
 /// How long in-flight reconciles get to finish their writes once the controller stops.
@@ -152,6 +153,9 @@ pub async fn run(
     };
     Controller::for_stream(sj_stream, sj_reader)
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+        // One backoff paces all the trigger streams together: kube's default could leave the
+        // SingletonJob watch down for minutes after an API server outage (watch_backoff.rs).
+        .trigger_backoff(WatchBackoff::default())
         .owns_stream(job_stream)
         // A calendar's edit re-decides the SingletonJobs that name it.
         .watches_stream(calendar_stream, move |cal| {
@@ -200,7 +204,8 @@ fn forget_deleted(
     }
 }
 
-/// A reflector over a watch: its cache, and the objects it touched (backing off on errors).
+/// A reflector over a watch: its cache, and the objects it touched (backing off on errors, no
+/// longer than [`crate::watch_backoff::MAX_DELAY`] and its jitter).
 fn cached<K>(
     watch: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
 ) -> (
@@ -213,7 +218,7 @@ where
 {
     let (reader, writer) = reflector::store::<K>();
     let stream = reflector::reflector(writer, watch)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .touched_objects();
     (reader, stream)
 }
