@@ -9,11 +9,16 @@
 //!
 //! [`WatchBackoff`]: 0.25 s doubling to [`MAX_DELAY`], each delay plus up to a quarter of itself
 //! of jitter (so controllers restarted together do not retry in step), reset by any event.
+//! [`retrying`] applies it to each watch on its own and hands the Controller no errors, so its
+//! merged trigger stream never pauses every watch for one watch's failure (with one shared
+//! backoff the three watches' 410s after a restart were retried one after another, 4 s apart).
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
+use futures::{Stream, StreamExt};
 use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
 
 /// The first delay after a watch breaks.
 pub const MIN_DELAY: Duration = Duration::from_millis(250);
@@ -59,9 +64,75 @@ impl Backoff for WatchBackoff {
     }
 }
 
+/// A watch's stream with its errors retried here: logged, then polled again after its own
+/// [`WatchBackoff`] delay; at once after 410 Gone, which the watcher answers by listing again
+/// (a restarted API server's watch cache starts past the resourceVersion it was given).
+pub fn retrying<T, S>(watch: &'static str, stream: S) -> impl Stream<Item = T> + Send + 'static
+where
+    T: Send + 'static,
+    S: Stream<Item = watcher::Result<T>> + Send + 'static,
+{
+    let state = (stream.boxed(), WatchBackoff::default());
+    futures::stream::unfold(state, move |(mut stream, mut backoff)| async move {
+        loop {
+            match stream.next().await? {
+                Ok(item) => {
+                    backoff.reset();
+                    return Some((item, (stream, backoff)));
+                }
+                Err(e) if gone(&e) => {
+                    tracing::debug!(watch, error = %e, "watch expired: listing again");
+                }
+                Err(e) => {
+                    let delay = backoff.next().unwrap_or(MAX_DELAY);
+                    tracing::debug!(watch, error = %e, ?delay, "watch failed: retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    })
+}
+
+fn gone(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchError(status) if status.code == 410)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::core::Status;
+    use tokio::time::Instant;
+
+    fn failed() -> watcher::Error {
+        watcher::Error::WatchError(
+            Status::failure("boom", "InternalError")
+                .with_code(500)
+                .boxed(),
+        )
+    }
+
+    fn expired() -> watcher::Error {
+        watcher::Error::WatchError(Status::failure("too old", "Expired").with_code(410).boxed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_are_retried_after_the_backoff_and_410_at_once_and_never_passed_on() {
+        let items = vec![Err(failed()), Err(failed()), Ok(1), Err(expired()), Ok(2)];
+        let t0 = Instant::now();
+        let mut s = std::pin::pin!(retrying("test", futures::stream::iter(items)));
+        assert_eq!(s.next().await, Some(1));
+        let waited = t0.elapsed();
+        // Two failures: the first two delays, each with at most a quarter more of jitter.
+        let least = WatchBackoff::base(1) + WatchBackoff::base(2);
+        assert!(
+            waited >= least && waited <= least.mul_f64(1.25),
+            "{waited:?}"
+        );
+        let t1 = Instant::now();
+        assert_eq!(s.next().await, Some(2));
+        assert_eq!(t1.elapsed(), Duration::ZERO, "410 Gone is retried at once");
+        assert_eq!(s.next().await, None);
+    }
 
     #[test]
     fn delays_double_from_a_quarter_second_to_the_cap_with_at_most_a_quarter_more() {
