@@ -19,7 +19,7 @@ CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 CHART_CALENDAR_CRD := $(CHART_DIR)/files/singletoncalendar.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop bench image
+.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
@@ -37,6 +37,8 @@ help:
 	echo 'make test     lint + unit + e2e (what CI runs)'
 	echo 'make demo     the chart on the real node (images built locally) running the billing example every 10 s, namespace singleton-demo (examples/hello.yaml on kwok with SINGLETON_REAL_NODE=0)'
 	echo 'make demo-stop  stop the demo controller (helm uninstall; make down stops everything)'
+	echo 'make demo-dr  disaster recovery: two clusters (west primary, east standby) sharing one PostgreSQL, west'"'"'s API server stopped mid-demo, east carrying on; ends with a verdict (~2 min; own ports, runs beside make up; stops what it started, DEMO_DR_KEEP=1 keeps it)'
+	echo 'make demo-dr-stop  stop what make demo-dr DEMO_DR_KEEP=1 left running'
 	echo 'make bench    SingletonJob against CronJob on its own local cluster (~25 min; BENCH=quick ~8 min): bench/results/'
 
 tools:
@@ -131,7 +133,9 @@ endef
 
 e2e:
 	$(CLUSTER_FOR_TESTS)
-	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite
+	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite --skip demo_dr
+	# make demo-dr in CI form (about 2 min): two more control planes of its own, so alone.
+	$(CARGO) test -p e2e --test demo_dr -- --nocapture
 	# The chaos suite's short form last and alone: it restarts the API server, etcd and PostgreSQL
 	# under everyone's feet.
 	CHAOS_REPORT=$(TARGET_DIR)/chaos/short.md $(CARGO) test -p e2e --test chaos
@@ -160,6 +164,12 @@ demo:
 
 demo-stop:
 	hack/demo.sh stop
+
+demo-dr:
+	hack/demo-dr.sh
+
+demo-dr-stop:
+	hack/demo-dr.sh stop
 
 # Refuses a running cluster not started with its flags; starts and stops its own otherwise.
 bench:

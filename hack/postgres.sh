@@ -5,13 +5,18 @@
 # plain connections keep working; the CA certificate is at `hack/postgres.sh ca` for sslmode tests.
 # Usage: hack/postgres.sh up|down|stop|url|status|ca   (stop keeps the data; `up` starts it again)
 # Env: SINGLETON_PG_PORT (default 35432)
+#      SINGLETON_PG_NAME: a server of its own beside the default one (state in .cache/postgres-NAME,
+#      on its own SINGLETON_PG_PORT), e.g. make demo-dr's, so `make up`/`make down` never touch it.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=postgres
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$REPO/hack/lib.sh"
 
-ROOT=$REPO/.cache/postgres
+case ${SINGLETON_PG_NAME:-} in
+  *[!a-z0-9-]*) echo "SINGLETON_PG_NAME must be lower-case letters, digits and '-'" >&2; exit 2 ;;
+esac
+ROOT=$REPO/.cache/postgres${SINGLETON_PG_NAME:+-$SINGLETON_PG_NAME}
 TLS_DIR=$ROOT/tls
 PORT_FILE=$ROOT/port
 DB=singleton

@@ -50,6 +50,7 @@ pub mod reconcile;
 
 // Wiring: the watches, leader election, the probes and one replica's life.
 pub mod watch;
+pub mod watch_backoff;
 pub mod lease;
 pub mod endpoints;
 pub mod replica;

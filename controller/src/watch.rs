@@ -25,6 +25,7 @@ use crate::context::{Context, InFlight, OwnWrites, Recent, slim_sj};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
+use crate::watch_backoff::{WatchBackoff, retrying};
 use crate::{Error, Result, naming};
 
 /// How long in-flight reconciles get to finish their writes once the controller stops.
@@ -113,9 +114,12 @@ pub async fn run(
 
     let (jobs, job_stream) = {
         let job_watch = watcher::Config::default().labels(naming::LABEL_JOB);
-        cached(watcher(jobs_api, job_watch).modify(slim_job))
+        cached("jobs", watcher(jobs_api, job_watch).modify(slim_job))
     };
-    let (calendars, calendar_stream) = cached(watcher(cals, watcher::Config::default()));
+    let (calendars, calendar_stream) = cached(
+        "singletoncalendars",
+        watcher(cals, watcher::Config::default()),
+    );
     let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
     let sj_watch = match &cfg.label_selector {
         Some(selector) => watcher::Config::default().labels(selector),
@@ -133,9 +137,13 @@ pub async fn run(
     let ctx = context(client, &cfg, gate, clock, (jobs, calendars), confirming);
     let by_calendar = sj_reader.clone();
     let (forget_ctx, store) = (ctx.clone(), sj_reader.clone());
-    let sj_stream = sj_events
-        .inspect_ok(move |event| forget_deleted(&forget_ctx, &store, event))
-        .applied_objects();
+    let sj_stream = retrying(
+        "singletonjobs",
+        sj_events
+            .inspect_ok(move |event| forget_deleted(&forget_ctx, &store, event))
+            .applied_objects(),
+    )
+    .map(Ok::<_, watcher::Error>);
 
     let (stop_tx, mut stop_rx) = watch::channel(());
     tokio::spawn(async move {
@@ -152,6 +160,10 @@ pub async fn run(
     };
     Controller::for_stream(sj_stream, sj_reader)
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
+        // Each watch retries on its own (`retrying`), so this backoff of the merged trigger
+        // streams never sees an error; kube's default here left the SingletonJob watch down for
+        // minutes after an API server outage (watch_backoff.rs).
+        .trigger_backoff(WatchBackoff::default())
         .owns_stream(job_stream)
         // A calendar's edit re-decides the SingletonJobs that name it.
         .watches_stream(calendar_stream, move |cal| {
@@ -200,8 +212,10 @@ fn forget_deleted(
     }
 }
 
-/// A reflector over a watch: its cache, and the objects it touched (backing off on errors).
+/// A reflector over a watch: its cache, and the objects it touched (its errors retried by
+/// [`retrying`], never passed on).
 fn cached<K>(
+    name: &'static str,
     watch: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
 ) -> (
     reflector::Store<K>,
@@ -212,9 +226,8 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store::<K>();
-    let stream = reflector::reflector(writer, watch)
-        .default_backoff()
-        .touched_objects();
+    let stream = retrying(name, reflector::reflector(writer, watch).touched_objects())
+        .map(Ok::<_, watcher::Error>);
     (reader, stream)
 }
 

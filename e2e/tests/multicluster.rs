@@ -151,7 +151,7 @@ async fn both_active_every_period_runs_once_in_exactly_one_cluster() -> Result<(
 
 /// Active/standby: the standby (east, standbyDelaySeconds 3) runs nothing while the primary
 /// (west) runs; with the primary's API server stopped, the standby runs the next periods, each
-/// once.
+/// once; with it back, the primary runs periods again within 20 s.
 #[tokio::test]
 async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<()> {
     let mut t = two("dr-standby").await?;
@@ -208,15 +208,35 @@ async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<(
         .filter_map(|j| j.created)
         .next();
     t.second.apiserver("start").await?;
-    // The primary comes back: it must not run what the standby ran.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // The primary comes back: its controller creates a Job again within seconds (its watches
+    // retry at least every 4 s, 410 Gone at once; kube's default back-off left it blind for a
+    // minute or two, watch_backoff.rs), and it must not run what the standby ran. A Job
+    // created, not run: the fake node's own watches may take longer to recover, and under
+    // Forbid the primary then leaves the next periods to the standby.
+    let ready = Timestamp::now();
+    let back = t
+        .east
+        .wait_for(
+            "the primary to create a Job again",
+            Duration::from_secs(20),
+            || async {
+                Ok(wo
+                    .jobs()
+                    .into_iter()
+                    // Created since the stop: by the server that came back.
+                    .filter(|j| j.created.is_some_and(|c| c > stopped))
+                    .find_map(|j| j.period))
+            },
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     t.east.stop_controller(0, true).await?;
     t.west.stop_controller(0, true).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let by = ran(&eo, &wo);
     ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
     println!(
-        "standby: API server stopped at {stopped}; first standby period {first}, its Job created {created:?}; {} periods in all, {} in the standby",
+        "standby: API server stopped at {stopped}; first standby period {first}, its Job created {created:?}; API server back at {ready}, the primary's first Job since of period {back}; {} periods in all, {} in the standby",
         by.len(),
         by.values().filter(|c| *c == &["east"]).count()
     );
