@@ -658,15 +658,7 @@ pub async fn run(fault: DrFault, mode: Mode) -> Result<Outcome> {
     after_the_fact(fault, &obs, &mut inj, &mut row);
     row.details.extend(inj.details);
     row.notes.extend(inj.notes);
-    let violations = row.violations(fault.expect());
-    if !violations.is_empty() {
-        eprintln!("==== {} failed ====\n{}", row.scenario, w.dump().await);
-    }
-    Ok(Outcome {
-        row,
-        violations,
-        took: began.elapsed(),
-    })
+    Ok(Outcome::judge(row, fault.expect(), began, w.dump()).await)
 }
 
 /// Best effort after a failed injection: every controller running, the API server up.

@@ -292,15 +292,27 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
 
 /// The row's verdict; on failure, what the cluster and the watch last showed.
 async fn finish(w: &World, row: Row, expect: Expect, began: Instant) -> Result<Outcome> {
-    let violations = row.violations(expect);
-    if !violations.is_empty() {
-        eprintln!("==== {} failed ====\n{}", row.scenario, w.dump().await);
+    Ok(Outcome::judge(row, expect, began, w.dump()).await)
+}
+
+impl Outcome {
+    /// Judges `row`; on failure prints `dump` (what the world last showed) under its name.
+    pub(crate) async fn judge(
+        row: Row,
+        expect: Expect,
+        began: Instant,
+        dump: impl std::future::Future<Output = String>,
+    ) -> Outcome {
+        let violations = row.violations(expect);
+        if !violations.is_empty() {
+            eprintln!("==== {} failed ====\n{}", row.scenario, dump.await);
+        }
+        Outcome {
+            row,
+            violations,
+            took: began.elapsed(),
+        }
     }
-    Ok(Outcome {
-        row,
-        violations,
-        took: began.elapsed(),
-    })
 }
 
 /// burst-pause: a burst of [`BURST_SJS`] runs due at one instant (history limits 0, Forbid);

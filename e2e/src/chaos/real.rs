@@ -239,15 +239,7 @@ pub async fn run(fault: Fault, mode: Mode) -> Result<Outcome> {
     };
     let mut row = check::evaluate(fault.name(), fault_window, &obs);
     row.details.extend(unrecovered);
-    let violations = row.violations(fault.expect());
-    if !violations.is_empty() {
-        eprintln!("==== {} failed ====\n{}", row.scenario, w.dump().await);
-    }
-    Ok(Outcome {
-        row,
-        violations,
-        took: began.elapsed(),
-    })
+    Ok(Outcome::judge(row, fault.expect(), began, w.dump()).await)
 }
 
 /// A run frozen past its Replace: its token, and whether the fence refused its write after thaw.
