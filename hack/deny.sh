@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 hack/build-tools.sh cargo-deny
 deny=$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION/cargo-deny
 
+# cargo-deny reads the metadata of every target's dependencies (windows-sys and the like), whose
+# sources a Linux build never downloads, and --offline refuses to fetch them: fetch them first,
+# checked against Cargo.lock (a no-op once they are in cargo's cache).
+cargo fetch --locked -q
 "$deny" --offline check licenses bans sources
 
 mode=${SINGLETON_ADVISORIES:-try}
