@@ -8,7 +8,7 @@
 pub mod check;
 pub mod dr;
 pub mod dr_check;
-mod real;
+pub mod real;
 pub mod world;
 
 use std::collections::HashSet;
