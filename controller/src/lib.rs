@@ -49,8 +49,8 @@ pub mod operate;
 pub mod reconcile;
 
 // Wiring: the watches, leader election, the probes and one replica's life.
-pub mod watch;
 pub mod watch_backoff;
+pub mod watch;
 pub mod lease;
 pub mod endpoints;
 pub mod replica;

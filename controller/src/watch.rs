@@ -145,19 +145,7 @@ pub async fn run(
     )
     .map(Ok::<_, watcher::Error>);
 
-    let (stop_tx, mut stop_rx) = watch::channel(());
-    tokio::spawn(async move {
-        shutdown.await;
-        stop_tx.send_replace(());
-    });
-    // kube's graceful shutdown also waits for scheduled requeues (ours sleep until the next
-    // period), which would hold up a handover. Once stopping, the gate is closed, so nothing
-    // queued could write anyway: after a short grace for writes in flight, stop outright.
-    let mut forceful_rx = stop_rx.clone();
-    let forceful = async move {
-        let _ = forceful_rx.changed().await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-    };
+    let (mut stop_rx, forceful) = stop_signals(shutdown);
     Controller::for_stream(sj_stream, sj_reader)
         .with_config(kube_controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES))
         // Each watch retries on its own (`retrying`), so this backoff of the merged trigger
@@ -184,6 +172,27 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// `shutdown` as a watch receiver (kube's graceful shutdown wants a Sync future; a receiver is
+/// one), and a future that resolves a short grace after it. kube's graceful shutdown also waits
+/// for scheduled requeues (ours sleep until the next period), which would hold up a handover.
+/// Once stopping, the gate is closed, so nothing queued could write anyway: after the grace for
+/// writes in flight, stop outright.
+fn stop_signals(
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (watch::Receiver<()>, impl std::future::Future<Output = ()>) {
+    let (stop_tx, stop_rx) = watch::channel(());
+    tokio::spawn(async move {
+        shutdown.await;
+        stop_tx.send_replace(());
+    });
+    let mut forceful_rx = stop_rx.clone();
+    let forceful = async move {
+        let _ = forceful_rx.changed().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    (stop_rx, forceful)
 }
 
 /// What the process keeps of SingletonJobs that are gone: the metric series labelled with them,
