@@ -160,8 +160,16 @@ async fn periods_on_excluded_days_are_skipped_and_recorded_or_moved_to_the_next_
     .await?;
     // The shifted job's periods are the same wall time two days on: nothing runs now, and its
     // next times are the day after tomorrow, two seconds apart, from midnight.
-    let shifted = env.get_sj("shift").await?;
-    let next = shifted.status.unwrap_or_default().next_schedule_times;
+    let next = env
+        .wait_for(
+            "the shifted job's next times",
+            Duration::from_secs(30),
+            || async {
+                let next = env.get_sj("shift").await?.status.unwrap_or_default();
+                Ok((!next.next_schedule_times.is_empty()).then_some(next.next_schedule_times))
+            },
+        )
+        .await?;
     ensure(
         &env,
         next.len() == 3 && next[0].0 == after && next[1].0 == after + SignedDuration::from_secs(2),

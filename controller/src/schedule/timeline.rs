@@ -3,11 +3,8 @@
 //! the controller, `status.nextScheduleTimes` and `kubectl singleton schedule` agree.
 //!
 //! The union is a merge of sorted streams in which equal instants are one period. A shift moves an
-//! instant only later (to the same wall time on a later day), so shifted instants are ordered the
-//! way `Upcoming` orders DST-shifted ones: held back until the next unshifted instant shows that
-//! nothing earlier can still come.
-
-use std::collections::BTreeSet;
+//! instant only later (to the same wall time on a later day), so each excluded day becomes one
+//! more sorted stream in the merge, started when the schedule reaches that day (see `Shifted`).
 
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
@@ -129,10 +126,10 @@ impl Schedule {
         Box::new(Shifted {
             schedule: self,
             exclusions: x,
-            base: (Box::new(self.merged_after(from)) as Box<dyn Iterator<Item = Timestamp>>)
-                .peekable(),
+            base: self.merged_after(from).boxed().peekable(),
+            moved: Vec::new(),
+            target: None,
             emitted_up_to: t,
-            pending: BTreeSet::new(),
         })
     }
 
@@ -200,26 +197,99 @@ impl Schedule {
         }
     }
 
-    /// Where an instant on an excluded day runs: the same wall time on the next allowed day (if
-    /// the wall time does not exist that day, at the instant the time zone's rules give it).
+    /// Where an instant on an excluded day runs, one instant at a time: the tests' reference.
+    #[cfg(test)]
     fn shift(&self, x: &Exclusions, t: Timestamp) -> Timestamp {
-        let zoned = t.to_zoned(self.time_zone().clone());
-        if !x.excludes(zoned.date()) {
+        let day = self.day(t);
+        if !x.excludes(day) {
             return t;
         }
-        x.next_allowed(zoned.date())
-            .and_then(|day| {
-                day.to_datetime(zoned.time())
-                    .to_zoned(self.time_zone().clone())
-                    .ok()
-            })
+        x.next_allowed(day).map_or(t, |to| self.moved_to(to, t))
+    }
+
+    /// Where an instant of an excluded day runs: at its wall time on the allowed `day` (if the wall
+    /// time does not exist that day, at the instant the time zone's rules give it).
+    fn moved_to(&self, day: Date, t: Timestamp) -> Timestamp {
+        let time = t.to_zoned(self.time_zone().clone()).time();
+        day.to_datetime(time)
+            .to_zoned(self.time_zone().clone())
             .map_or(t, |z| z.timestamp().max(t))
+    }
+
+    /// The instants of the excluded `day` from `first` on, each moved to its wall time on `to`,
+    /// sorted, only those later than `after`.
+    ///
+    /// On days without an offset change wall times keep the instants' order, so the stream is
+    /// lazy and starts at `after`'s wall time. Around a change (a gap or a fold on either day)
+    /// they need not: that day is moved whole and sorted, at most a day of instants.
+    fn moved_day(
+        &self,
+        day: Date,
+        first: Timestamp,
+        to: Date,
+        after: Timestamp,
+    ) -> Box<dyn Iterator<Item = Timestamp> + '_> {
+        let end = day.tomorrow().ok().and_then(|d| self.start_of(d));
+        let on_day = move |t: &Timestamp| end.is_none_or(|end| *t < end);
+        let from = first.checked_sub(ONE_NANO).unwrap_or(first);
+        if !(self.plain(day) && self.plain(to)) {
+            let mut moved: Vec<Timestamp> = self
+                .merged_after(from)
+                .take_while(on_day)
+                .map(|t| self.moved_to(to, t))
+                .filter(|t| *t > after)
+                .collect();
+            moved.sort_unstable();
+            moved.dedup();
+            return Box::new(moved.into_iter());
+        }
+        let tz = self.time_zone().clone();
+        let after_zoned = after.to_zoned(tz.clone());
+        let from = match after_zoned.date().cmp(&to) {
+            std::cmp::Ordering::Less => from,
+            // Instants at or before `after`'s wall time move to or before `after`.
+            std::cmp::Ordering::Equal => day
+                .to_datetime(after_zoned.time())
+                .to_zoned(tz)
+                .map_or(from, |z| z.timestamp().max(from)),
+            std::cmp::Ordering::Greater => return Box::new(std::iter::empty()),
+        };
+        Box::new(
+            self.merged_after(from)
+                .take_while(on_day)
+                .map(move |t| self.moved_to(to, t)),
+        )
+    }
+
+    /// Whether the time zone's offset stays the same from half a day before `day` to half a day
+    /// after it, so that wall times on it map to instants one to one and in order.
+    fn plain(&self, day: Date) -> bool {
+        const MARGIN: SignedDuration = SignedDuration::from_hours(12);
+        let window = self
+            .start_of(day)
+            .zip(day.tomorrow().ok().and_then(|d| self.start_of(d)));
+        let Some((start, end)) = window else {
+            return false;
+        };
+        let (Ok(start), Ok(end)) = (start.checked_sub(MARGIN), end.checked_add(MARGIN)) else {
+            return false;
+        };
+        self.time_zone()
+            .following(start)
+            .next()
+            .is_none_or(|change| change.timestamp() >= end)
     }
 }
 
 /// Sorted streams merged; equal instants once.
 struct Merged<'a> {
-    heads: Vec<std::iter::Peekable<Box<dyn Iterator<Item = Timestamp> + 'a>>>,
+    heads: Vec<Stream<'a>>,
+}
+
+impl<'a> Merged<'a> {
+    fn boxed(self) -> Box<dyn Iterator<Item = Timestamp> + 'a> {
+        Box::new(self)
+    }
 }
 
 impl Iterator for Merged<'_> {
@@ -240,13 +310,69 @@ impl Iterator for Merged<'_> {
     }
 }
 
+type Stream<'a> = std::iter::Peekable<Box<dyn Iterator<Item = Timestamp> + 'a>>;
+
 /// Instants with excluded days shifted; see the module docs.
+///
+/// Works a day at a time: when the schedule reaches an excluded day, that day's instants become
+/// one sorted stream on the allowed day they move to, and the schedule jumps to the next day.
+/// The output is the merge of the schedule and those streams. Every moved instant is later than
+/// the excluded day it comes from, so once the schedule stands on an allowed day no stream still
+/// to come can hold anything earlier than what the merge emits. An every-second schedule with a
+/// year of excluded days thus costs a few steps per period, not every instant of those days.
 struct Shifted<'a> {
     schedule: &'a Schedule,
     exclusions: &'a Exclusions,
-    base: std::iter::Peekable<Box<dyn Iterator<Item = Timestamp> + 'a>>,
+    /// The schedule's instants, excluded days with an allowed day to go to taken out.
+    base: Stream<'a>,
+    /// One stream per excluded day met, of its instants on their allowed day.
+    moved: Vec<Stream<'a>>,
+    /// The run of excluded days being taken out: its days up to `.0` move to `.1`.
+    target: Option<(Date, Date)>,
     emitted_up_to: Timestamp,
-    pending: BTreeSet<Timestamp>,
+}
+
+impl Shifted<'_> {
+    /// Takes the excluded days at the head of `base` out into `moved`, until `base` stands on an
+    /// allowed day, on an instant with nowhere to go (which stays, as excluded), or later than a
+    /// moved instant (which can then be emitted: what `base` still holds moves later still).
+    fn take_out_excluded_days(&mut self) {
+        while let Some(&at) = self.base.peek() {
+            let earliest_moved = self
+                .moved
+                .iter_mut()
+                .filter_map(|m| m.peek().copied())
+                .min();
+            if earliest_moved.is_some_and(|m| m < at) {
+                return;
+            }
+            let day = self.schedule.day(at);
+            let Some(to) = self.allowed_day_after(day) else {
+                return;
+            };
+            let next_day = day.tomorrow().ok().and_then(|d| self.schedule.start_of(d));
+            let Some(next_day) = next_day.and_then(|t| t.checked_sub(ONE_NANO).ok()) else {
+                return;
+            };
+            let moved = self.schedule.moved_day(day, at, to, self.emitted_up_to);
+            self.moved.push(moved.peekable());
+            self.base = self.schedule.merged_after(next_day).boxed().peekable();
+        }
+    }
+
+    /// The allowed day an excluded `day`'s instants move to; `None` if `day` is allowed or no
+    /// allowed day is within reach. Days arrive in order, so a run's target is looked up once.
+    fn allowed_day_after(&mut self, day: Date) -> Option<Date> {
+        if let Some((_, to)) = self.target.filter(|(last, _)| day <= *last) {
+            return Some(to);
+        }
+        if !self.exclusions.excludes(day) {
+            return None;
+        }
+        let to = self.exclusions.next_allowed(day)?;
+        self.target = to.yesterday().ok().map(|last| (last, to));
+        Some(to)
+    }
 }
 
 impl Iterator for Shifted<'_> {
@@ -254,22 +380,18 @@ impl Iterator for Shifted<'_> {
 
     fn next(&mut self) -> Option<Timestamp> {
         loop {
-            if let Some(&earliest) = self.pending.first() {
-                // A later base instant is never shifted earlier than itself.
-                let settled = self.base.peek().is_none_or(|next| earliest <= *next);
-                if settled {
-                    self.pending.pop_first();
-                    if earliest > self.emitted_up_to {
-                        self.emitted_up_to = earliest;
-                        return Some(earliest);
-                    }
-                    continue;
+            self.take_out_excluded_days();
+            let heads = self.moved.iter_mut().chain(std::iter::once(&mut self.base));
+            let earliest = heads.filter_map(|h| h.peek().copied()).min()?;
+            for head in self.moved.iter_mut().chain(std::iter::once(&mut self.base)) {
+                if head.peek() == Some(&earliest) {
+                    head.next();
                 }
             }
-            let at = self.base.next()?;
-            let shifted = self.schedule.shift(self.exclusions, at);
-            if shifted > self.emitted_up_to {
-                self.pending.insert(shifted);
+            self.moved.retain_mut(|m| m.peek().is_some());
+            if earliest > self.emitted_up_to {
+                self.emitted_up_to = earliest;
+                return Some(earliest);
             }
         }
     }

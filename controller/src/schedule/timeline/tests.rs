@@ -262,3 +262,97 @@ proptest! {
         prop_assert_eq!(s.count_between(after, until, u64::MAX), got.len() as u64);
     }
 }
+
+fn range(from: &str, to: &str) -> DayRules {
+    DayRules {
+        ranges: vec![DateRange {
+            from: from.into(),
+            to: to.into(),
+        }],
+        ..DayRules::default()
+    }
+}
+
+#[test]
+fn days_with_an_offset_change_move_in_order() {
+    // In Berlin 2027-03-28 has no 02:00 to 03:00 and 2027-10-31 has it twice. Every 20 minutes:
+    // 03-27 moves onto the spring-forward day, 10-30 and 10-31 onto November 1st. Then instants
+    // of the excluded day only: 02:40 moves into the gap (to 03:40), after 03:10's place.
+    let every = ["0 */20 * * * *"];
+    let only_that_day = ["0 40 2 27 3 *", "0 10 3 27 3 *"];
+    for (exprs, from, to, after, days) in [
+        (
+            &every[..],
+            "2027-03-27",
+            "2027-03-27",
+            "2027-03-26T12:00:00Z",
+            3,
+        ),
+        (
+            &every,
+            "2027-10-30",
+            "2027-10-31",
+            "2027-10-29T12:00:00Z",
+            4,
+        ),
+        // Starting on the day the instants move to, part-way through it.
+        (
+            &every,
+            "2027-03-27",
+            "2027-03-27",
+            "2027-03-28T01:10:00Z",
+            2,
+        ),
+        (
+            &every,
+            "2027-10-30",
+            "2027-10-31",
+            "2027-11-01T09:50:00Z",
+            2,
+        ),
+        (
+            &only_that_day[..],
+            "2027-03-27",
+            "2027-03-27",
+            "2027-03-26T12:00:00Z",
+            3,
+        ),
+    ] {
+        let s = excluding(
+            union(exprs, "Europe/Berlin"),
+            &range(from, to),
+            ExcludedAction::NextAllowedDay,
+        );
+        let after = ts(after);
+        let until = after + SignedDuration::from_hours(24 * days);
+        let got: Vec<Timestamp> = s.iter_after(after).take_while(|t| *t <= until).collect();
+        assert_eq!(
+            got,
+            reference(&s, after, until),
+            "{from}..{to} after {after}"
+        );
+    }
+}
+
+/// With instants shifted one by one, the next periods of an every-second schedule after a year
+/// of excluded days took minutes (every instant of the year was moved and held); now they take
+/// a few steps per excluded day.
+#[test]
+fn a_long_run_of_excluded_days_is_moved_a_day_at_a_time() {
+    let s = excluding(
+        union(&["* * * * * *"], "UTC"),
+        &range("2027-01-01", "2027-12-30"),
+        ExcludedAction::NextAllowedDay,
+    );
+    let now = ts("2027-06-15T12:00:00Z");
+    assert_eq!(
+        strings(s.iter_after(now).take(3)),
+        [
+            "2027-12-31T00:00:00Z",
+            "2027-12-31T00:00:01Z",
+            "2027-12-31T00:00:02Z"
+        ]
+    );
+    assert_eq!(s.latest_at_or_before(now), Some(ts("2026-12-31T23:59:59Z")));
+    assert_eq!(s.count_between(now, ts("2027-12-31T00:00:09Z"), 100), 10);
+}
