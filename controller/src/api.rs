@@ -1019,8 +1019,9 @@ pub struct HistoryEntry {
     /// Who asked for the run (trigger, backfill, rerun), as the request said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_by: Option<String>,
-    /// Multi-cluster (reason `ClaimedElsewhere`): the identity (`--cluster-id`) of the cluster
-    /// that claimed the period in the shared backstop and runs it there.
+    /// Multi-cluster: the identity (`--cluster-id`) of the other cluster that claimed the period
+    /// in the shared backstop and runs it there (reason `ClaimedElsewhere`), or that had claimed
+    /// a later period first (reason `Superseded`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
 }

@@ -83,6 +83,23 @@ fn ran(east: &Observer, west: &Observer) -> BTreeMap<Timestamp, Vec<&'static str
     by
 }
 
+/// A claim row as [`falls`] reports it: period, cluster, token.
+type ClaimRow = (Timestamp, String, i64);
+
+/// G3 across clusters: the claim transaction accepts a token only above the job's one fence row
+/// and raises it, and refuses a scheduled claim of a period older than another cluster's claim
+/// (Superseded), so tokens rise with the periods, whichever cluster claimed them. The pairs of
+/// adjacent claim rows (period, cluster, token) where they do not.
+fn falls<'a>(
+    claims: impl Iterator<Item = (&'a Timestamp, &'a (String, i64, bool))>,
+) -> Vec<(ClaimRow, ClaimRow)> {
+    let rows: Vec<ClaimRow> = claims.map(|(p, (c, t, _))| (*p, c.clone(), *t)).collect();
+    rows.windows(2)
+        .filter(|w| w[1].2 <= w[0].2)
+        .map(|w| (w[0].clone(), w[1].clone()))
+        .collect()
+}
+
 fn twice(by: &BTreeMap<Timestamp, Vec<&'static str>>) -> Vec<(Timestamp, Vec<&'static str>)> {
     by.iter()
         .filter(|(_, cs)| cs.len() > 1)
@@ -126,18 +143,7 @@ async fn both_active_every_period_runs_once_in_exactly_one_cluster() -> Result<(
         .await?;
         *split.entry(there[0]).or_default() += 1;
     }
-    // G3 across clusters: the claim transaction accepts a token only above the job's one fence
-    // row and raises it, so with no takeover (every claim confirmed) tokens rise with the
-    // periods, whichever cluster claimed them.
-    let tokens: Vec<(Timestamp, &str, i64)> = claims
-        .range(..=last)
-        .map(|(p, (c, t, _))| (*p, c.as_str(), *t))
-        .collect();
-    let falls: Vec<_> = tokens
-        .windows(2)
-        .filter(|w| w[1].2 <= w[0].2)
-        .map(|w| (w[0], w[1]))
-        .collect();
+    let falls = falls(claims.range(..=last));
     ensure(&t.east, falls.is_empty(), ("tokens not increasing", &falls)).await?;
     println!(
         "both active: {} periods, each run once; by cluster {split:?}; observer relists east {} west {}",
@@ -235,6 +241,11 @@ async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let by = ran(&eo, &wo);
     ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
+    // The primary, back, claims the newest period at once while the standby comes to the ones
+    // before it only after its delay: those are Superseded, never claimed with a higher token.
+    let claims = t.claims().await?;
+    let falls = falls(claims.iter());
+    ensure(&t.east, falls.is_empty(), ("tokens not increasing", &falls)).await?;
     println!(
         "standby: API server stopped at {stopped}; first standby period {first}, its Job created {created:?}; API server back at {ready}, the primary's first Job since of period {back}; {} periods in all, {} in the standby",
         by.len(),

@@ -111,6 +111,14 @@ pub enum ClaimOutcome {
     /// Not this cluster's turn yet, by the database's clock: a standby before its delay, or
     /// another cluster's unconfirmed claim within the takeover bound. Ask again from `until`.
     NotYet { until: Timestamp },
+    /// A scheduled claim of a period older than one another cluster has claimed already (its
+    /// period, identity and token): refused so that tokens follow the periods across clusters.
+    /// Nothing changed.
+    Superseded {
+        period: Timestamp,
+        cluster: String,
+        token: u64,
+    },
 }
 
 impl ClaimOutcome {
@@ -122,6 +130,7 @@ impl ClaimOutcome {
             ClaimOutcome::ClaimedElsewhere { .. } => "ClaimedElsewhere",
             ClaimOutcome::TookOver { .. } => "TookOver",
             ClaimOutcome::NotYet { .. } => "NotYet",
+            ClaimOutcome::Superseded { .. } => "Superseded",
         }
     }
 
@@ -130,7 +139,9 @@ impl ClaimOutcome {
         match self {
             ClaimOutcome::Claimed | ClaimOutcome::TookOver { .. } => true,
             ClaimOutcome::Duplicate { token: t, .. } => *t == token,
-            ClaimOutcome::ClaimedElsewhere { .. } | ClaimOutcome::NotYet { .. } => false,
+            ClaimOutcome::ClaimedElsewhere { .. }
+            | ClaimOutcome::NotYet { .. }
+            | ClaimOutcome::Superseded { .. } => false,
         }
     }
 }
@@ -281,7 +292,9 @@ impl Backstop {
     /// (docs/multi-cluster.md): the row records its identity; another cluster's row is
     /// [`ClaimOutcome::ClaimedElsewhere`], or, unconfirmed past `claimer.takeover_after` by the
     /// database's clock, [`ClaimOutcome::TookOver`]; a standby's claim before its delay (again by
-    /// the database's clock) is [`ClaimOutcome::NotYet`]. All in the one claim transaction.
+    /// the database's clock) is [`ClaimOutcome::NotYet`]; a scheduled claim of a period older
+    /// than one another cluster claimed is [`ClaimOutcome::Superseded`]. All in the one claim
+    /// transaction.
     pub async fn claim_as(
         &self,
         job: &str,
@@ -864,8 +877,48 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
             current: to_u64(current)?,
         });
     }
+    // Tokens follow the periods across clusters. The fence advance above holds the fence row's
+    // lock, which every claim of the job takes: a later period's claim that committed before it
+    // is visible to this statement, and one that commits after this gets a higher token.
+    if claimer.scheduled
+        && !cluster.is_empty()
+        && takes_over.is_none()
+        && let Some(later) = later_elsewhere(&tx, t, c).await?
+    {
+        tx.rollback().await.map_err(pg)?;
+        return Ok(later);
+    }
     tx.commit().await.map_err(pg)?;
     Ok(outcome)
+}
+
+/// The latest claim of another cluster for a period after `c.period`, as
+/// [`ClaimOutcome::Superseded`].
+async fn later_elsewhere(
+    tx: &tokio_postgres::Transaction<'_>,
+    t: &Tables,
+    c: &Claim<'_>,
+) -> Result<Option<ClaimOutcome>> {
+    let row = tx
+        .query_opt(
+            &format!(
+                "SELECT period, cluster, token FROM {} \
+                 WHERE job = $1 AND period > $2 AND cluster <> $3 \
+                 ORDER BY period DESC LIMIT 1",
+                t.claims
+            ),
+            &[&c.job, &c.period, &c.claimer.cluster],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, false))?;
+    row.map(|r| {
+        Ok(ClaimOutcome::Superseded {
+            period: r.get(0),
+            cluster: r.get(1),
+            token: to_u64(r.get(2))?,
+        })
+    })
+    .transpose()
 }
 
 /// The token after `highest`. Tokens are PostgreSQL bigints (also without a backstop: one may be

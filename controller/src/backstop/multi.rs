@@ -20,6 +20,12 @@ pub struct Claimer {
     /// Active/standby: claim a period only once the database's clock is this far past the
     /// period's instant, so the primary (no delay) claims first in normal operation.
     pub standby_delay: Option<SignedDuration>,
+    /// A scheduled run's claim (not a trigger, backfill or rerun). With an identity, it is
+    /// refused ([`super::ClaimOutcome::Superseded`]) once another cluster has claimed a later
+    /// period of the job, so that tokens follow the periods across clusters as they do within
+    /// one: an older period claimed after a newer one would get the higher token, and the
+    /// newer run's writes after it would be refused by the fence.
+    pub scheduled: bool,
 }
 
 /// The period's existing claim row, as the claim transaction read it (locked).
@@ -93,6 +99,7 @@ mod tests {
             cluster: cluster.into(),
             takeover_after: bound.map(SignedDuration::from_secs),
             standby_delay: None,
+            scheduled: true,
         }
     }
 

@@ -52,7 +52,7 @@ pub(super) async fn backstop_claim(
     let mut sj = sj.clone();
     let period = claim.period.0;
     let key = sj.backstop_key();
-    let claimer = claimer(ctx, &sj);
+    let claimer = claimer(ctx, &sj, &claim);
     for _ in 0..=RECLAIMS {
         let claimed = claim_once(b, &key, &claim, &claimer).await;
         match claimed {
@@ -60,7 +60,8 @@ pub(super) async fn backstop_claim(
             Ok(
                 o @ (ClaimOutcome::ClaimedElsewhere { .. }
                 | ClaimOutcome::NotYet { .. }
-                | ClaimOutcome::TookOver { .. }),
+                | ClaimOutcome::TookOver { .. }
+                | ClaimOutcome::Superseded { .. }),
             ) => return multi_cluster(ctx, sj, claim, o).await,
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
                 // The claim's own token never reached the fence (the transaction rolled back):
@@ -108,14 +109,19 @@ pub(super) async fn backstop_claim(
 }
 
 /// Who claims in the backstop: this cluster (`--cluster-id`) under the SingletonJob's
-/// multi-cluster policy (`spec.backstop`).
-pub(super) fn claimer(ctx: &Context, sj: &SingletonJob) -> crate::backstop::Claimer {
+/// multi-cluster policy (`spec.backstop`), for a scheduled run or one a user asked for.
+pub(super) fn claimer(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+) -> crate::backstop::Claimer {
     let spec = sj.spec.backstop.as_ref();
     let secs = |s: Option<i64>| s.map(|s| SignedDuration::from_secs(s.max(0)));
     crate::backstop::Claimer {
         cluster: ctx.backstops.cluster().to_string(),
         takeover_after: secs(spec.and_then(|b| b.takeover_after_seconds)),
         standby_delay: secs(spec.and_then(|b| b.standby_delay_seconds)),
+        scheduled: claim.origin.is_none(),
     }
 }
 
@@ -221,6 +227,24 @@ fn multi_cluster<'a>(
                 Ok(Backstopped::Decided)
             }
             ClaimOutcome::NotYet { until } => Err(Error::StandbyWaiting { until }),
+            // G2 and G3: another cluster claimed a later period first (this cluster was late: a
+            // standby after its delay, or behind by its clock). Running this one now would give
+            // the older period the higher token, so it is recorded instead, as a later period
+            // supersedes late ones within a cluster. Its token never reached the fence.
+            ClaimOutcome::Superseded {
+                period,
+                cluster,
+                token,
+            } => {
+                let later = naming::period_rfc3339(period);
+                let note = format!(
+                    "period {p} not run: cluster {cluster:?} had already claimed the later period {later} (token {token}) in the shared backstop, and tokens follow the periods"
+                );
+                let d = decided::Decision::new(Outcome::Missed, reason::SUPERSEDED, note)
+                    .elsewhere(cluster);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                Ok(Backstopped::Decided)
+            }
             ClaimOutcome::TookOver { cluster, token } => {
                 let note = format!(
                     "took period {p} over from cluster {cluster:?} (token {token}), whose claim was not confirmed within takeoverAfterSeconds; its token is fenced out"

@@ -9,10 +9,10 @@
 //! cluster with another outcome (Missed, Skipped), else it is lost.
 //!
 //! Tokens: the fence makes every claim's token higher than every claim committed before it
-//! (docs/multi-cluster.md), and each cluster claims its periods in order, so tokens rise with the
-//! period within each cluster (a violation otherwise). Across clusters a standby may claim a
-//! period after the primary has claimed a later one (the standby's delay): such an inversion is
-//! reported in the notes, not counted as a violation.
+//! (docs/multi-cluster.md), each cluster claims its periods in order, and a scheduled claim of a
+//! period older than another cluster's claim is refused (Superseded). So tokens rise with the
+//! period, within each cluster and across them; a claim row whose token is below an earlier
+//! period's row of the other cluster is a violation (counted with the non-monotonic tokens).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -126,13 +126,8 @@ pub fn evaluate_dr(scenario: &str, fault_window: Duration, obs: &DrObservations)
         row.notes.push(why);
     }
     let inversions = cross_cluster_inversions(obs);
-    if !inversions.is_empty() {
-        row.notes.push(format!(
-            "{} period(s) claimed with a token below an earlier period's (claimed later, in the other cluster): {}",
-            inversions.len(),
-            inversions.join("; ")
-        ));
-    }
+    row.non_monotonic += inversions.len() as u64;
+    row.details.extend(inversions);
     row
 }
 
@@ -167,8 +162,10 @@ pub fn per_cluster_token_order(obs: &DrObservations) -> Vec<String> {
     out
 }
 
-/// Claim rows whose token is below that of an earlier period's row: the period was claimed
-/// after a later one (by another cluster, or the standby after its delay).
+/// Claim rows whose token is not below that of a later period's row of another cluster: the
+/// period was claimed after the later one (a standby after its delay, a cluster behind by its
+/// clock), which the claim transaction must refuse. Within one cluster the order is checked by
+/// [`per_cluster_token_order`].
 pub fn cross_cluster_inversions(obs: &DrObservations) -> Vec<String> {
     let mut claims: Vec<&ClusterClaim> = obs.claims.iter().collect();
     claims.sort_by_key(|c| c.period);
@@ -176,10 +173,11 @@ pub fn cross_cluster_inversions(obs: &DrObservations) -> Vec<String> {
     let mut out = Vec::new();
     for c in claims {
         match highest {
-            Some(h) if c.token <= h.token => out.push(format!(
-                "{} ({}, token {}) below {} ({}, token {})",
-                c.period, c.cluster, c.token, h.period, h.cluster, h.token
+            Some(h) if c.token <= h.token && c.cluster != h.cluster => out.push(format!(
+                "{}: period {} claimed by {} with token {}, not below token {} of the later period {} claimed by {}",
+                obs.key, h.period, h.cluster, h.token, c.token, c.period, c.cluster
             )),
+            Some(h) if c.token <= h.token => {}
             _ => highest = Some(c),
         }
     }
@@ -521,7 +519,7 @@ mod tests {
     }
 
     #[test]
-    fn a_period_claimed_after_a_later_one_in_the_other_cluster_is_noted() {
+    fn a_period_claimed_after_a_later_one_in_the_other_cluster_fails() {
         let mut obs = healthy();
         // East (standby) claimed period 6 after west had claimed period 8 (token 41).
         obs.claims[3].token = 45;
@@ -530,14 +528,12 @@ mod tests {
         obs.jobs[4].cluster = "west".into();
         obs.writes.clear();
         let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
-        assert_eq!(row.non_monotonic, 0, "{row:?}");
-        assert!(violations(&obs).is_empty(), "{:?}", violations(&obs));
+        assert_eq!(row.non_monotonic, 1, "{row:?}");
+        let v = violations(&obs);
         assert!(
-            row.notes
-                .iter()
-                .any(|n| n.contains("1 period(s) claimed with a token below")),
-            "{:?}",
-            row.notes
+            v.iter()
+                .any(|d| d.contains("claimed by east with token 45, not below token 41")),
+            "{v:?}"
         );
     }
 
