@@ -8,12 +8,11 @@
 //! The checker ([`super::dr_check`]) counts Jobs per period across both API servers.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use jiff::{SignedDuration, Timestamp};
 use kube::api::ListParams;
 use singleton::api::{Outcome as RunOutcome, SingletonJob};
@@ -23,7 +22,7 @@ use super::check::{Expect, JobSeen, Recorded, Write, WriteResult, recorded_note}
 use super::dr_check::{
     ClusterClaim, ClusterJob, ClusterRecord, DrObservations, evaluate_dr, first_run_in,
 };
-use super::world::write_with_retry;
+use super::world::{Check, Polled, poll_until, write_with_retry};
 use super::{Mode, Outcome};
 use crate::multicluster::SecondCluster;
 use crate::observer::{Observer, Seen, job_controller_runs, parse_job_name};
@@ -206,7 +205,14 @@ impl Drop for DrWorld {
     }
 }
 
-type Check<'a, T> = Pin<Box<dyn std::future::Future<Output = Result<Option<T>>> + 'a>>;
+impl Polled for DrWorld {
+    fn tick(&mut self) -> impl std::future::Future<Output = Result<()>> {
+        DrWorld::tick(self)
+    }
+    fn dump(&self) -> impl std::future::Future<Output = String> {
+        DrWorld::dump(self)
+    }
+}
 
 impl DrWorld {
     /// Both namespaces and backstop Secrets, the watches (synced before any Job can exist), the
@@ -330,24 +336,7 @@ impl DrWorld {
         timeout: Duration,
         check: impl for<'a> Fn(&'a DrWorld) -> Check<'a, T>,
     ) -> Result<T> {
-        let end = Instant::now() + timeout;
-        let mut last_err = None;
-        loop {
-            self.tick().await?;
-            match tokio::time::timeout(Duration::from_secs(5), check(self)).await {
-                Ok(Ok(Some(v))) => return Ok(v),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => last_err = Some(e),
-                Err(_) => last_err = Some(anyhow::anyhow!("check timed out")),
-            }
-            if Instant::now() > end {
-                bail!(
-                    "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
-                    self.dump().await
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        poll_until(self, what, timeout, check).await
     }
 
     /// Period -> clusters in which a Job of it ran, from the two watches.

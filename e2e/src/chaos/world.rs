@@ -5,7 +5,9 @@
 //! Afterwards [`World::observe`] reads the external truth for the checker.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -361,30 +363,9 @@ impl World {
         &mut self,
         what: &str,
         timeout: Duration,
-        check: impl for<'a> Fn(
-            &'a World,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<Option<T>>> + 'a>,
-        >,
+        check: impl for<'a> Fn(&'a World) -> Check<'a, T>,
     ) -> Result<T> {
-        let end = Instant::now() + timeout;
-        let mut last_err = None;
-        loop {
-            self.tick().await?;
-            match tokio::time::timeout(Duration::from_secs(5), check(self)).await {
-                Ok(Ok(Some(v))) => return Ok(v),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => last_err = Some(e),
-                Err(_) => last_err = Some(anyhow::anyhow!("check timed out")),
-            }
-            if Instant::now() > end {
-                bail!(
-                    "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
-                    self.dump().await
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        poll_until(self, what, timeout, check).await
     }
 
     /// The replica slot holding the Lease, if any.
@@ -1058,4 +1039,51 @@ async fn fenced_write(
         .get(0);
     tx.commit().await?;
     Ok(WriteResult::Accepted { seq })
+}
+
+/// A check of a world, polled by [`poll_until`]: `Some` once what is waited for holds.
+pub type Check<'a, T> = Pin<Box<dyn Future<Output = Result<Option<T>>> + 'a>>;
+
+/// A world the scenarios poll: one step of its supervision between tries, and what it shows
+/// when a wait fails.
+pub trait Polled {
+    fn tick(&mut self) -> impl Future<Output = Result<()>>;
+    fn dump(&self) -> impl Future<Output = String>;
+}
+
+impl Polled for World {
+    fn tick(&mut self) -> impl Future<Output = Result<()>> {
+        World::tick(self)
+    }
+    fn dump(&self) -> impl Future<Output = String> {
+        World::dump(self)
+    }
+}
+
+/// Waits (at most `timeout`) until `check` gives `Some`, ticking `world` before each try (each
+/// try bounded by 5 s). On time-out, fails with the last error and the world's dump.
+pub async fn poll_until<W: Polled, T>(
+    world: &mut W,
+    what: &str,
+    timeout: Duration,
+    check: impl for<'a> Fn(&'a W) -> Check<'a, T>,
+) -> Result<T> {
+    let end = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        world.tick().await?;
+        match tokio::time::timeout(Duration::from_secs(5), check(world)).await {
+            Ok(Ok(Some(v))) => return Ok(v),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => last_err = Some(e),
+            Err(_) => last_err = Some(anyhow::anyhow!("check timed out")),
+        }
+        if Instant::now() > end {
+            bail!(
+                "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
+                world.dump().await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
