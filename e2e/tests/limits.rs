@@ -285,7 +285,25 @@ async fn allow_keeps_at_most_max_active_runs_and_trigger_spam_waits() -> Result<
         },
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Never more: a negative check, so it waits for the controller to have decided three more
+    // periods (Skipped, MaxActive) after the new run, then counts the Jobs.
+    let skipped = counted(
+        &env.get_sj("a").await?.status.unwrap_or_default().history,
+        Outcome::Skipped,
+        "MaxActive",
+    );
+    env.wait_for(
+        "three more periods decided after the new run",
+        Duration::from_secs(30),
+        || async {
+            let status = env.get_sj("a").await?.status.unwrap_or_default();
+            Ok(
+                (counted(&status.history, Outcome::Skipped, "MaxActive") >= skipped + 3)
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
     let n = env.job_list().await?.len();
     ensure(&env, n == 2, ("Jobs after the freed slot", n)).await?;
     Ok(())
