@@ -227,24 +227,11 @@ fn multi_cluster<'a>(
                 Ok(Backstopped::Decided)
             }
             ClaimOutcome::NotYet { until } => Err(Error::StandbyWaiting { until }),
-            // G2 and G3: another cluster claimed a later period first (this cluster was late: a
-            // standby after its delay, or behind by its clock). Running this one now would give
-            // the older period the higher token, so it is recorded instead, as a later period
-            // supersedes late ones within a cluster. Its token never reached the fence.
             ClaimOutcome::Superseded {
                 period,
                 cluster,
                 token,
-            } => {
-                let later = naming::period_rfc3339(period);
-                let note = format!(
-                    "period {p} not run: cluster {cluster:?} had already claimed the later period {later} (token {token}) in the shared backstop, and tokens follow the periods"
-                );
-                let d = decided::Decision::new(Outcome::Missed, reason::SUPERSEDED, note)
-                    .elsewhere(cluster);
-                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
-                Ok(Backstopped::Decided)
-            }
+            } => superseded(ctx, &sj, &claim, period, cluster, token).await,
             ClaimOutcome::TookOver { cluster, token } => {
                 let note = format!(
                     "took period {p} over from cluster {cluster:?} (token {token}), whose claim was not confirmed within takeoverAfterSeconds; its token is fenced out"
@@ -270,6 +257,28 @@ fn multi_cluster<'a>(
             }
         }
     })
+}
+
+/// Step 4 when another cluster claimed a later period first (this cluster was late: a standby
+/// after its delay, or behind by its clock). G2 and G3: running this period now would give the
+/// older period the higher token, so it is recorded Missed instead, as a later period supersedes
+/// late ones within a cluster. Its token never reached the fence: nothing to retire.
+async fn superseded(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+    later: Timestamp,
+    cluster: String,
+    token: u64,
+) -> Result<Backstopped> {
+    let p = naming::period_rfc3339(claim.period.0);
+    let later = naming::period_rfc3339(later);
+    let note = format!(
+        "period {p} not run: cluster {cluster:?} had already claimed the later period {later} (token {token}) in the shared backstop, and tokens follow the periods"
+    );
+    let d = decided::Decision::new(Outcome::Missed, reason::SUPERSEDED, note).elsewhere(cluster);
+    decided::decide_without_job(ctx, sj, claim, d, None).await?;
+    Ok(Backstopped::Decided)
 }
 
 /// Step 4, re-claim: the pending claim is rewritten, by compare-and-swap, with a token above the

@@ -319,7 +319,8 @@ type Stream<'a> = std::iter::Peekable<Box<dyn Iterator<Item = Timestamp> + 'a>>;
 /// The output is the merge of the schedule and those streams. Every moved instant is later than
 /// the excluded day it comes from, so once the schedule stands on an allowed day no stream still
 /// to come can hold anything earlier than what the merge emits. An every-second schedule with a
-/// year of excluded days thus costs a few steps per period, not every instant of those days.
+/// year of excluded days thus costs a few steps per excluded day and per period, not every
+/// instant of those days.
 struct Shifted<'a> {
     schedule: &'a Schedule,
     exclusions: &'a Exclusions,
