@@ -331,6 +331,14 @@ impl<L: Lock> Elector<L> {
     /// restarts the local expiry clock, so a holder that stopped renewing expires after exactly
     /// one lease duration of local time, whatever its `renewTime` says.
     pub fn observe(&mut self, seen: Option<Versioned>, now: Instant) {
+        if let (Some(a), Some(b)) = (&self.observed, &seen)
+            && older(&b.resource_version, &a.resource_version)
+        {
+            // A late watch event: the record before one we already know (our own grant, or a
+            // read), not news. Taken as a change, it would show a leader the previous holder
+            // and make it step down for nothing.
+            return;
+        }
         let changed = match (&self.observed, &seen) {
             (Some(a), Some(b)) => a.resource_version != b.resource_version || a.record != b.record,
             (None, None) => false,
@@ -741,4 +749,11 @@ impl<L: Lock> Elector<L> {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Whether resourceVersion `a` is older than `b`. The API server's are integers that rise with
+/// every write (etcd's revision), and one object's versions are comparable; anything else is
+/// never judged older, so it counts as a change, as before.
+fn older(a: &str, b: &str) -> bool {
+    matches!((a.parse::<u64>(), b.parse::<u64>()), (Ok(a), Ok(b)) if a < b)
 }
