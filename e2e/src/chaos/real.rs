@@ -72,20 +72,28 @@ impl RealWorld {
         })
     }
 
-    /// A run of a period after `t` was allowed to run pods.
-    fn ran_since(&self, t: Timestamp) -> bool {
+    /// The first period after `t` whose run was allowed to run pods, if any.
+    fn ran_since(&self, t: Timestamp) -> Option<Timestamp> {
         self.observer
             .jobs()
             .iter()
-            .any(|j| j.ran && j.period.is_some_and(|p| p > t))
+            .filter(|j| j.ran)
+            .filter_map(|j| j.period.filter(|p| *p > t))
+            .min()
     }
 
-    async fn wait_ran_since(&self, what: &str, t: Timestamp, timeout: Duration) -> Result<()> {
+    /// Waits for a run of a period after `t`; that period.
+    async fn wait_ran_since(
+        &self,
+        what: &str,
+        t: Timestamp,
+        timeout: Duration,
+    ) -> Result<Timestamp> {
         wait(
             what,
             timeout,
             &[&self.s.work.ns, &self.s.env.ns],
-            || async { Ok(self.ran_since(t).then_some(())) },
+            || async { Ok(self.ran_since(t)) },
         )
         .await
     }
@@ -214,15 +222,22 @@ pub async fn run(fault: Fault, mode: Mode) -> Result<Outcome> {
     let fault_window = fault_began.elapsed();
     let healed = Timestamp::now();
     let mut unrecovered = None;
-    if let Err(e) = w
+    let after = match w
         .wait_ran_since("a run after the fault", healed, Duration::from_secs(120))
         .await
     {
-        eprintln!("chaos: {}: {e:#}", fault.name());
-        unrecovered = Some("no run started within 120 s of the fault".to_string());
-    }
+        Ok(period) => Some(period),
+        Err(e) => {
+            eprintln!("chaos: {}: {e:#}", fault.name());
+            unrecovered = Some("no run started within 120 s of the fault".to_string());
+            None
+        }
+    };
     tokio::time::sleep(mode.settle()).await;
-    let to = Timestamp::now() - SignedDuration::from_secs(4);
+    // The window ends 4 s back (periods that recent may not have their Job yet), but never
+    // before the run seen after the fault: with a 5 s schedule and the short form's settle, it
+    // would otherwise hold no period at all.
+    let to = (Timestamp::now() - SignedDuration::from_secs(4)).max(after.unwrap_or(Timestamp::MIN));
 
     let (mut writes, claims) = w.database().await?;
     mark_held(&mut writes, &stale);
