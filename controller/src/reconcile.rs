@@ -161,6 +161,11 @@ async fn first(ctx: &Arc<Context>, sj: &SingletonJob, db: &Availability) -> Resu
     if let Some(req) = ops::pending(sj, OperationKind::BreakLock) {
         return operate::break_lock(ctx, sj, req, db).await.map(Some);
     }
+    if let Some(b) = db.ready()
+        && Box::pin(run::decided::settle(ctx, sj, b)).await?
+    {
+        return Ok(Some(Action::await_change()));
+    }
     let Some(claim) = sj.status.as_ref().and_then(|s| s.pending_claim.clone()) else {
         return Ok(None);
     };
@@ -239,7 +244,8 @@ async fn decide_and_act(
     let blocked = blocked(sj, &seen.clock, &template, &seen.db);
     let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     // G3, F3: no outcome without its token's retirement (Correctness, backstop unavailable).
-    let hold = matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
+    let hold =
+        matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
     let held;
     let states = if hold {
         held = decide::hold_outcomes(&states);
@@ -340,8 +346,11 @@ async fn record(
             )
             .await;
     }
-    if let Some(b) = db.ready() {
-        record::mark_claims_recorded(status, b.target_id(), decided.created, now);
+    if let Some(b) = db.ready()
+        && record::claims_recorded_stale(status, &b.target_id())
+    {
+        let fence = Box::pin(b.fence(&sj.backstop_key())).await?;
+        record::mark_claims_recorded(status, b.target_id(), fence, decided.created, now);
     } else if matches!(db, Availability::NotConfigured) {
         status.claims_recorded = None;
     }

@@ -330,7 +330,10 @@ async fn unavailable(
     }
     if past_deadline(sj, &claim) {
         let note = format!("the backstop stayed unavailable past the starting deadline: {why}");
-        let d = decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note);
+        // The claim may have committed before the database stopped answering: its row is
+        // withdrawn once the database answers again (F10c).
+        let d =
+            decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note).unsettled();
         decided::decide_without_job(ctx, sj, &claim, d, None).await?;
         return Ok(Backstopped::Decided);
     }

@@ -645,7 +645,11 @@ async fn a_job_created_running_is_deleted_and_its_period_decided() {
         assert_eq!(body["propagationPolicy"], "Foreground");
         respond(send, 200, serde_json::to_vec(&job).unwrap());
         let (req, send) = next(&mut handle, "the decision").await;
-        assert_eq!(req.method(), http::Method::PUT, "a status write, never a resume");
+        assert_eq!(
+            req.method(),
+            http::Method::PUT,
+            "a status write, never a resume"
+        );
         let body: serde_json::Value =
             serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
         let st = &body["status"];

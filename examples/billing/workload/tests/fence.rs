@@ -306,9 +306,13 @@ async fn a_replacement_after_a_committed_attempt_writes_nothing() {
     let w = World::new("done").await;
     let jan = period("2025-01-01T02:00:00Z");
     w.claim(jan, 1).await;
-    let first = billing_workload::run(w.attempt(jan, 1, "pod-a", 0)).await.unwrap();
+    let first = billing_workload::run(w.attempt(jan, 1, "pod-a", 0))
+        .await
+        .unwrap();
     assert!(!first.already);
-    let second = billing_workload::run(w.attempt(jan, 1, "pod-b", 0)).await.unwrap();
+    let second = billing_workload::run(w.attempt(jan, 1, "pod-b", 0))
+        .await
+        .unwrap();
     assert!(second.already, "{second}");
     assert_eq!(second.invoices, 3);
     assert_eq!(w.committed_attempts(jan).await, ["pod-a"]);
@@ -339,12 +343,24 @@ async fn the_psql_script_registers_its_attempt_and_is_fenced_out_by_a_newer_one(
     };
     let ok = run("pod-a");
     let out = String::from_utf8_lossy(&ok.stdout);
-    assert!(ok.status.success(), "{out}{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(out.contains("registered as attempt #1"), "{out}");
-    assert!(out.contains("committed 3 invoice(s) under fence 1"), "{out}");
+    assert!(
+        out.contains("committed 3 invoice(s) under fence 1"),
+        "{out}"
+    );
     // A newer attempt registers (and finds the run's writes done); the older one, running
     // again, is refused before any write.
-    assert!(billing_workload::run(w.attempt(jan, 1, "pod-b", 0)).await.unwrap().already);
+    assert!(
+        billing_workload::run(w.attempt(jan, 1, "pod-b", 0))
+            .await
+            .unwrap()
+            .already
+    );
     let stale = run("pod-a");
     let err = String::from_utf8_lossy(&stale.stderr);
     assert!(!stale.status.success());
