@@ -246,6 +246,8 @@ async fn decide_and_act(
     // G3, F3: no outcome without its token's retirement (Correctness, backstop unavailable).
     let hold =
         matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
+    // A finished run held is recorded at the backstop's next probe: look again then.
+    let holding = hold && states.values().any(|s| *s != JobState::Active);
     let held;
     let states = if hold {
         held = decide::hold_outcomes(&states);
@@ -279,6 +281,10 @@ async fn decide_and_act(
     let hold = backstop_wait(&decided, &seen);
     let wake = plan.wake_at.map(|at| until(now, at));
     let wake = wake.map(|w| w.max(hold));
+    let wake = match holding {
+        true => Some(wake.map_or(hold, |w| w.min(hold)).max(HELD_RETRY)),
+        false => wake,
+    };
     if !hold.is_zero()
         && started.is_none()
         && !operating
@@ -650,6 +656,9 @@ async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Resu
     }
     Ok(())
 }
+
+/// The shortest wait before a run whose outcome is held (F3) is looked at again.
+const HELD_RETRY: Duration = Duration::from_secs(1);
 
 /// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.
 fn until(now: Timestamp, at: Timestamp) -> Duration {
