@@ -144,9 +144,13 @@ pub(super) async fn create(
 
 /// Step 6 when the API server returns the Job not suspended: admission (a mutating webhook, a
 /// queue's) cleared `spec.suspend`, so its pods may start before any confirm (G1: only the
-/// controller starts a run). It is deleted by uid before anything else, its token retired (its
-/// pods may have begun), and the period decided Failed (JobNotSuspended), with an Event naming
-/// the cause to fix.
+/// controller starts a run). In this order: its token is retired (its pods may have begun), the
+/// period is decided Failed (JobNotSuspended) with an Event, which clears the claim, and only then
+/// is the Job deleted by uid. Deleting first would free the period's name while the claim is
+/// still pending: a replica completing it would create a second Job of the period with the same,
+/// unretired token (the model check's `DeleteBeforeRetire`). Whoever stops here half-way leaves a
+/// pending claim whose completion finds this Job, not its own, and decides the period; or a Job
+/// of a decided period, which the sweep removes.
 async fn not_suspended(
     ctx: &Context,
     fresh: &SingletonJob,
@@ -155,15 +159,16 @@ async fn not_suspended(
     db: &Availability,
 ) -> Result<()> {
     let ns = fresh.metadata.namespace.clone().unwrap_or_default();
-    let fg = Propagation::Foreground;
-    kube_io::delete_job_uid(ctx, &ns, &claim.job_name, uid, fg, Lane::Create).await?;
     let note = format!(
         "the API server returned Job {} not suspended: an admission webhook or policy cleared spec.suspend at create, so it could start before its claim was confirmed; the Job was deleted and the period is decided Failed (exempt the controller's Jobs from that mutation, or use a queue through jobTemplate.spec.suspend: true)",
         claim.job_name
     );
     tracing::warn!(sj = %fresh.key(), job = %claim.job_name, "{note}");
     let d = decided::Decision::new(Outcome::Failed, reason::JOB_NOT_SUSPENDED, note).started();
-    decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await
+    decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
+    let fg = Propagation::Foreground;
+    kube_io::delete_job_uid(ctx, &ns, &claim.job_name, uid, fg, Lane::Create).await?;
+    Ok(())
 }
 
 /// What a create that found its name taken does.
@@ -213,6 +218,17 @@ fn name_taken<'a>(
                 .filter(|j| j.suspended && j.released != Some(true))
         {
             return Ok(Taken::Ours(job.uid.clone()));
+        }
+        // The claim's own Job, started by someone else before its confirm (a create that came
+        // back running and was not stopped yet, or a resumer): stopped as step 6 stops it.
+        if found == Some(claim.token)
+            && same_run
+            && let Some(job) = owned
+                .as_ref()
+                .filter(|j| !j.suspended && j.released != Some(true) && !j.deleting)
+        {
+            not_suspended(ctx, fresh, claim, &job.uid, db).await?;
+            return Ok(Taken::Decided);
         }
         if let Some(job) = owned
             .as_ref()

@@ -117,10 +117,13 @@ struct Stop {
 }
 
 /// Stops a run the controller did not start (G1: only the controller starts a run, after its
-/// confirm), or one it could not: its token is retired first, so nothing its pods write commits
-/// from now on (G3), then its Job is deleted by uid with its pods, and its period is decided with
-/// an Event. Under Correctness nothing is recorded until the retirement is written; the Job is
-/// stopped meanwhile anyway.
+/// confirm), or one it could not: in this order, its token is retired, so nothing its pods write
+/// commits from now on (G3), its period is decided with an Event (the run leaves `active` or the
+/// pending claim), and its Job is deleted by uid with its pods. Under Correctness nothing happens
+/// until the retirement can be written. Deleting before the status write would let a replica
+/// complete a pending claim with a new Job of the same token (the model check's
+/// `DeleteBeforeRetire`); a Job left behind by a stop cut short is one of a decided period, which
+/// the next sweep removes.
 async fn stop_run(
     ctx: &Context,
     sj: &SingletonJob,
@@ -131,21 +134,18 @@ async fn stop_run(
     db: &Availability,
 ) -> Result<()> {
     let ns = sj.namespace().unwrap_or_default();
-    let retired = match db {
+    match db {
         Availability::Ready(b) => {
             ctx.gate.check()?;
-            run::retire(sj, b, run.token).await.map(|()| true)
+            run::retire(sj, b, run.token).await?;
         }
-        Availability::NotConfigured => Ok(true),
-        Availability::Unavailable(_) => Ok(false),
-    };
-    let fg = Propagation::Foreground;
-    kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, fg, Lane::Create).await?;
-    if !retired? && sj.purpose() == crate::api::LockPurpose::Correctness {
-        return Err(Error::BackstopUnavailable(format!(
-            "Job {} is stopped; its token {} is retired before its outcome is recorded",
-            job.name, run.token
-        )));
+        Availability::Unavailable(why) if sj.purpose() == crate::api::LockPurpose::Correctness => {
+            return Err(Error::BackstopUnavailable(format!(
+                "Job {} is to be stopped once its token {} can be retired: {why}",
+                job.name, run.token
+            )));
+        }
+        _ => {}
     }
     let mut next = status.clone();
     next.pending_claim = next.pending_claim.filter(|p| p.job_name != run.job_name);
@@ -159,6 +159,8 @@ async fn stop_run(
     record::push_history(&mut next, entry.clone());
     kube_io::write_status(ctx, sj, next, Lane::Background).await?;
     crate::metrics::global().recorded(sj, &entry);
+    let fg = Propagation::Foreground;
+    kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, fg, Lane::Create).await?;
     tracing::warn!(sj = %sj.key(), job = %job.name, uid = %job.uid, "{}", stop.note);
     ctx.events
         .publish(
