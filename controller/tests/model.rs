@@ -5,11 +5,16 @@
 //! The API server's SingletonJob (its status, with a resourceVersion), its Job store (every Job
 //! ever created, in creation order: a Job's uid is its index there; a Job is suspended or was
 //! resumed, live or deleted, finished or not; a live Job holds its period's deterministic name, a
-//! deleted one frees it), the backstop (claim rows UNIQUE(period), the fence, and the highest
-//! retired token), a clock that makes [`PERIODS`] periods fall due, and [`ACTORS`] controller
-//! replicas. Status records per period Running(token) once a run is confirmed, Done(token) once
-//! its outcome is recorded (finished, Job gone, or Replaced), Missed, Deduplicated or
-//! ForeignJob; `active` and a claim's `replaces` are sets of Job uids.
+//! deleted one frees it), the backstop (claim rows UNIQUE(period), the fence, the highest retired
+//! token and the newest registered attempt), a clock that makes [`PERIODS`] periods fall due, and
+//! [`ACTORS`] controller replicas. Status records per period Running(token) once a run is
+//! confirmed, Done(token) once its outcome is recorded (finished, Job gone, or Replaced),
+//! Missed, Deduplicated or ForeignJob; `active` and a claim's `replaces` are sets of Job uids.
+//!
+//! With [`Config::pods`], the pods of the Jobs that run (issue 31): each is one attempt of its
+//! run, at most [`MAX_PODS`] per Job, with its phase as Kubernetes sees it (running,
+//! terminating, terminal) and whether its process still runs (it may, while terminating and,
+//! on a partitioned node, after a force delete).
 //!
 //! # The protocol (each numbered step is one atomic transition of one actor)
 //!
@@ -56,11 +61,29 @@
 //! foreign Job (token 0: an earlier incarnation's, a user's) appears under a period's name,
 //! suspended or running ([`Config::foreign`]), which is what step 7's other-token branches meet.
 //!
-//! Every Job that was ever resumed may make one fenced write at any later time, also after it
-//! finished or was deleted (a zombie pod). No transition is needed for it: a write changes
-//! nothing in the world (a run's token is never above the fence, which the G5 invariant checks),
-//! so the invariants ask in every state whether `singleton_fence(t)` (t >= fence and t >
-//! retired) would accept it.
+//! With pods, the Job controller, the kubelet and the workload ([`pod_steps`]) replace "a
+//! resumed Job finishes". The Job controller creates a pod for a live, unfinished, resumed Job
+//! when none of its pods is active by [`Replacement`]: `Failed` (what
+//! the controller sets) counts running and terminating pods, `TerminatingOrFailed`
+//! (Kubernetes' default) only running ones; with its pods used up and none active, the Job
+//! fails (backoff limit). A running pod is deleted or evicted (terminating, its process runs
+//! on), fails, or succeeds (its Job finishes). A terminating pod ends (its grace period over:
+//! terminal, its process gone) or, with [`Pods::partition`], is force-deleted (or removed by
+//! PodGC) while its process runs on a partitioned node: terminal to Kubernetes, not to the
+//! database. A deleted Job's running pods are terminating. With [`Workload::Attempts`] a pod
+//! whose process runs registers once (`<p>attempt(job, token, attempt)`): it becomes the
+//! backstop's newest attempt. A registration and each fenced transaction serialise on the fence
+//! row's lock, so each is one atomic step.
+//!
+//! Without pods, every Job that was ever resumed may make one fenced write at any later time,
+//! also after it finished or was deleted (a zombie pod). With pods, every pod whose process
+//! runs may (also a terminating one, and one force-deleted on a partition), and nothing else.
+//! No transition is needed for a write: it changes nothing in the world (a run's token is never
+//! above the fence, which the G5 invariant checks), so the invariants ask in every state whether
+//! the fence would accept it: `singleton_fence(t)` (t >= fence and t > retired), and with pods
+//! per [`Workload`]: `<p>fence(job, token, attempt)` also asks that the pod be the newest
+//! registered attempt of its token, `<p>fence(job, token)` that no attempt of the token
+//! registered (none does in that workload).
 //!
 //! # Invariants (checked in every state; a violation comes with a shortest trace to it)
 //!
@@ -75,6 +98,17 @@
 //! deleted by the controller before it ran; at quiescence every period is decided and no
 //! confirmed run is left suspended).
 //!
+//! With pods, G1 within a run (attempts are ordered by when they began: their registration
+//! with [`Workload::Attempts`], their creation with [`Workload::TokenOnly`]): no attempt's write
+//! is accepted once an attempt of its token began after it ([`Inv::AttemptsOverlap`]), and no
+//! two attempts of a token could both have a write accepted at once
+//! ([`Inv::TwoAttemptsWrite`]). With the attempt fence both hold for either replacement policy,
+//! also with a force delete on a partition. With the token-only fence they hold only with
+//! `Failed` and no partition; `TerminatingOrFailed` (a replacement beside a terminating pod
+//! whose process runs) and `Failed` with a force delete on a partition (Kubernetes sees the old
+//! pod terminal, its process runs on) let two attempts of one run write: F1, the reason the
+//! attempt fence exists, shown by `token_only_fence_lets_two_attempts_write`.
+//!
 //! # Bounds
 //!
 //! Two periods and two actors, every interleaving of them: crashes, pauses and leadership
@@ -83,12 +117,19 @@
 //! the fewest with a stale actor racing a current one. Steps are atomic and an actor keeps what
 //! it read, so the second actor can be in any stage with any resourceVersion it once read, and a
 //! crashed actor's claim is completed by the next reader; a third actor only adds stale actors
-//! side by side. Set [`ACTORS`] to 3 to check that: every configuration holds, in 36 million
-//! states and nine minutes of a debug build (at most 7 Jobs), against 0.7 million states and
-//! seconds with two. The fence rises at most once and one foreign row or Job appears at most
-//! once. Jobs are bounded by what the protocol creates (at most [`MAX_JOBS`], asserted; 5 are
-//! reached). The visited set holds each state in a canonical form ([`canon`]): resourceVersions
-//! as current or stale, actors in order.
+//! side by side. Set [`ACTORS`] to 3 to check that: every configuration without pods holds, in
+//! 36 million states and nine minutes of a debug build (at most 7 Jobs), against 0.7 million
+//! states and seconds with two. The fence rises at most once and one foreign row or Job appears
+//! at most once. Jobs are bounded by what the protocol creates (at most [`MAX_JOBS`], asserted;
+//! 5 are reached). The visited set holds each state in a canonical form ([`canon`]):
+//! resourceVersions as current or stale, actors in order.
+//!
+//! Pods: two per Job, the fewest with a replacement beside an older pod. Nothing of a Job whose
+//! token is fenced out (below the fence, or retired; both only rise) can pass the fence again,
+//! and the controller does not look at pods, so in the canonical form such a Job keeps no pods
+//! (it may still finish) and the newest attempt is dropped when it is one of its; the attempts'
+//! order is numbered without gaps, and a deleted Job's finished flag is dropped. Configurations
+//! with pods leave out the earlier incarnation's claim row (see [`pods`]).
 //!
 //! The broken variants ([`Broken`]) show that the checker is not vacuous: each one is caught,
 //! with a shortest trace, and each invariant catches at least one of them.
@@ -106,6 +147,8 @@ const ACTORS: usize = 2;
 const MAX_JOBS: usize = 8;
 /// The actors' names in traces (one more, "C", with three actors).
 const NAMES: [&str; ACTORS] = ["A", "B"];
+/// Pods (attempts) per Job, with pods modelled: the Job's backoff limit in the model.
+const MAX_PODS: usize = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Policy {
@@ -146,6 +189,38 @@ enum Broken {
     /// is above the status's (it read status before listing the Jobs, as the controller does, so
     /// a newer claim's Job can be in the list: only the token bound tells it apart).
     SweepUnbounded,
+    /// `<p>fence(job, token, attempt)` accepts any registered attempt of the token, not only the
+    /// newest.
+    NoAttemptCheck,
+}
+
+/// When the Job controller creates a replacement pod: the Job's `podReplacementPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Replacement {
+    /// Only once the previous pod is terminal: what the controller sets on every Job.
+    Failed,
+    /// As soon as the previous pod is terminating (deleted, evicted): Kubernetes' default.
+    TerminatingOrFailed,
+}
+
+/// What the workload's fenced transactions call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    /// Registers each attempt once at its start (`<p>attempt(job, token, attempt)`) and fences
+    /// with `<p>fence(job, token, attempt)`: the billing example.
+    Attempts,
+    /// Never registers; fences with `<p>fence(job, token)` (token-level only).
+    TokenOnly,
+}
+
+/// The pods of the Jobs that run, and the workload in them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pods {
+    replacement: Replacement,
+    workload: Workload,
+    /// A terminating pod may be force-deleted (or removed by PodGC) while its process still runs
+    /// on a partitioned node: Kubernetes sees it terminal, the process writes on.
+    partition: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -163,6 +238,9 @@ struct Config {
     /// With the backstop: an earlier incarnation's claim row (token 0) for a period may appear
     /// once.
     foreign_row: bool,
+    /// The pods of the Jobs that run (attempts), the Job's replacement policy and the workload's
+    /// fence. None: a Job that ran may write at any later time (one zombie pod, token-level).
+    pods: Option<Pods>,
     broken: Broken,
 }
 
@@ -191,10 +269,17 @@ enum Inv {
     G2Lost,
     /// G2 at quiescence: every period decided and no confirmed run left suspended.
     G2Quiet,
+    /// G1 within a run: a write of an attempt is accepted although an attempt of the same token
+    /// began after it (registered, with [`Workload::Attempts`]; was created, with
+    /// [`Workload::TokenOnly`]).
+    AttemptsOverlap,
+    /// G1 within a run: two attempts (pods whose process runs) of one token could both have a
+    /// write accepted now: not "at most one attempt at a time".
+    TwoAttemptsWrite,
 }
 
 impl Inv {
-    const ALL: [Inv; 11] = [
+    const ALL: [Inv; 13] = [
         Inv::G1,
         Inv::TokenRanTwice,
         Inv::RetiredRan,
@@ -206,6 +291,8 @@ impl Inv {
         Inv::G2Decided,
         Inv::G2Lost,
         Inv::G2Quiet,
+        Inv::AttemptsOverlap,
+        Inv::TwoAttemptsWrite,
     ];
 
     fn bit(self) -> u16 {
@@ -227,6 +314,10 @@ impl Inv {
             Inv::G2Decided => "G2: a decided period has neither a run nor a recorded outcome",
             Inv::G2Lost => "G2: a confirmed run's Job was deleted before it ran",
             Inv::G2Quiet => "G2: quiescent with a period undecided or a confirmed run not resumed",
+            Inv::AttemptsOverlap => {
+                "G1: an attempt's write accepted after a newer attempt of its run began"
+            }
+            Inv::TwoAttemptsWrite => "G1: two attempts of one run could both write at once",
         }
     }
 }
@@ -265,10 +356,18 @@ enum Cov {
     /// A Job was created with a token not above every earlier Job's: G3 holds over the Jobs
     /// that ran, not over every Job created.
     CreatedOutOfOrder,
+    /// A pod was created while an earlier pod of its Job was terminating, its process running.
+    ReplacedWhileTerminating,
+    /// A pod's process runs although Kubernetes sees it terminal (force delete on a partition).
+    ZombiePod,
+    /// Two pods of one Job ran at once.
+    TwoPodsAlive,
+    /// An attempt registered while an older attempt of its run still ran.
+    AttemptSuperseded,
 }
 
 impl Cov {
-    const ALL: [Cov; 15] = [
+    const ALL: [Cov; 19] = [
         Cov::Recreated,
         Cov::Adopted,
         Cov::ForeignDeleted,
@@ -284,6 +383,10 @@ impl Cov {
         Cov::Retired,
         Cov::StaleRefused,
         Cov::CreatedOutOfOrder,
+        Cov::ReplacedWhileTerminating,
+        Cov::ZombiePod,
+        Cov::TwoPodsAlive,
+        Cov::AttemptSuperseded,
     ];
 
     fn bit(self) -> u32 {
@@ -321,6 +424,30 @@ struct Status {
     recorded: [Rec; PERIODS as usize],
 }
 
+/// A pod's phase as Kubernetes sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+enum Phase {
+    #[default]
+    Running,
+    /// Deleted or evicted (a deletionTimestamp): its process may run on, for its grace period or
+    /// for as long as its node is partitioned.
+    Terminating,
+    /// Failed, succeeded, or gone (grace period over, force-deleted, PodGC).
+    Terminal,
+}
+
+/// A pod of a Job: one attempt of its run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Pod {
+    phase: Phase,
+    /// Its process runs, so it may still register and write: while running, while terminating,
+    /// and when force-deleted on a partitioned node.
+    alive: bool,
+    /// When it began, in order (1, 2, ...; 0: not yet): with [`Workload::Attempts`] its
+    /// registration (the database's order), with [`Workload::TokenOnly`] its creation.
+    begun: u8,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 struct Job {
     period: u8,
@@ -334,6 +461,9 @@ struct Job {
     confirmed: bool,
     /// Ghost: deleted as a replaced run (Replace).
     replaced: bool,
+    /// Its pods (attempts), in creation order.
+    pods: [Pod; MAX_PODS],
+    npods: u8,
 }
 
 /// An actor's program counter and local state.
@@ -455,6 +585,9 @@ struct State {
     retired: u8,
     bumped: bool,
     foreign: bool,
+    /// The backstop's newest registered attempt (`attempt`, `attempt_token` of the fence row):
+    /// 0 none, else [`attempt_id`] of the pod; it counts only while its token is the fence's.
+    newest: u8,
     /// Ghost: tokens (bits) whose run's outcome a status write recorded.
     done: u32,
     /// Ghost: invariants (bits of [`Inv`]) a transition broke, seen only at that moment.
@@ -481,6 +614,7 @@ fn initial() -> State {
         retired: 0,
         bumped: false,
         foreign: false,
+        newest: 0,
         done: 0,
         bad: 0,
         actors: [Pc::Idle; ACTORS],
@@ -489,6 +623,11 @@ fn initial() -> State {
 
 fn bit(uid: usize) -> u16 {
     1 << uid
+}
+
+/// The backstop's name of pod `i` of Job `uid` (its pod uid, `SINGLETON_ATTEMPT`).
+fn attempt_id(uid: usize, i: usize) -> u8 {
+    (uid * MAX_PODS + i + 1) as u8
 }
 
 fn uids(mask: u16) -> impl Iterator<Item = usize> {
@@ -520,6 +659,54 @@ impl State {
         (0..self.njobs as usize)
             .filter(|&u| self.jobs[u].live && !self.jobs[u].resumed)
             .fold(0, |m, u| m | bit(u))
+    }
+
+    /// Whether the fence would accept a fenced write of pod `i` of Job `uid` now (its process
+    /// must run): the token checks, then with [`Workload::Attempts`] the 3-argument fence (the
+    /// newest registered attempt of the token), with [`Workload::TokenOnly`] the 2-argument one
+    /// (refused once an attempt of the token registered, which no pod of this workload does).
+    fn pod_accepts(&self, cfg: &Config, uid: usize, i: usize) -> bool {
+        let job = &self.jobs[uid];
+        let pod = job.pods[i];
+        if !pod.alive || !fence_accepts(self, job.token) {
+            return false;
+        }
+        match cfg.pods.map(|p| p.workload) {
+            Some(Workload::Attempts) if cfg.broken == Broken::NoAttemptCheck => pod.begun != 0,
+            Some(Workload::Attempts) => self.newest == attempt_id(uid, i),
+            _ => self.newest_token() != Some(job.token),
+        }
+    }
+
+    /// The token of the newest registered attempt, if any.
+    fn newest_token(&self) -> Option<u8> {
+        (self.newest != 0).then(|| self.jobs[(self.newest as usize - 1) / MAX_PODS].token)
+    }
+
+    /// Whether some fenced write of Job `uid` would be accepted now: with pods, of a pod whose
+    /// process runs; without, of a Job that ran (a zombie pod may always be left).
+    fn may_write(&self, cfg: &Config, uid: usize) -> bool {
+        let job = &self.jobs[uid];
+        if cfg.pods.is_some() {
+            (0..job.npods as usize).any(|i| self.pod_accepts(cfg, uid, i))
+        } else {
+            job.resumed && fence_accepts(self, job.token)
+        }
+    }
+
+    /// Whether nothing with `token` can pass the fence again: the fence is above it or it is
+    /// retired (both only rise).
+    fn fenced_out(&self, token: u8) -> bool {
+        token < self.fence || token <= self.retired
+    }
+
+    /// The order number the next attempt to begin gets.
+    fn next_begun(&self) -> u8 {
+        let pods = self
+            .jobs()
+            .iter()
+            .flat_map(|j| j.pods[..j.npods as usize].iter());
+        pods.map(|p| p.begun).max().unwrap_or(0) + 1
     }
 
     /// The Jobs of `listed` that the sweeper deletes, judged by `status`.
@@ -572,12 +759,18 @@ impl State {
         j.resumed = true;
     }
 
-    /// Deletes Job `uid` if it still exists (a delete with a uid precondition).
+    /// Deletes Job `uid` if it still exists (a delete with a uid precondition). Its running
+    /// pods are terminating (their processes may run on).
     fn delete(&mut self, uid: usize, by_replace: bool) {
         let j = &mut self.jobs[uid];
         if j.live {
             j.live = false;
             j.replaced = by_replace;
+            for pod in &mut j.pods[..j.npods as usize] {
+                if pod.phase == Phase::Running {
+                    pod.phase = Phase::Terminating;
+                }
+            }
         }
     }
 
@@ -1251,15 +1444,134 @@ fn successors(cfg: &Config, s: &State, on: bool, cov: &mut u32, out: &mut Out) {
         }
     }
     for (u, job) in s.jobs().iter().enumerate() {
-        if job.live && job.resumed && !job.finished {
+        // With pods, a Job whose token is fenced out keeps none (see [`canon`]): it finishes
+        // (its pods fail or succeed) as a Job that ran does without pods.
+        let fenced = cfg.pods.is_some() && s.fenced_out(job.token);
+        if (cfg.pods.is_none() || fenced) && job.live && job.resumed && !job.finished {
             let mut n = *s;
             n.jobs[u].finished = true;
             out.push((n, say!(on, "{} finishes", j(s, u))));
         }
         if cfg.prune && job.live && job.finished && s.status.active & bit(u) == 0 {
             let mut n = *s;
-            n.jobs[u].live = false;
+            n.delete(u, false);
             out.push((n, say!(on, "finished {} is pruned", j(s, u))));
+        }
+    }
+    if let Some(pods) = cfg.pods {
+        pod_steps(&pods, s, on, out);
+    }
+}
+
+/// The Job controller, the kubelet and the workload: pods are created, deleted or evicted,
+/// fail, succeed, end after their grace period or are force-deleted on a partition, and each
+/// attempt of [`Workload::Attempts`] registers once (a step of the database: atomic, under the
+/// fence row's lock; refused, the attempt exits).
+fn pod_steps(pods: &Pods, s: &State, on: bool, out: &mut Out) {
+    for (u, job) in s.jobs().iter().enumerate() {
+        if s.fenced_out(job.token) {
+            continue;
+        }
+        let np = job.npods as usize;
+        let here = &job.pods[..np];
+        // The Job controller: a pod for a started, live, unfinished Job when none is active by
+        // the replacement policy; with the pods used up and none running, the Job fails.
+        let blocking = here.iter().any(|p| {
+            p.phase == Phase::Running
+                || (p.phase == Phase::Terminating && pods.replacement == Replacement::Failed)
+        });
+        if job.live && job.resumed && !job.finished && !blocking {
+            let mut n = *s;
+            if np < MAX_PODS {
+                let begun = if pods.workload == Workload::TokenOnly {
+                    s.next_begun()
+                } else {
+                    0
+                };
+                n.jobs[u].pods[np] = Pod {
+                    phase: Phase::Running,
+                    alive: true,
+                    begun,
+                };
+                n.jobs[u].npods += 1;
+                out.push((
+                    n,
+                    say!(on, "the Job controller creates pod {np} of {}", j(s, u)),
+                ));
+            } else {
+                n.jobs[u].finished = true;
+                out.push((n, say!(on, "{} fails (backoff limit)", j(s, u))));
+            }
+        }
+        for (i, pod) in here.iter().enumerate() {
+            let mut go = |f: &dyn Fn(&mut State), what: &str| {
+                let mut n = *s;
+                f(&mut n);
+                out.push((n, say!(on, "pod {i} of {} {what}", j(s, u))));
+            };
+            match pod.phase {
+                Phase::Running => {
+                    go(
+                        &|n| n.jobs[u].pods[i].phase = Phase::Terminating,
+                        "is deleted or evicted (its process runs on)",
+                    );
+                    go(
+                        &|n| {
+                            n.jobs[u].pods[i] = Pod {
+                                phase: Phase::Terminal,
+                                alive: false,
+                                ..n.jobs[u].pods[i]
+                            }
+                        },
+                        "fails",
+                    );
+                    go(
+                        &|n| {
+                            n.jobs[u].pods[i] = Pod {
+                                phase: Phase::Terminal,
+                                alive: false,
+                                ..n.jobs[u].pods[i]
+                            };
+                            n.jobs[u].finished = true;
+                        },
+                        "succeeds: its Job finishes",
+                    );
+                }
+                Phase::Terminating => {
+                    go(
+                        &|n| {
+                            n.jobs[u].pods[i] = Pod {
+                                phase: Phase::Terminal,
+                                alive: false,
+                                ..n.jobs[u].pods[i]
+                            }
+                        },
+                        "ends (grace period over)",
+                    );
+                    if pods.partition {
+                        go(
+                            &|n| n.jobs[u].pods[i].phase = Phase::Terminal,
+                            "is force-deleted (PodGC) while its process runs on a partitioned node",
+                        );
+                    }
+                }
+                Phase::Terminal => {}
+            }
+            // Its token is not fenced out (else the Job keeps no pods), so the registration is
+            // accepted: it becomes the newest attempt. (Once its token is fenced out, the
+            // registration would be refused and the attempt exit: the Job fails or finishes.)
+            if pods.workload == Workload::Attempts && pod.alive && pod.begun == 0 {
+                let mut n = *s;
+                n.newest = attempt_id(u, i);
+                n.jobs[u].pods[i].begun = s.next_begun();
+                let l = say!(
+                    on,
+                    "pod {i} of {} registers as attempt #{}",
+                    j(s, u),
+                    n.jobs[u].pods[i].begun
+                );
+                out.push((n, l));
+            }
         }
     }
 }
@@ -1296,6 +1608,44 @@ fn canon(cfg: &Config, mut s: State) -> State {
         }
         s.rv = 1;
     }
+    if cfg.pods.is_some() {
+        // Nothing of a Job whose token is fenced out can be accepted again, and the controller
+        // does not look at pods: its pods are dropped (it may still finish, see `successors`),
+        // and so is the newest attempt when it is one of them. Whether a deleted Job had
+        // finished matters to nobody.
+        for u in 0..s.njobs as usize {
+            if s.fenced_out(s.jobs[u].token) {
+                s.jobs[u].pods = [Pod::default(); MAX_PODS];
+                s.jobs[u].npods = 0;
+            }
+            if !s.jobs[u].live {
+                s.jobs[u].finished = false;
+            }
+        }
+        if s.newest_token().is_some_and(|t| s.fenced_out(t)) {
+            s.newest = 0;
+        }
+        // Only the order in which attempts began matters: numbered 1, 2, ... without gaps.
+        let mut order = [0u8; MAX_JOBS * MAX_PODS];
+        let mut k = 0;
+        for job in s.jobs() {
+            for pod in &job.pods[..job.npods as usize] {
+                if pod.begun != 0 {
+                    order[k] = pod.begun;
+                    k += 1;
+                }
+            }
+        }
+        let order = &mut order[..k];
+        order.sort_unstable();
+        for job in &mut s.jobs[..s.njobs as usize] {
+            for pod in &mut job.pods[..job.npods as usize] {
+                if pod.begun != 0 {
+                    pod.begun = order.iter().position(|&b| b == pod.begun).unwrap() as u8 + 1;
+                }
+            }
+        }
+    }
     let leader = s.actors[s.leader as usize];
     s.actors.sort_unstable();
     s.leader = s.actors.iter().position(|pc| *pc == leader).unwrap() as u8;
@@ -1325,21 +1675,25 @@ fn violations(cfg: &Config, s: &State) -> u16 {
                 out |= Inv::G3.bit();
             }
         }
-        if cfg.backstop {
-            if a.token > s.fence {
-                out |= Inv::G5Fence.bit();
+        if cfg.backstop && a.token > s.fence {
+            out |= Inv::G5Fence.bit();
+        }
+    }
+    // Every Job that ran whose write the fence would accept.
+    for (u, a) in s.jobs().iter().enumerate() {
+        if cfg.backstop && a.token != 0 && a.resumed && s.may_write(cfg, u) {
+            // The fence reaches a token before its Job exists, so a Job with a newer token
+            // (even one that never runs) means a newer token was issued to the fence.
+            if s.jobs().iter().any(|b| b.token > a.token) {
+                out |= Inv::FenceOlder.bit();
             }
-            if fence_accepts(s, a.token) {
-                // The fence reaches a token before its Job exists, so a Job with a newer token
-                // (even one that never runs) means a newer token was issued to the fence.
-                if s.jobs().iter().any(|b| b.token > a.token) {
-                    out |= Inv::FenceOlder.bit();
-                }
-                if s.done & 1 << a.token != 0 {
-                    out |= Inv::FenceRetired.bit();
-                }
+            if s.done & 1 << a.token != 0 {
+                out |= Inv::FenceRetired.bit();
             }
         }
+    }
+    if cfg.pods.is_some() {
+        out |= attempt_violations(cfg, s);
     }
     if s.jobs()
         .iter()
@@ -1363,6 +1717,28 @@ fn violations(cfg: &Config, s: &State) -> u16 {
     }
     if quiescent(cfg, s) && (s.status.decided < PERIODS || s.status.active != 0) {
         out |= Inv::G2Quiet.bit();
+    }
+    out
+}
+
+/// [`Inv::AttemptsOverlap`] and [`Inv::TwoAttemptsWrite`], over the pods whose write the fence
+/// would accept now.
+fn attempt_violations(cfg: &Config, s: &State) -> u16 {
+    let mut out = 0;
+    let pods = || {
+        s.jobs()
+            .iter()
+            .enumerate()
+            .flat_map(|(u, j)| (0..j.npods as usize).map(move |i| (u, i, j.token, j.pods[i])))
+    };
+    for (u, i, token, pod) in pods().filter(|&(u, i, _, _)| s.pod_accepts(cfg, u, i)) {
+        let same = || pods().filter(move |&(v, k, t, _)| t == token && (v, k) != (u, i));
+        if same().any(|(v, k, _, _)| s.pod_accepts(cfg, v, k)) {
+            out |= Inv::TwoAttemptsWrite.bit();
+        }
+        if pod.begun != 0 && same().any(|(_, _, _, q)| q.begun > pod.begun) {
+            out |= Inv::AttemptsOverlap.bit();
+        }
     }
     out
 }
@@ -1461,6 +1837,9 @@ fn explore(cfg: &Config, want: Option<Inv>) -> Report {
         {
             coverage |= Cov::StaleRefused.bit();
         }
+        if cfg.pods.is_some() {
+            coverage |= pod_coverage(&s);
+        }
         max_jobs = max_jobs.max(s.njobs as usize);
         successors(cfg, &s, false, &mut coverage, &mut out);
         for &(n, _) in &out {
@@ -1480,6 +1859,39 @@ fn explore(cfg: &Config, want: Option<Inv>) -> Report {
         coverage,
         max_jobs,
     }
+}
+
+/// The paths of [`Cov`] about pods that state `s` shows.
+fn pod_coverage(s: &State) -> u32 {
+    let mut out = 0;
+    for (u, job) in s.jobs().iter().enumerate() {
+        let here = &job.pods[..job.npods as usize];
+        if here.iter().any(|p| p.phase == Phase::Terminal && p.alive) {
+            out |= Cov::ZombiePod.bit();
+        }
+        if here.iter().filter(|p| p.alive).count() > 1 {
+            out |= Cov::TwoPodsAlive.bit();
+        }
+        // Pods are created only while no earlier one runs: a later pod beside a terminating
+        // one was created while it was terminating.
+        if here.len() > 1
+            && here[..here.len() - 1]
+                .iter()
+                .any(|p| p.phase == Phase::Terminating)
+        {
+            out |= Cov::ReplacedWhileTerminating.bit();
+        }
+        for (i, p) in here.iter().enumerate() {
+            if p.alive
+                && p.begun != 0
+                && s.newest != attempt_id(u, i)
+                && s.newest_token() == Some(job.token)
+            {
+                out |= Cov::AttemptSuperseded.bit();
+            }
+        }
+    }
+    out
 }
 
 /// The labels of the transitions from the initial state to `states[i]`.
@@ -1554,7 +1966,23 @@ fn cfg(policy: Policy, backstop: bool, prune: bool) -> Config {
         bump: backstop,
         foreign: !backstop,
         foreign_row: backstop,
+        pods: None,
         broken: Broken::None,
+    }
+}
+
+/// A configuration with pods (and so the backstop): the Job's replacement policy, the workload's
+/// fence, and whether a terminating pod may be force-deleted on a partition while its process
+/// runs. An earlier incarnation's claim row is left out (Deduplicated meets no pod).
+fn pods(policy: Policy, replacement: Replacement, workload: Workload, partition: bool) -> Config {
+    Config {
+        pods: Some(Pods {
+            replacement,
+            workload,
+            partition,
+        }),
+        foreign_row: false,
+        ..cfg(policy, true, false)
     }
 }
 
@@ -1570,7 +1998,11 @@ fn holds(configs: &[Config], reached: &[Cov]) -> u32 {
         total += r.states;
         union |= r.coverage;
         assert!(r.violation.is_none(), "{c:?}: {:?}", r.violation);
-        let more: &[Cov] = if c.backstop { &BACKSTOP } else { &FOREIGN };
+        let more: &[Cov] = match (c.pods, c.backstop) {
+            (Some(_), _) => &BACKSTOP[..3],
+            (None, true) => &BACKSTOP,
+            (None, false) => &FOREIGN,
+        };
         for cov in reached.iter().chain(more) {
             assert!(r.covered(*cov), "{c:?}: never reached {cov:?}");
         }
@@ -1645,6 +2077,68 @@ fn a_stale_leader_never_runs_a_deleted_job_again() {
     );
 }
 
+/// Paths every configuration with pods goes through: two pods of a Job run at once (one
+/// deleted or evicted, its process running on).
+const PODS: [Cov; 1] = [Cov::TwoPodsAlive];
+
+/// Issue 31, F1: the pods of a run. With attempts registered and the 3-argument fence, at most one
+/// attempt of a run writes at a time and none after a newer one began, whatever the Job's
+/// replacement policy and also for a pod force-deleted on a partition while its process runs:
+/// the attempt fence alone is enough.
+#[test]
+fn attempts_of_a_run_never_overlap() {
+    use Replacement::{Failed, TerminatingOrFailed};
+    let mut configs = Vec::new();
+    for policy in [Policy::Forbid, Policy::Replace] {
+        for replacement in [Failed, TerminatingOrFailed] {
+            configs.push(pods(policy, replacement, Workload::Attempts, true));
+        }
+    }
+    let mut reached = EVERYWHERE.to_vec();
+    reached.extend(PODS);
+    reached.extend([Cov::ZombiePod, Cov::AttemptSuperseded]);
+    let union = holds(&configs, &reached);
+    assert!(union & Cov::ReplacedWhileTerminating.bit() != 0);
+}
+
+/// The token-only fence (a workload that never registers) cannot tell two pods of one run
+/// apart. It holds only while Kubernetes never runs two of them: `podReplacementPolicy: Failed`
+/// and a pod that Kubernetes sees terminal has stopped (no force delete on a partition).
+#[test]
+fn token_only_fence_holds_with_failed_replacement_and_no_partition() {
+    let configs = [Policy::Forbid, Policy::Replace]
+        .map(|p| pods(p, Replacement::Failed, Workload::TokenOnly, false));
+    holds(&configs, &EVERYWHERE);
+}
+
+/// F1, the bug issue 31 fixes, shown: with the token-only fence, two attempts of one run write
+/// with `podReplacementPolicy: TerminatingOrFailed` (a replacement as soon as the old pod is
+/// deleted or evicted, its process running on), and with `Failed` too once a terminating pod is
+/// force-deleted on a partition (Kubernetes sees it terminal, its process runs on). These
+/// configurations are expected to fail, with a shortest trace.
+#[test]
+fn token_only_fence_lets_two_attempts_write() {
+    use Inv as I;
+    use Replacement::{Failed, TerminatingOrFailed};
+    let t = Instant::now();
+    let table = [
+        (TerminatingOrFailed, false),
+        (TerminatingOrFailed, true),
+        (Failed, true),
+    ];
+    for (replacement, partition) in table {
+        let c = pods(Policy::Forbid, replacement, Workload::TokenOnly, partition);
+        for inv in [I::TwoAttemptsWrite, I::AttemptsOverlap] {
+            let r = explore(&c, Some(inv));
+            show(&c, Some(inv), &r);
+            let (found, trace) = r.violation.expect("two attempts of a run must write");
+            assert_eq!(found, inv);
+            assert!(trace.len() > 1);
+        }
+    }
+    eprintln!("the token-only fence's F1 shown in {:.2?}", t.elapsed());
+}
+
 /// The broken variants, each with the configuration and the invariants it is caught by: every
 /// one of them is found, with a shortest trace, and every invariant is caught by some variant.
 #[test]
@@ -1652,6 +2146,12 @@ fn broken_variants_are_caught() {
     use Broken as B;
     use Inv as I;
     use Policy::{Forbid, Replace};
+    let attempts = pods(Forbid, Replacement::Failed, Workload::Attempts, true);
+    let pods_table: &[(Broken, Config, &[Inv])] = &[(
+        B::NoAttemptCheck,
+        attempts,
+        &[I::AttemptsOverlap, I::TwoAttemptsWrite],
+    )];
     let table: &[(Broken, Policy, bool, bool, &[Inv])] = &[
         // Issue 16: the Job created running, re-created by a stale claimer after pruning.
         (
@@ -1703,11 +2203,13 @@ fn broken_variants_are_caught() {
     ];
     let t = Instant::now();
     let mut fired = 0;
-    for &(broken, policy, backstop, prune, invs) in table {
-        let c = Config {
-            broken,
-            ..cfg(policy, backstop, prune)
-        };
+    let rows = table
+        .iter()
+        .map(|&(broken, policy, backstop, prune, invs)| {
+            (broken, cfg(policy, backstop, prune), invs)
+        });
+    for (broken, c, invs) in rows.chain(pods_table.iter().copied()) {
+        let c = Config { broken, ..c };
         for &inv in invs {
             let r = explore(&c, Some(inv));
             show(&c, Some(inv), &r);
