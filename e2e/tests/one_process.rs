@@ -765,3 +765,107 @@ async fn lease_holder(env: &Env) -> Result<Option<String>> {
         .await?
         .and_then(|l| l.spec?.holder_identity))
 }
+
+/// F13: under Replace without a backstop nothing fences the replaced run, so the new run must not
+/// start while the old run's pods still run. The old run's pod is held terminating (a finalizer,
+/// standing for a grace period or a node that stopped answering): no Job of the new run is
+/// created until the old Job, deleted in the foreground, is gone; a period that cannot wait longer
+/// is recorded Missed/ReplacedRunStillRunning; once the old pod goes, the new run starts.
+#[tokio::test]
+async fn a_replaced_run_without_a_backstop_is_gone_before_the_new_one_starts() -> Result<()> {
+    let mut env = Env::new("replace-gone").await?;
+    let watch = Observer::watch(env.client.clone(), &env.ns).await?;
+    env.start_controller(&[]).await?;
+    let spec = "  concurrencyPolicy: Replace\n";
+    env.create_sj(&never_scheduled(sj_yaml("repl", "*/5 * * * * *", spec)))
+        .await?;
+    let first = env
+        .wait_for("a first run", Duration::from_secs(40), || async {
+            let st = env.get_sj("repl").await?.status.unwrap_or_default();
+            Ok(st.active.first().cloned())
+        })
+        .await?;
+    // Its pod stays terminating until the test lets it go.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), &env.ns);
+    let pod = env
+        .wait_for("the first run's pod", Duration::from_secs(30), || async {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("job-name={}", first.job_name)))
+                .await?;
+            Ok(list.items.into_iter().next())
+        })
+        .await?;
+    let pod_name = pod.metadata.name.clone().context("pod name")?;
+    let hold = serde_json::json!({"metadata": {"finalizers": ["singleton.dev/e2e-hold"]}});
+    pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&hold))
+        .await?;
+    // The next period replaces it: the old Job is deleted, and stays (foreground) while its pod
+    // is held.
+    env.wait_for(
+        "the replace to delete the first run",
+        Duration::from_secs(30),
+        || async {
+            let job = env.jobs().get_opt(&first.job_name).await?;
+            Ok(job
+                .is_some_and(|j| j.metadata.deletion_timestamp.is_some())
+                .then_some(()))
+        },
+    )
+    .await?;
+    env.wait_for(
+        "a period that could not wait to be recorded",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("repl").await?;
+            Ok((with_reason(&sj, "ReplacedRunStillRunning") >= 1).then_some(()))
+        },
+    )
+    .await?;
+    let early: Vec<_> = watch
+        .jobs()
+        .into_iter()
+        .filter(|j| j.uid != first.job_uid.clone().unwrap_or_default())
+        .collect();
+    ensure(
+        &env,
+        early.is_empty(),
+        (
+            "a new run's Job created while the replaced run's pod still ran",
+            &early,
+        ),
+    )
+    .await?;
+    // The old pod goes; the next period starts its run.
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&release))
+        .await?;
+    env.wait_job_gone("the replaced run's Job", &first.job_name)
+        .await?;
+    let gone_at = Timestamp::now();
+    env.wait_for("the new run", Duration::from_secs(30), || async {
+        let later = watch
+            .jobs()
+            .into_iter()
+            .any(|j| j.uid != first.job_uid.clone().unwrap_or_default());
+        Ok(later.then_some(()))
+    })
+    .await?;
+    let created: Vec<Timestamp> = watch
+        .jobs()
+        .iter()
+        .filter(|j| j.uid != first.job_uid.clone().unwrap_or_default())
+        .filter_map(|j| j.created)
+        .collect();
+    ensure(
+        &env,
+        created
+            .iter()
+            .all(|c| *c >= gone_at - SignedDuration::from_secs(1)),
+        (
+            "new Jobs created before the replaced one was gone",
+            &created,
+            gone_at,
+        ),
+    )
+    .await
+}
