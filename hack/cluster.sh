@@ -272,14 +272,17 @@ start_all() {
     --leader-elect=false
   # kwok plays kubelet for nodes annotated kwok.x-k8s.io/node=fake only (a real node, should one
   # join, is left alone). The stages are kwokctl's defaults: pods become Running at once, pods owned
-  # by a Job then Succeeded at once; the node keeps Ready through a Lease renewed by kwok.
+  # by a Job then Succeeded at once; the node keeps Ready through a Lease renewed by kwok, every
+  # 5 s (a quarter of its 20 s duration), like the real nodes' kubelets (hack/node.sh): a node the
+  # KCM sees renewing for 20 s before it acts (--node-monitor-grace-period, 50 s by default) has
+  # missed three renewals, not one.
   # KWOK_WORKDIR keeps it from reading a user's ~/.kwok/kwok.yaml. It opens no port: no --node-port
   # or --server-address, so no kubelet API (logs/exec) is served.
   mkdir -p "$STATE/kwok"
   KWOK_WORKDIR=$STATE/kwok start kwok "$KWOK_DIR/kwok" \
     --kubeconfig="$KUBECONFIG_FILE" --config="$KWOK_DIR/stages.yaml" \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --node-lease-duration-seconds=40 --node-ip=127.0.0.1
+    --node-lease-duration-seconds=20 --node-ip=127.0.0.1
 
   kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1

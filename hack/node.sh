@@ -439,6 +439,10 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.availa
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 protectKernelDefaults: false
+# The Lease is renewed every 5 s (a quarter of its duration; 10 s by default), like kwok's node
+# (hack/cluster.sh): a frozen kubelet's node turns NotReady --node-monitor-grace-period after
+# its last renewal, give or take the KCM's 5 s monitor period.
+nodeLeaseDurationSeconds: 20
 EOF
 }
 
