@@ -23,9 +23,10 @@
 //!
 //! 1. Read status (and the Jobs) and decide (catchUp Latest). First, a Job the status's claims
 //!    know (the pending claim's period and token, or a uid in `active`) that runs without the
-//!    `released` mark is stopped (StartedBeforeConfirm): its token retired in the backstop, the
-//!    Job deleted by uid, then a CAS on the read resourceVersion clearing the claim that knew it
-//!    and deciding its period Failed (three steps, in that order). Else a pending claim is
+//!    `released` mark is stopped (StartedBeforeConfirm): its token retired in the backstop, then
+//!    a CAS on the read resourceVersion clearing the claim that knew it and deciding its period
+//!    Failed, then, once that write succeeded, the Job deleted by uid (three steps, in that
+//!    order; a 409 ends the stop with the Job left running, fenced out). Else a pending claim is
 //!    completed (on to 4). Else a run in `active` whose Job is still suspended is resumed (on to
 //!    9: a confirm whose resume was lost). Else runs whose Job finished or is gone are recorded
 //!    as Done, their tokens retired in the backstop first (a step of its own, before the status
@@ -35,17 +36,19 @@
 //! 3. Claim: compare-and-swap (CAS) on the read resourceVersion writing `pending`, the token and
 //!    the decided cursor. 409: back to idle.
 //! 4. Backstop: insert the claim row and advance the fence to the token, in one transaction. Our
-//!    own row: go on. Another token's row: record Deduplicated (CAS). No row but a fence at or
-//!    above the token (stale): re-claim the same period with max(status, fence) + 1 (a CAS of
-//!    its own), then 4 again.
+//!    own row: go on, unless its token is retired (a stop of the claim's Job retired it and did
+//!    not get to write its decision): then record the period Failed (CAS) without a Job. Another
+//!    token's row: record Deduplicated (CAS). No row but a fence at or above the token (stale):
+//!    re-claim the same period with max(status, fence) + 1 (a CAS of its own), then 4 again.
 //! 5. Re-read: go on only while `pending` is exactly this claim.
 //! 6. Replace: delete the Jobs of `pending.replaces`, by uid.
-//! 7. Create the Job suspended. Its name taken by a live Job: same token, adopt it; another token,
-//!    delete it (by uid, a step of its own, then create again) if it is suspended and step 5's
-//!    status knows it not (neither the pending claim's period and token nor a uid in `active`),
-//!    else record ForeignJob (CAS). A Job that comes back from create not suspended (a mutating
-//!    webhook cleared `suspend`) is stopped as in step 1 (JobNotSuspended): token retired, Job
-//!    deleted, period decided Failed by a CAS on step 5's resourceVersion.
+//! 7. Create the Job suspended. Its name taken by a live Job: same token, adopt it, or stop it as
+//!    in step 1 if someone else started it (`create::name_taken`); another token, delete it (by
+//!    uid, a step of its own, then create again) if it is suspended and step 5's status knows it
+//!    not (neither the pending claim's period and token nor a uid in `active`), else record
+//!    ForeignJob (CAS). A Job that comes back from create not suspended (a mutating webhook
+//!    cleared `suspend`) is stopped as in step 1 (JobNotSuspended): token retired, period decided
+//!    Failed by a CAS on step 5's resourceVersion, then the Job deleted.
 //! 8. Confirm: CAS on step 5's resourceVersion moving the claim to `active` with the Job's uid (and
 //!    the replaced runs out, as Done). 409: re-read; this uid in `active` goes on to 9, else the
 //!    Job (which never ran) is deleted by uid.
@@ -105,8 +108,10 @@
 //!
 //! [`Inv`]: G1 over Job uids (at most one Job of a period was ever resumed by the controller; a
 //! suspended Job created and deleted never ran); a token's Job is resumed at most once, and
-//! never once its token's outcome was recorded; G3 (tokens of the Jobs that ran increase in
-//! creation order; over every Job created it does not hold, [`Cov::CreatedOutOfOrder`]);
+//! never once its token's outcome was recorded, nor once the backstop retired it (G3: no Job
+//! carrying a retired token is started again, [`Inv::ResumedRetired`]); G3 (tokens of the Jobs
+//! that ran increase in creation order; over every Job created it does not hold,
+//! [`Cov::CreatedOutOfOrder`]);
 //! fencing, over every Job that ran, also one someone else started (a write is refused once a
 //! Job with a newer token exists, and once its own run's outcome was recorded: the equal-token
 //! case); G5 (never two runs at once, under Forbid and, because the old Job is deleted before
@@ -126,20 +131,35 @@
 //! pod terminal, its process runs on) let two attempts of one run write: F1, the reason the
 //! attempt fence exists, shown by `token_only_fence_lets_two_attempts_write`.
 //!
-//! With external resumers, only the controller starts a run, as far as the design can have it:
-//! a Job someone else unsuspends may run pods and have writes accepted before the controller
-//! sees it, and after (its stop retires its token in a later step than the read that found
-//! it); from the retirement on, nothing of it is accepted, and nothing once its period is
-//! decided (the fencing invariants above, over it too). What is guaranteed: fenced writes of
-//! no two Jobs of one period are accepted, at any two moments ([`Inv::ExternallyStarted`]), and
-//! such a Job, once confirmed, is never recorded as the period's run while it is still there
-//! ([`Inv::ExternalAdopted`]: it is stopped, its period Failed). What is not: a stop that
-//! retired its token and deleted a pending claim's Job but did not get to write the decision
-//! (a crash, a 409, lost leadership) leaves the claim pending, and its completion creates and
-//! resumes the period's Job again with the retired token ([`Cov::ResumedRetired`], reached):
-//! none of its writes passes the fence, but it runs, and the period is recorded by its outcome
-//! rather than Failed. The stop retires before it deletes for that reason: deleting first lets
-//! the completion's Job write beside the stopped one ([`Broken::DeleteBeforeRetire`]).
+//! With external resumers, only the controller starts a run, as far as the design can have it: a
+//! Job someone else unsuspends may run pods and have writes accepted before the controller sees it,
+//! and after (its stop retires its token in a later step than the read that found it); from the
+//! retirement on, nothing of it is accepted, and nothing once its period is decided (the fencing
+//! invariants above, over it too). What is guaranteed: fenced writes of no two Jobs of one period
+//! are accepted, at any two moments ([`Inv::ExternallyStarted`]); such a Job, once confirmed, is
+//! never recorded as the period's run while it is still there ([`Inv::ExternalAdopted`]: it is
+//! stopped, its period Failed); and no Job is resumed with a token a stop retired
+//! ([`Inv::ResumedRetired`]). Every stop retires, records (CAS), then deletes, so the period's name
+//! stays taken by the stopped Job until its claim is decided: a replica completing the claim
+//! meanwhile finds that Job (step 7 stops it too) or, past the retirement, its own row retired
+//! (step 4 decides the period Failed), and a confirm read before the decision loses to it. A stop
+//! cut short after its retirement (a crash, a 409, lost leadership) leaves the claim pending and
+//! the Job running, fenced out, until one of these decides it. Each other order is caught: deleting
+//! first lets the completion's Job write beside the stopped one ([`Broken::DeleteBeforeRetire`]);
+//! retiring, deleting, then recording (the sweep's order before) lets a completer that passed step
+//! 4 before the retirement create, confirm and resume a new Job with the retired token
+//! ([`Broken::DeleteBeforeRecord`], caught by [`Inv::ResumedRetired`] only: none of that Job's
+//! writes passes the fence). Without the retirement, the stopped Job's writes are accepted after
+//! its period is decided ([`Broken::StopWithoutRetire`], [`Inv::FenceRetired`]; with the record
+//! before the delete it no longer lets a second Job of the period write).
+//!
+//! What the design does not prevent (`a_pending_claims_job_deleted_by_someone_else_is_run_again`,
+//! the model's pruning of finished Jobs standing for a user): a pending claim's Job that someone
+//! else started and that someone other than the controller's stop deletes before the claim is
+//! decided leaves nothing in Kubernetes to stop, and the claim's completion creates, confirms
+//! and resumes the period's Job again with the same token. With no retirement before, both
+//! Jobs' writes are accepted ([`Inv::ExternallyStarted`]); past a stop's retirement cut short
+//! before its record, the new Job runs with the retired token ([`Inv::ResumedRetired`]).
 //!
 //! # Bounds
 //!
@@ -163,8 +183,11 @@
 //! order is numbered without gaps, and a deleted Job's finished flag is dropped. External
 //! resumers: one external start (either kind) in an execution; two were checked once (1.7 and
 //! 2.7 million states under Forbid and Replace, no partition: every invariant holds, at most 6
-//! Jobs). Configurations with pods leave out the earlier incarnation's claim row, and those with
-//! external resumers also the fence's rise by itself (see [`pods`]).
+//! Jobs). Configurations with pods leave out the earlier incarnation's claim row and the pruning
+//! of finished Jobs, and those with external resumers also the fence's rise by itself (see
+//! [`pods`]). With pruning, external resumers and the attempt fence, every invariant but
+//! [`Inv::ExternallyStarted`] and [`Inv::ResumedRetired`] was checked once to hold (Forbid,
+//! 5.9 million states); those two fail, as the test of the gap above shows.
 //!
 //! The broken variants ([`Broken`]) show that the checker is not vacuous: each one is caught,
 //! with a shortest trace, and each invariant catches at least one of them.
@@ -236,6 +259,10 @@ enum Broken {
     /// A Job that comes back from create not suspended is deleted first, its token retired
     /// after (then its period decided Failed).
     DeleteBeforeRetire,
+    /// Every stop of a Job started outside the controller retires its token, deletes the Job,
+    /// then records the decision (the sweep's order before the fix): the Job is gone while the
+    /// claim that knew it may still be pending.
+    DeleteBeforeRecord,
 }
 
 /// When the Job controller creates a replacement pod: the Job's `podReplacementPolicy`.
@@ -331,10 +358,13 @@ enum Inv {
     /// that someone else unsuspended while that Job is still there (it was adopted as the
     /// period's run instead of being stopped: deleted, its period decided Failed).
     ExternalAdopted,
+    /// G3 (no Job carrying a retired token is started again): the controller resumed a Job
+    /// whose token the backstop had retired (a stop retired it, the claim was completed anyway).
+    ResumedRetired,
 }
 
 impl Inv {
-    const ALL: [Inv; 15] = [
+    const ALL: [Inv; 16] = [
         Inv::G1,
         Inv::TokenRanTwice,
         Inv::RetiredRan,
@@ -350,6 +380,7 @@ impl Inv {
         Inv::TwoAttemptsWrite,
         Inv::ExternallyStarted,
         Inv::ExternalAdopted,
+        Inv::ResumedRetired,
     ];
 
     fn bit(self) -> u16 {
@@ -377,6 +408,7 @@ impl Inv {
             Inv::TwoAttemptsWrite => "G1: two attempts of one run could both write at once",
             Inv::ExternallyStarted => "G1: writes of two Jobs of one period were accepted",
             Inv::ExternalAdopted => "G1: a Job someone else started recorded as the period's run",
+            Inv::ResumedRetired => "G3: the controller resumed a Job whose token was retired",
         }
     }
 }
@@ -423,7 +455,7 @@ enum Cov {
     TwoPodsAlive,
     /// An attempt registered while an older attempt of its run still ran.
     AttemptSuperseded,
-    /// A Job someone else unsuspended was stopped (retired, deleted, decided Failed).
+    /// A Job someone else unsuspended was stopped (retired, decided Failed, deleted).
     ExternalStopped,
     /// A Job came back from create not suspended and was stopped.
     NotSuspendedAtCreate,
@@ -431,14 +463,15 @@ enum Cov {
     ResumeFoundStarted,
     /// Some fenced write of a Job someone else started was accepted.
     ExternalWrote,
-    /// The controller resumed a Job whose token the backstop had retired: a stop retired and
-    /// deleted a pending claim's Job and did not get to write its decision, and the claim was
-    /// completed (a known gap: no write of that Job passes the fence).
-    ResumedRetired,
+    /// Step 4 found its own claim row with a retired token (a stop retired it and did not get to
+    /// write its decision) and decided the period Failed without a Job.
+    RetiredClaimDecided,
+    /// Step 7 found the claim's own Job (its token) started by someone else and stopped it.
+    OwnJobStopped,
 }
 
 impl Cov {
-    const ALL: [Cov; 24] = [
+    const ALL: [Cov; 25] = [
         Cov::Recreated,
         Cov::Adopted,
         Cov::ForeignDeleted,
@@ -462,7 +495,8 @@ impl Cov {
         Cov::NotSuspendedAtCreate,
         Cov::ResumeFoundStarted,
         Cov::ExternalWrote,
-        Cov::ResumedRetired,
+        Cov::RetiredClaimDecided,
+        Cov::OwnJobStopped,
     ];
 
     fn bit(self) -> u32 {
@@ -654,12 +688,18 @@ enum Pc {
         rv: u16,
     },
     /// A Job someone else unsuspended, that `next`'s claims know: retire its token (unless
-    /// `retired`), delete it by uid, then write `next` (its period Failed) at `rv`.
+    /// `retired`), then write `next` (its period Failed, the claim that knew it gone) at `rv`,
+    /// then ([`Pc::StopDelete`]) delete it by uid. Broken::DeleteBeforeRecord deletes it before
+    /// the write.
     Stop {
         rv: u16,
         next: Status,
         uid: u8,
         retired: bool,
+    },
+    /// A stop's decision is written: delete its Job by uid.
+    StopDelete {
+        uid: u8,
     },
     /// Broken::DeleteBeforeRetire: step 7's Job came back from create not suspended: delete it
     /// by uid, then retire its token and write `next` (its period Failed) at `rv`.
@@ -782,14 +822,17 @@ impl State {
             .fold(0, |m, u| m | bit(u))
     }
 
+    /// Whether the controller sees Job `uid` as started by someone else: unsuspended without
+    /// its `released` mark.
+    fn outside(&self, cfg: &Config, uid: usize) -> bool {
+        cfg.external && cfg.broken != Broken::IgnoreExternalResume && self.jobs[uid].external
+    }
+
     /// Jobs that `status`'s claims know and someone else unsuspended (without the controller's
     /// `released` mark), as a list of Jobs shows them now: `observe::started_outside`.
     fn started_outside(&self, cfg: &Config, status: &Status) -> Option<usize> {
-        if !cfg.external || cfg.broken == Broken::IgnoreExternalResume {
-            return None;
-        }
         (0..self.njobs as usize)
-            .find(|&u| self.jobs[u].live && self.jobs[u].external && self.known(status, u))
+            .find(|&u| self.jobs[u].live && self.outside(cfg, u) && self.known(status, u))
     }
 
     /// Whether the fence would accept a fenced write of pod `i` of Job `uid` now (its process
@@ -886,6 +929,10 @@ impl State {
         let j = &mut self.jobs[uid];
         if !j.resumed && self.done & 1 << j.token != 0 {
             self.bad |= Inv::RetiredRan.bit();
+        }
+        // Without a backstop nothing is retired (0): every claim's token is above it.
+        if !j.resumed && j.token <= self.retired {
+            self.bad |= Inv::ResumedRetired.bit();
         }
         j.resumed = true;
     }
@@ -1018,9 +1065,9 @@ fn plan(cfg: &Config, s: &State) -> Pc {
 }
 
 /// The stop of Job `uid`, which someone else unsuspended, judged by `status` read at `rv`: its
-/// token retired (with the backstop), the Job deleted by uid, then the status written with the
-/// claim that knew it gone (pending cleared, or out of `active`) and its period decided Failed
-/// (StartedBeforeConfirm).
+/// token retired (with the backstop), then the status written by a CAS on `rv` with the claim
+/// that knew it gone (pending cleared, or out of `active`) and its period decided Failed
+/// (StartedBeforeConfirm), then the Job deleted by uid: `sweep::stop_run`.
 fn stop(cfg: &Config, s: &State, rv: u16, status: &Status, uid: usize) -> Pc {
     let job = s.jobs[uid];
     let mut next = *status;
@@ -1210,6 +1257,26 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
                 };
             } else {
                 match s.rows[p] {
+                    // Our own row, its token retired: a stop of the claim's Job (started by
+                    // someone else) retired it and did not get to write its decision. No Job is
+                    // created with a retired token: the period is decided Failed now.
+                    Some(t) if t == claim.token && claim.token <= s.retired => {
+                        *cov |= Cov::RetiredClaimDecided.bit();
+                        label = say!(
+                            on,
+                            "{name} finds its own claim row {} retired: decides it Failed",
+                            c(claim)
+                        );
+                        let mut next = base;
+                        next.pending = None;
+                        next.recorded[p] = Rec::Failed(claim.token);
+                        n.actors[a] = Pc::Write {
+                            rv,
+                            next,
+                            retire: 0,
+                            late: 0,
+                        };
+                    }
                     Some(t) if t == claim.token => {
                         label = say!(on, "{name} finds its own claim row {}", c(claim));
                         n.actors[a] = Pc::Recheck { claim };
@@ -1307,6 +1374,18 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
             n.actors[a] = Pc::Create { rv, base, claim };
         }
         Pc::Create { rv, base, claim } => match s.live_job(claim.period) {
+            // The claim's own Job, started by someone else before its confirm (a create that came
+            // back running and was not stopped yet, or a resumer): stopped as a create that comes
+            // back not suspended is (`create::name_taken`).
+            Some(u) if s.jobs[u].token == claim.token && s.outside(cfg, u) => {
+                *cov |= Cov::OwnJobStopped.bit();
+                label = say!(
+                    on,
+                    "{name} finds {} with its token started by someone else: stops it",
+                    j(s, u)
+                );
+                n.actors[a] = stop(cfg, s, rv, &base, u);
+            }
             Some(u) if s.jobs[u].token == claim.token => {
                 *cov |= Cov::Adopted.bit();
                 label = say!(on, "{name} finds {} with its token: adopts it", j(s, u));
@@ -1493,9 +1572,6 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
                 *cov |= Cov::ResumeFoundStarted.bit();
                 label = say!(on, "{name}'s resume of {}: already unsuspended", j(s, u));
             } else if s.jobs[u].live {
-                if cfg.backstop && s.jobs[u].token <= s.retired {
-                    *cov |= Cov::ResumedRetired.bit();
-                }
                 n.start(u);
                 label = say!(on, "{name} resumes {}", j(s, u));
             } else {
@@ -1565,17 +1641,34 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
                     uid,
                     retired: true,
                 };
-            } else {
+            } else if cfg.broken == Broken::DeleteBeforeRecord {
                 *cov |= Cov::ExternalStopped.bit();
                 n.delete(u, false);
-                label = say!(on, "{name} deletes {} by uid (stopped)", j(s, u));
+                label = say!(on, "{name} deletes {} by uid (stopped, broken)", j(s, u));
                 n.actors[a] = Pc::Write {
                     rv,
                     next,
                     retire: 0,
                     late: 0,
                 };
+            } else if n.cas(cfg, rv, next) {
+                label = say!(
+                    on,
+                    "{name} records the stop of {}: writes status {next:?} (rv {rv} -> {})",
+                    j(s, u),
+                    n.rv
+                );
+                n.actors[a] = Pc::StopDelete { uid };
+            } else {
+                label = say!(on, "{name}'s record of the stop of {} gets 409", j(s, u));
+                n.actors[a] = Pc::Idle;
             }
+        }
+        Pc::StopDelete { uid } => {
+            *cov |= Cov::ExternalStopped.bit();
+            n.delete(uid as usize, false);
+            label = say!(on, "{name} deletes {} by uid (stopped)", j(s, uid as usize));
+            n.actors[a] = Pc::Idle;
         }
         Pc::NotSuspended { rv, next, uid } => {
             let u = uid as usize;
@@ -2279,9 +2372,11 @@ fn cfg(policy: Policy, backstop: bool, prune: bool) -> Config {
 /// A configuration with pods (and so the backstop): the Job's replacement policy, the workload's
 /// fence, whether a terminating pod may be force-deleted on a partition while its process runs,
 /// and whether a Job may be started by someone else (once). An earlier incarnation's claim row
-/// is left out (Deduplicated meets no pod), and with external resumers so is the fence's rise
-/// by itself (it multiplies the states by five; from a pod's side it fences a token out as a
-/// retirement does, which the stops do).
+/// is left out (Deduplicated meets no pod), and so is pruning (with external resumers it
+/// multiplies the states by eleven, and reaches the gap that
+/// `a_pending_claims_job_deleted_by_someone_else_is_run_again` shows); with external resumers
+/// so is the fence's rise by itself (it multiplies the states by five; from a pod's side it
+/// fences a token out as a retirement does, which the stops do).
 fn pods(
     policy: Policy,
     replacement: Replacement,
@@ -2463,11 +2558,13 @@ fn token_only_fence_lets_two_attempts_write() {
 }
 
 /// Only the controller starts a run: a Job someone else unsuspends (or that comes back from
-/// create not suspended) is stopped, its token retired first, its period decided Failed; its
-/// pods may have written before, but no other Job of its period writes, nothing of it is
-/// accepted once its period is decided, and it is never recorded as the period's run. The
-/// known gap is reached: a stop that did not get to write its decision leaves the claim to be
-/// completed with the retired token ([`Cov::ResumedRetired`]; its Job never writes).
+/// create not suspended) is stopped, its token retired first, then its period decided Failed,
+/// then the Job deleted; its pods may have written before, but no other Job of its period
+/// writes, nothing of it is accepted once its period is decided, it is never recorded as the
+/// period's run, and no Job is resumed with its retired token. A stop cut short is finished by
+/// the claim's completion: step 7 finds the claim's own Job started by someone else and stops
+/// it ([`Cov::OwnJobStopped`]), step 4 finds the claim's own row retired and decides the period
+/// without a Job ([`Cov::RetiredClaimDecided`]).
 #[test]
 fn a_job_started_by_someone_else_is_stopped() {
     let configs = [Policy::Forbid, Policy::Replace]
@@ -2479,9 +2576,37 @@ fn a_job_started_by_someone_else_is_stopped() {
         Cov::NotSuspendedAtCreate,
         Cov::ResumeFoundStarted,
         Cov::ExternalWrote,
-        Cov::ResumedRetired,
+        Cov::RetiredClaimDecided,
+        Cov::OwnJobStopped,
     ]);
     holds(&configs, &reached);
+}
+
+/// What the stop's order cannot prevent: a pending claim's Job that someone else started (here a
+/// webhook at create) and that is then deleted by someone other than the controller's stop (a
+/// user; here the model's pruning of a finished Job, which stands for it) before any stop wrote
+/// its decision leaves nothing in Kubernetes to stop, and the claim's completion creates, confirms
+/// and resumes the period's Job again with the same token. If no stop retired the token, both
+/// Jobs' writes are accepted ([`Inv::ExternallyStarted`]); if a stop retired it and was cut short
+/// before its status write, the new Job runs with the retired token ([`Inv::ResumedRetired`]),
+/// none of its writes accepted. These configurations are expected to fail, with a shortest trace.
+#[test]
+fn a_pending_claims_job_deleted_by_someone_else_is_run_again() {
+    let t = Instant::now();
+    for policy in [Policy::Forbid, Policy::Replace] {
+        let c = Config {
+            prune: true,
+            ..pods(policy, Replacement::Failed, Workload::Attempts, true, true)
+        };
+        for inv in [Inv::ExternallyStarted, Inv::ResumedRetired] {
+            let r = explore(&c, Some(inv));
+            show(&c, Some(inv), &r);
+            let (found, trace) = r.violation.expect("the deleted Job's claim must run again");
+            assert_eq!(found, inv);
+            assert!(trace.iter().any(|l| l.ends_with("is pruned")));
+        }
+    }
+    eprintln!("the deleted Job's claim run again in {:.2?}", t.elapsed());
 }
 
 /// The broken variants, each with the configuration and the invariants it is caught by: every
@@ -2500,12 +2625,13 @@ fn broken_variants_are_caught() {
             &[I::AttemptsOverlap, I::TwoAttemptsWrite],
         ),
         (B::IgnoreExternalResume, external, &[I::ExternalAdopted]),
+        (B::StopWithoutRetire, external, &[I::FenceRetired]),
         (
-            B::StopWithoutRetire,
+            B::DeleteBeforeRetire,
             external,
-            &[I::FenceRetired, I::ExternallyStarted],
+            &[I::ExternallyStarted, I::ResumedRetired],
         ),
-        (B::DeleteBeforeRetire, external, &[I::ExternallyStarted]),
+        (B::DeleteBeforeRecord, external, &[I::ResumedRetired]),
     ];
     let table: &[(Broken, Policy, bool, bool, &[Inv])] = &[
         // Issue 16: the Job created running, re-created by a stale claimer after pruning.
