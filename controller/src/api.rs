@@ -509,11 +509,12 @@ fn job_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "properties": {
             "spec": {
                 "type": "object",
+                "description": "A batch/v1 JobSpec. Under lock.purpose: Correctness a run is one process at a time: parallelism and completions at most 1, podReplacementPolicy Failed.",
                 "x-kubernetes-preserve-unknown-fields": true,
                 "properties": {
-                    "parallelism": {"type": "integer", "format": "int32"},
-                    "completions": {"type": "integer", "format": "int32"},
-                    "podReplacementPolicy": {"type": "string"},
+                    "parallelism": {"type": "integer", "format": "int32", "description": "Pods running at once: 1 (or unset) under lock.purpose: Correctness."},
+                    "completions": {"type": "integer", "format": "int32", "description": "Pods that must succeed: 1 (or unset) under lock.purpose: Correctness."},
+                    "podReplacementPolicy": {"type": "string", "description": "When a replacement pod starts: Failed (the controller's default: only once the previous pod is terminal); TerminatingOrFailed is refused under lock.purpose: Correctness."},
                 },
             },
         },
@@ -791,11 +792,13 @@ pub struct SingletonJobStatus {
 }
 
 /// A claim whose backstop row may exist although its period was decided without a Job (see
-/// [`SingletonJobStatus::unsettled_claims`]).
+/// `unsettledClaims`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UnsettledClaim {
+    /// The period that was decided without a Job.
     pub period: MicroTime,
+    /// The token of its claim, retired when the claim is withdrawn.
     #[schemars(schema_with = "token_schema")]
     pub token: u64,
 }

@@ -271,7 +271,7 @@ impl Operations<'_> {
                 ops::backfill_range(self.schedule, from, to, self.decided_through).and_then(|r| {
                     let created = self.sj.metadata.creation_timestamp.as_ref().map(|t| t.0);
                     let recorded = self.status.claims_recorded.as_deref();
-                    ops::check_claims_recorded(r, created, recorded)
+                    ops::check_claims_recorded(r, created, recorded, req.before_creation)
                 })
             }
             (_, _, None) => Err("backfill needs from and to".into()),

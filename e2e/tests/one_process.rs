@@ -146,7 +146,7 @@ async fn a_job_started_by_someone_else_is_stopped_and_its_period_decided() -> Re
 async fn a_job_the_api_server_returns_running_is_deleted_and_its_period_decided() -> Result<()> {
     let mut env = Env::new("mutated").await?;
     let watch = Observer::watch(env.client.clone(), &env.ns).await?;
-    let _policy = UnsuspendPolicy::create(&env)?;
+    let _policy = unsuspend_at_create(&env)?;
     env.start_controller(&[]).await?;
     // One period, a few seconds ahead: the policy is loaded by then.
     let at = Timestamp::now() + SignedDuration::from_secs(6);
@@ -196,54 +196,60 @@ async fn a_job_the_api_server_returns_running_is_deleted_and_its_period_decided(
     .await
 }
 
-/// A MutatingAdmissionPolicy (and binding) for the test's namespace that sets `spec.suspend:
-/// false` on every Job created there; deleted when dropped.
-struct UnsuspendPolicy(String);
+/// A cluster-scoped admission policy and its binding to the test's namespace only, applied from
+/// YAML (`{name}` and `{ns}` filled in); both deleted when dropped.
+struct Policy {
+    kind: &'static str,
+    name: String,
+}
 
-impl UnsuspendPolicy {
-    fn create(env: &Env) -> Result<UnsuspendPolicy> {
-        let name = format!("e2e-unsuspend-{}", env.ns);
-        let yaml = format!(
-            r#"apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingAdmissionPolicy
-metadata: {{name: {name}, labels: {{singleton.dev/e2e: "true"}}}}
-spec:
+impl Policy {
+    fn apply(env: &Env, kind: &'static str, tag: &str, yaml: &str) -> Result<Policy> {
+        let name = format!("e2e-{tag}-{}", env.ns);
+        let binding = format!(
+            "---\napiVersion: admissionregistration.k8s.io/v1\nkind: {kind}Binding\nmetadata: {{name: {name}, labels: {{singleton.dev/e2e: \"true\"}}}}\nspec:\n  policyName: {name}\n{extra}  matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n",
+            extra = if kind == "ValidatingAdmissionPolicy" {
+                "  validationActions: [Deny]\n"
+            } else {
+                ""
+            },
+            ns = env.ns
+        );
+        let head = format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}\nmetadata: {{name: {name}, labels: {{singleton.dev/e2e: \"true\"}}}}\n"
+        );
+        let file = env.log_dir().join(format!("{tag}-policy.yaml"));
+        std::fs::write(&file, format!("{head}{yaml}{binding}"))?;
+        run_ok(kubectl().args(["apply", "-f"]).arg(&file))?;
+        Ok(Policy { kind, name })
+    }
+}
+
+impl Drop for Policy {
+    fn drop(&mut self) {
+        let (kind, name) = (self.kind.to_lowercase(), &self.name);
+        let _ = kubectl()
+            .args(["delete", "--ignore-not-found", "--wait=false"])
+            .arg(format!("{kind}binding/{name}"))
+            .arg(format!("{kind}/{name}"))
+            .output();
+    }
+}
+
+/// A MutatingAdmissionPolicy that sets `spec.suspend: false` on every Job created.
+fn unsuspend_at_create(env: &Env) -> Result<Policy> {
+    let spec = r#"spec:
   matchConstraints:
     resourceRules:
-    - {{apiGroups: [batch], apiVersions: [v1], operations: [CREATE], resources: [jobs]}}
+    - {apiGroups: [batch], apiVersions: [v1], operations: [CREATE], resources: [jobs]}
   failurePolicy: Fail
   reinvocationPolicy: Never
   mutations:
   - patchType: JSONPatch
     jsonPatch:
-      expression: '[JSONPatch{{op: "add", path: "/spec/suspend", value: false}}]'
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingAdmissionPolicyBinding
-metadata: {{name: {name}, labels: {{singleton.dev/e2e: "true"}}}}
-spec:
-  policyName: {name}
-  matchResources:
-    namespaceSelector:
-      matchLabels: {{kubernetes.io/metadata.name: {ns}}}
-"#,
-            ns = env.ns
-        );
-        let file = env.log_dir().join("unsuspend-policy.yaml");
-        std::fs::write(&file, yaml)?;
-        run_ok(kubectl().args(["apply", "-f"]).arg(&file))?;
-        Ok(UnsuspendPolicy(name))
-    }
-}
-
-impl Drop for UnsuspendPolicy {
-    fn drop(&mut self) {
-        let _ = kubectl()
-            .args(["delete", "--ignore-not-found", "--wait=false"])
-            .arg(format!("mutatingadmissionpolicybinding/{}", self.0))
-            .arg(format!("mutatingadmissionpolicy/{}", self.0))
-            .output();
-    }
+      expression: '[JSONPatch{op: "add", path: "/spec/suspend", value: false}]'
+"#;
+    Policy::apply(env, "MutatingAdmissionPolicy", "unsuspend", spec)
 }
 
 /// F2, the queue's contract: a queue-managed template (`spec.suspend: true`, a Kueue queue label)
@@ -492,7 +498,7 @@ async fn a_precreated_job_with_the_periods_name_and_token_is_never_run() -> Resu
 #[tokio::test]
 async fn a_refused_resume_is_decided_at_its_bound_not_retried_for_ever() -> Result<()> {
     let mut env = Env::new("refused").await?;
-    let _policy = DenyResume::create(&env)?;
+    let _policy = deny_resume(&env)?;
     env.start_controller(&[]).await?;
     env.create_sj(&sj_yaml(
         "refused",
@@ -529,53 +535,19 @@ async fn a_refused_resume_is_decided_at_its_bound_not_retried_for_ever() -> Resu
     .await
 }
 
-/// A ValidatingAdmissionPolicy (and binding) for the test's namespace that denies clearing
-/// `spec.suspend` on Jobs, with a message that mentions a test; deleted when dropped.
-struct DenyResume(String);
-
-impl DenyResume {
-    fn create(env: &Env) -> Result<DenyResume> {
-        let name = format!("e2e-deny-resume-{}", env.ns);
-        let yaml = format!(
-            r#"apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {{name: {name}, labels: {{singleton.dev/e2e: "true"}}}}
-spec:
+/// A ValidatingAdmissionPolicy that denies clearing `spec.suspend` on Jobs, with a message that
+/// mentions a test.
+fn deny_resume(env: &Env) -> Result<Policy> {
+    let spec = r#"spec:
   failurePolicy: Fail
   matchConstraints:
     resourceRules:
-    - {{apiGroups: [batch], apiVersions: [v1], operations: [UPDATE], resources: [jobs]}}
+    - {apiGroups: [batch], apiVersions: [v1], operations: [UPDATE], resources: [jobs]}
   validations:
   - expression: "!(oldObject.spec.suspend == true && object.spec.suspend == false)"
     message: "resuming Jobs is frozen during the load test window"
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {{name: {name}, labels: {{singleton.dev/e2e: "true"}}}}
-spec:
-  policyName: {name}
-  validationActions: [Deny]
-  matchResources:
-    namespaceSelector:
-      matchLabels: {{kubernetes.io/metadata.name: {ns}}}
-"#,
-            ns = env.ns
-        );
-        let file = env.log_dir().join("deny-resume-policy.yaml");
-        std::fs::write(&file, yaml)?;
-        run_ok(kubectl().args(["apply", "-f"]).arg(&file))?;
-        Ok(DenyResume(name))
-    }
-}
-
-impl Drop for DenyResume {
-    fn drop(&mut self) {
-        let _ = kubectl()
-            .args(["delete", "--ignore-not-found", "--wait=false"])
-            .arg(format!("validatingadmissionpolicybinding/{}", self.0))
-            .arg(format!("validatingadmissionpolicy/{}", self.0))
-            .output();
-    }
+"#;
+    Policy::apply(env, "ValidatingAdmissionPolicy", "deny-resume", spec)
 }
 
 /// F6: a workload on a node that died mid-transaction keeps its database session, and so the

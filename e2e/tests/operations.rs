@@ -182,7 +182,9 @@ async fn trigger_runs_now_and_a_backfill_repeated_starts_nothing_new() -> Result
     )
     .await?;
 
-    // backfill the last three days: each daily period once, oldest first, each its own token.
+    // backfill the last three days (before the SingletonJob existed: asked for explicitly, as
+    // someone who knows they never ran): each daily period once, oldest first, each its own
+    // token.
     let now = Timestamp::now();
     let from = (now - SignedDuration::from_hours(72)).to_string();
     let to = now.to_string();
@@ -210,6 +212,7 @@ async fn trigger_runs_now_and_a_backfill_repeated_starts_nothing_new() -> Result
             &from,
             "--to",
             &to,
+            "--before-creation",
             "--wait",
             "--timeout",
             "90s",
@@ -267,6 +270,7 @@ async fn trigger_runs_now_and_a_backfill_repeated_starts_nothing_new() -> Result
             &from,
             "--to",
             &to,
+            "--before-creation",
             "--wait",
             "--timeout",
             "90s",

@@ -118,41 +118,17 @@ impl Backstop {
                     )
                     .await
                     .map_err(pg)?;
-                if row.is_some_and(|r| r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i)
+                if row
+                    .is_some_and(|r| r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i)
                 {
                     return Ok(());
                 }
                 // A fresh snapshot, taken after the row lock: a registration that held it has
                 // committed and is seen here.
-                let started = tx
-                    .query_opt(
-                        &format!(
-                            "SELECT attempt FROM {} WHERE job = $1 AND token = $2 ORDER BY seq LIMIT 1",
-                            t.attempts
-                        ),
-                        &[&job, &token_i],
-                    )
+                not_started(&tx, &t, job, token).await?;
+                tx.execute(&super::retire_sql(&t), &[&job, &token_i])
                     .await
                     .map_err(pg)?;
-                if let Some(first) = started {
-                    return Err(Error::RunStarted {
-                        job: job.to_string(),
-                        token,
-                        attempt: first.get(0),
-                    });
-                }
-                tx.execute(
-                    &format!(
-                        "INSERT INTO {} AS f (job, token, retired) VALUES ($1, $2, $2) \
-                         ON CONFLICT ON CONSTRAINT {}fences_pkey DO UPDATE \
-                         SET token = greatest(f.token, EXCLUDED.token), \
-                             retired = greatest(f.retired, EXCLUDED.retired)",
-                        t.fences, t.prefix
-                    ),
-                    &[&job, &token_i],
-                )
-                .await
-                .map_err(pg)?;
                 tx.commit().await.map_err(pg)
             }
             .await;
@@ -181,20 +157,7 @@ impl Backstop {
                 )
                 .await
                 .map_err(pg)?;
-                let started = tx
-                    .query_opt(
-                        &format!("SELECT attempt FROM {} WHERE job = $1 AND token = $2 LIMIT 1", t.attempts),
-                        &[&job, &token_i],
-                    )
-                    .await
-                    .map_err(pg)?;
-                if let Some(first) = started {
-                    return Err(Error::RunStarted {
-                        job: job.to_string(),
-                        token,
-                        attempt: first.get(0),
-                    });
-                }
+                not_started(&tx, &t, job, token).await?;
                 tx.execute(
                     &format!("DELETE FROM {} WHERE job = $1 AND period = $2 AND token = $3", t.claims),
                     &[&job, &period, &token_i],
@@ -280,6 +243,34 @@ impl Backstop {
             ended.push(Ended { holder, result });
         }
         Ok(ended)
+    }
+}
+
+/// Refuses ([`Error::RunStarted`]) when an attempt of `job`'s run with `token` registered; to be
+/// asked under the fence row's lock, which every registration takes.
+async fn not_started(
+    tx: &tokio_postgres::Transaction<'_>,
+    t: &super::schema::Tables,
+    job: &str,
+    token: u64,
+) -> Result<()> {
+    let first = tx
+        .query_opt(
+            &format!(
+                "SELECT attempt FROM {} WHERE job = $1 AND token = $2 ORDER BY seq LIMIT 1",
+                t.attempts
+            ),
+            &[&job, &to_i64(token)?],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, false))?;
+    match first {
+        Some(row) => Err(Error::RunStarted {
+            job: job.to_string(),
+            token,
+            attempt: row.get(0),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -449,16 +449,7 @@ impl Backstop {
                     return Ok(());
                 }
                 client
-                    .execute(
-                        &format!(
-                            "INSERT INTO {} AS f (job, token, retired) VALUES ($1, $2, $2) \
-                             ON CONFLICT ON CONSTRAINT {}fences_pkey DO UPDATE \
-                             SET token = greatest(f.token, EXCLUDED.token), \
-                                 retired = greatest(f.retired, EXCLUDED.retired)",
-                            t.fences, t.prefix
-                        ),
-                        &[&job, &token_i],
-                    )
+                    .execute(&retire_sql(&t), &[&job, &token_i])
                     .await
                     .map_err(pg)?;
                 Ok(())
@@ -716,6 +707,18 @@ fn upsert_fence_sql(t: &Tables) -> String {
          ON CONFLICT ON CONSTRAINT {}fences_pkey \
          DO UPDATE SET token = EXCLUDED.token WHERE f.token < EXCLUDED.token \
          RETURNING f.token",
+        t.fences, t.prefix
+    )
+}
+
+/// Retires the token `$2` of job `$1` (and raises the fence to it if it is lower): never lowers
+/// either.
+fn retire_sql(t: &Tables) -> String {
+    format!(
+        "INSERT INTO {} AS f (job, token, retired) VALUES ($1, $2, $2) \
+         ON CONFLICT ON CONSTRAINT {}fences_pkey DO UPDATE \
+         SET token = greatest(f.token, EXCLUDED.token), \
+             retired = greatest(f.retired, EXCLUDED.retired)",
         t.fences, t.prefix
     )
 }

@@ -128,6 +128,11 @@ enum Cmd {
         /// Wait until every period of the range is done, not only until the backfill is accepted.
         #[arg(long)]
         wait: bool,
+        /// Also run periods before the SingletonJob was created. Only if you know they never ran:
+        /// an earlier SingletonJob of the same name, or another scheduler (a CronJob being
+        /// replaced), may have run them without a claim row. Recorded with who asked.
+        #[arg(long)]
+        before_creation: bool,
         #[command(flatten)]
         ns: Namespace,
         #[command(flatten)]
@@ -358,10 +363,13 @@ async fn ask(cluster: &Cluster, cmd: Cmd, now: jiff::Timestamp) -> Result<String
             from,
             to,
             wait,
+            before_creation,
             ns,
             op,
         } => {
-            let req = cluster.backfill_request(from, to, now).await?;
+            let req = cluster
+                .backfill_request(from, to, before_creation, now)
+                .await?;
             let kind = OperationKind::Backfill;
             operate(cluster, &namespace(ns), &name, kind, req, op, wait).await
         }

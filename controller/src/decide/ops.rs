@@ -122,6 +122,11 @@ pub struct Request {
     /// Rerun: fence and delete the period's run if it is still active, instead of refusing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replace: bool,
+    /// Backfill: the range may hold periods before the SingletonJob was created. The asker says
+    /// they never ran (an earlier SingletonJob of the same name, or another scheduler, may have
+    /// run them without a claim row): only then are they run, each still once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub before_creation: bool,
 }
 
 /// An RFC 3339 instant, with an error that says so (rather than serde's "invalid type").
@@ -357,6 +362,7 @@ pub fn check_claims_recorded(
     range: (Timestamp, Timestamp, u64),
     created: Option<Timestamp>,
     recorded: Option<&crate::api::ClaimsRecorded>,
+    before_creation: bool,
 ) -> Result<(Timestamp, Timestamp, u64), String> {
     let Some(since) = recorded.map(|r| r.since.0) else {
         return Err(
@@ -364,13 +370,22 @@ pub fn check_claims_recorded(
                 .into(),
         );
     };
-    let (first, _, _) = range;
-    if let Some(created) = created.filter(|c| first < *c && *c <= since) {
+    let (first, last, _) = range;
+    let before = created.filter(|c| first < *c && *c <= since);
+    if let Some(created) = before.filter(|_| !before_creation) {
         return Err(format!(
-            "the range starts before this SingletonJob was created ({created}): an earlier SingletonJob of the same name may have run those periods without a claim row, so a backfill could run them twice; backfill from {since} on"
+            "the range starts before this SingletonJob was created ({created}): an earlier SingletonJob of the same name (or another scheduler) may have run those periods without a claim row, so a backfill could run them twice; backfill from {since} on, or, if you know they never ran, ask again with --before-creation"
         ));
     }
-    if first < since {
+    // Asked for before the creation: the periods of the SingletonJob's own life are still
+    // judged by `since`.
+    let lived_before_since = created.is_none_or(|c| last >= c) && since > created.unwrap_or(since);
+    if before.is_some() && lived_before_since {
+        return Err(format!(
+            "the backstop has recorded every run of this SingletonJob only since {since} (status.claimsRecorded): periods of its life before it may have run without a claim row, so a backfill could run them twice; backfill from {since} on"
+        ));
+    }
+    if before.is_none() && first < since {
         return Err(format!(
             "the backstop has recorded every run of this SingletonJob only since {since} (status.claimsRecorded): periods before it may have run without a claim row, so a backfill could run them twice; backfill from {since} on"
         ));
@@ -1002,7 +1017,7 @@ mod tests {
         // Created with the backstop: every period it lived through is in the claims table.
         let fresh = recorded("2026-01-01T00:00:00Z");
         let lived = range("2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z");
-        assert!(check_claims_recorded(lived, created, Some(&fresh)).is_ok());
+        assert!(check_claims_recorded(lived, created, Some(&fresh), false).is_ok());
         // The backstop came (or moved, or a run went without its claim) on 1 March: periods of
         // January and February may have run without a claim row.
         let late = recorded("2026-03-01T00:00:00Z");
@@ -1010,6 +1025,7 @@ mod tests {
             range("2026-02-01T00:00:00Z", "2026-04-01T00:00:00Z"),
             created,
             Some(&late),
+            false,
         )
         .unwrap_err();
         assert!(err.contains("only since 2026-03-01T00:00:00Z"), "{err}");
@@ -1017,12 +1033,13 @@ mod tests {
             check_claims_recorded(
                 range("2026-03-01T00:00:00Z", "2026-04-01T00:00:00Z"),
                 created,
-                Some(&late)
+                Some(&late),
+                false
             )
             .is_ok()
         );
         assert!(
-            check_claims_recorded(lived, created, None).is_err(),
+            check_claims_recorded(lived, created, None, false).is_err(),
             "not yet recorded"
         );
     }
@@ -1042,11 +1059,22 @@ mod tests {
             ("2025-10-01T00:00:00Z", "2025-12-01T00:00:00Z"),
             ("2025-12-01T00:00:00Z", "2026-02-01T00:00:00Z"),
         ] {
-            let err = check_claims_recorded((t(a), t(b), 3), created, Some(&fresh)).unwrap_err();
+            let err =
+                check_claims_recorded((t(a), t(b), 3), created, Some(&fresh), false).unwrap_err();
             assert!(
                 err.contains("before this SingletonJob was created"),
                 "{err}"
             );
+            assert!(err.contains("--before-creation"), "says how to ask: {err}");
+            // Asked for by someone who knows they never ran: allowed, each still once.
+            assert!(check_claims_recorded((t(a), t(b), 3), created, Some(&fresh), true).is_ok());
         }
+        // The opt-in covers the time before the creation only, not a life without the backstop.
+        let late = crate::api::ClaimsRecorded {
+            since: t("2026-03-01T00:00:00Z").into(),
+            target: "sha256:x".into(),
+        };
+        let across = (t("2025-12-01T00:00:00Z"), t("2026-02-01T00:00:00Z"), 3);
+        assert!(check_claims_recorded(across, created, Some(&late), true).is_err());
     }
 }

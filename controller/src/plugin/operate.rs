@@ -43,6 +43,7 @@ impl Cluster {
         &self,
         from: Timestamp,
         to: Timestamp,
+        before_creation: bool,
         now: Timestamp,
     ) -> Result<Request, PluginError> {
         if from > to {
@@ -53,6 +54,7 @@ impl Cluster {
         let mut req = new_request(self.whoami().await, now);
         req.from = Some(from);
         req.to = Some(to);
+        req.before_creation = before_creation;
         Ok(req)
     }
 

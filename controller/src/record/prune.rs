@@ -40,7 +40,11 @@ pub async fn prune_jobs(ctx: &Context, sj: &SingletonJob) -> Result<()> {
                 .pending_claim
                 .as_ref()
                 .is_some_and(|r| r.job_name == name);
-        if !owned || busy {
+        // A Job carrying a token above the status's was claimed after this copy of the status was
+        // read (its claim may still be pending or its outcome unrecorded): never this copy's to
+        // prune, as `observe::unknown` never removes one (found by the model check).
+        let newer = job::token(&job).is_none_or(|t| t > status.fencing_token);
+        if !owned || busy || newer {
             continue;
         }
         let Some(job_uid) = job.metadata.uid.clone() else {

@@ -268,5 +268,7 @@ fn a_wiped_status_is_not_taken_for_a_new_singletonjob() {
     assert_eq!(since, Some(now));
     let range = (t("2030-01-01T06:00:00Z"), t("2030-01-01T06:00:00Z"), 1);
     let recorded = wiped.claims_recorded.as_deref();
-    assert!(crate::decide::ops::check_claims_recorded(range, Some(created), recorded).is_err());
+    assert!(
+        crate::decide::ops::check_claims_recorded(range, Some(created), recorded, false).is_err()
+    );
 }

@@ -23,11 +23,14 @@ use crate::{Error, Result};
 /// 2. Token  : one above every issued token (status and backstop fence)               G3
 /// 3. Fence  : the backstop's fence rises to it and it is retired: from now on
 ///             singleton_fence refuses every older token, whatever its holder does.
-///             A stuck run holding the fence row is stopped first (4), then 3 again.  G5
-/// 4. Stop   : delete the pending claim's Job and the active runs' Jobs               G5
-/// 5. Record : one resourceVersion-guarded status write: the new token, the stopped
+///             A stuck run holding the fence row is stopped first (5), the sessions
+///             holding the fence ended, then 3 again.                              G5
+/// 4. Record : one resourceVersion-guarded status write: the new token, the stopped
 ///             runs as Failed/LockBroken, no pending claim, the operation Done. A 409
 ///             redoes it all: raising a fence twice only skips a token number.         G3
+/// 5. Stop   : delete the pending claim's Job and the active runs' Jobs (foreground),
+///             only once 4 is written: deleted before it, a pending claim's name would
+///             be free for its completion to create a Job with a retired token.   G1, G5
 /// ```
 pub async fn break_lock(
     ctx: &Context,
@@ -50,7 +53,7 @@ pub async fn break_lock(
     let before = status.fencing_token.max(fence);
     let token = crate::backstop::next_token(before)?;
 
-    // 4 before 3 when the stuck run holds the fence row in an open transaction.
+    // 5 before 3 when the stuck run holds the fence row in an open transaction.
     let mut stopped: Vec<RunRef> = std::mem::take(&mut status.active);
     stopped.extend(status.pending_claim.take());
     if let Availability::Ready(b) = db {
@@ -65,10 +68,7 @@ pub async fn break_lock(
         }
     }
 
-    // 4. Stop.
-    stop_runs(ctx, &ns, &stopped).await?;
-
-    // 5. Record.
+    // 4. Record.
     let now = Timestamp::now();
     for run in &stopped {
         status
@@ -100,10 +100,13 @@ pub async fn break_lock(
     op.updated = Some(now.into());
     status.operations.break_lock = Some(op.clone());
     kube_io::write_status(ctx, sj, status, Lane::Claim).await?;
-    // Like a confirmed claim: a cached copy from before this write (a Job deletion above can
+    // Like a confirmed claim: a cached copy from before this write (a Job deletion below can
     // trigger a reconcile before the watch delivers it) would break the lock again and skip a
     // token.
     ctx.own_writes.remember(sj, token);
+
+    // 5. Stop.
+    stop_runs(ctx, &ns, &stopped).await?;
     for _ in &stopped {
         crate::metrics::global().run_finished(sj, Outcome::Failed);
     }

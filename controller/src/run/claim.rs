@@ -86,7 +86,7 @@ pub(super) async fn backstop_claim(
             // stop of its Job (started by someone else) retired it and did not get to record the
             // decision. No Job is created with a retired token: the period is decided now.
             Ok(ClaimOutcome::Duplicate { token, .. })
-                if token == claim.token && Box::pin(b.retired(&key)).await? >= token =>
+                if token == claim.token && Box::pin(retired_itself(b, &key, token)).await? =>
             {
                 let p = naming::period_rfc3339(period);
                 let note = format!(
@@ -124,6 +124,13 @@ pub(super) async fn backstop_claim(
         "the backstop's fence kept rising above the claim of {}",
         claim.job_name
     )))
+}
+
+/// Whether `token` itself was retired: it is still the stored fence and the retired mark reached
+/// it. A token merely below the fence (a later claim, possibly another cluster's, raised and
+/// retired its own) is not: its claim may still be completed, as ever.
+async fn retired_itself(b: &crate::backstop::Backstop, key: &str, token: u64) -> Result<bool> {
+    Ok(b.fence(key).await? == token && b.retired(key).await? >= token)
 }
 
 /// Who claims in the backstop: this cluster (`--cluster-id`) under the SingletonJob's
