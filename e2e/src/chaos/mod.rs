@@ -778,11 +778,11 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
                 None => (0, 0),
             };
             cluster("resume", "etcd").await?;
-            inj.proofs.push(evidence::pause_proof(
-                &format!("etcd (pid {pid:?})"),
-                samples,
-                stopped,
-            ));
+            let what = pid.map_or("etcd (no live pid before the pause)".to_string(), |p| {
+                format!("etcd (pid {p})")
+            });
+            inj.proofs
+                .push(evidence::pause_proof(&what, samples, stopped));
         }
         Fault::PostgresStop => {
             let before = postmaster_started().await;
@@ -918,7 +918,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
             inj.proofs.push(Proof::new(
                 wiped == 2 * rounds,
                 format!(
-                    "{wiped} of {} status wipes took (the API server's answer had an empty status)",
+                    "{wiped} of {} status wipes took (the API server's answer kept no token, cursor or history)",
                     2 * rounds
                 ),
             ));

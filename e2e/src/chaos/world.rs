@@ -588,8 +588,9 @@ impl World {
     /// with an editor that replaces the status by `{}`. kubectl sends the difference as a merge
     /// patch of the status subresource without a resourceVersion, so it lands whatever the
     /// controller wrote meanwhile. Whether it wiped anything: the object kubectl printed (the
-    /// API server's answer to the patch) has an empty status, and kubectl did not say "Edit
-    /// cancelled" (nothing to change: the status was empty already, so nothing was wiped).
+    /// API server's answer to the patch) has a status with nothing the controller remembers
+    /// ([`wiped`]), and kubectl did not say "Edit cancelled" (nothing to change: the status was
+    /// empty already, so nothing was wiped).
     pub async fn wipe_status(&self, sj: &str) -> Result<bool> {
         let editor = self.env.log_dir().join("wipe-status.sh");
         // kubectl prints JSON with 4-space indents and the keys in order, so the status is the
@@ -628,9 +629,7 @@ impl World {
         }
         let printed: serde_json::Value = serde_json::from_slice(&out.stdout)
             .with_context(|| format!("kubectl edit printed no object for {sj}"))?;
-        Ok(printed
-            .get("status")
-            .is_none_or(|st| st.as_object().is_some_and(|o| o.is_empty())))
+        Ok(wiped(printed.get("status")))
     }
 
     /// Has every SingletonJob started a run (a Job with a period, seen running) after `t`, or
@@ -958,6 +957,23 @@ pub async fn committed_attempts(
             committed_at: r.get(6),
         })
         .collect())
+}
+
+/// Whether a SingletonJob's status holds nothing of the controller's memory: no token (the
+/// CRD's default `fencingToken: 0` and `activeCount: 0` come back at once), no cursor, no history,
+/// no active run.
+fn wiped(status: Option<&serde_json::Value>) -> bool {
+    let Some(st) = status else { return true };
+    let zero = |k: &str| st.get(k).is_none_or(|v| v.as_u64() == Some(0));
+    let empty = |k: &str| {
+        st.get(k)
+            .is_none_or(|v| v.is_null() || v.as_array().is_some_and(|a| a.is_empty()))
+    };
+    zero("fencingToken")
+        && zero("activeCount")
+        && st.get("decidedThrough").is_none_or(|v| v.is_null())
+        && empty("history")
+        && empty("active")
 }
 
 /// A proxy on loopback to the API server of the current kubeconfig.
@@ -1407,6 +1423,18 @@ pub async fn poll_until<W: Polled, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wiped_status_keeps_only_the_defaults() {
+        let v = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert!(wiped(None));
+        assert!(wiped(Some(&v(r#"{"activeCount":0,"fencingToken":0}"#))));
+        assert!(!wiped(Some(&v(r#"{"activeCount":0,"fencingToken":5}"#))));
+        assert!(!wiped(Some(&v(
+            r#"{"fencingToken":0,"decidedThrough":"2026-12-05T02:26:28Z"}"#
+        ))));
+        assert!(!wiped(Some(&v(r#"{"history":[{"period":"x"}]}"#))));
+    }
 
     #[test]
     fn fence_errors_are_told_apart() {
