@@ -76,6 +76,16 @@ pub enum Error {
     #[error("backstop: {0}")]
     Backstop(String),
 
+    /// A run decided as never started has an attempt registered in the backstop: its Job did
+    /// run (another replica completed the claim). Its token is not retired and nothing is
+    /// recorded; the replica that knows the run records it.
+    #[error("the run of job {job} with fencing token {token} has started (attempt {attempt} registered): it is not decided as never run")]
+    RunStarted {
+        job: String,
+        token: u64,
+        attempt: String,
+    },
+
     /// Multi-cluster standby: the period is not this cluster's to claim until the database's
     /// clock reaches `until` (`spec.backstop.standbyDelaySeconds`). Retried then.
     #[error("standby: period not claimable here before {until} (database time)")]
@@ -101,6 +111,7 @@ impl Error {
             Error::StaleToken { .. } => "StaleToken",
             Error::BackstopConfig(_) => "BackstopConfig",
             Error::Backstop(_) => "Backstop",
+            Error::RunStarted { .. } => "RunStarted",
             Error::StandbyWaiting { .. } => "StandbyWaiting",
         }
     }

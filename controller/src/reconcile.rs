@@ -65,7 +65,9 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if let Some(behind) = observe::behind(&status, &owned) {
         return Box::pin(raise_to_jobs(&ctx, &sj, status, behind, now)).await;
     }
-    Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned)).await?;
+    if Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned, &db)).await? {
+        return Ok(Action::await_change());
+    }
 
     let seen = Seen {
         clock,
@@ -221,11 +223,31 @@ async fn decide_and_act(
         // Nothing will change until the spec does.
         return Ok(Action::await_change());
     };
+    // An edit of the schedule or its excluded days moves no period decided before it (F9).
+    let fp = decide::fingerprint_with(&sj.spec, &schedule);
+    let floor = decide::shift_floor(
+        &fp,
+        status.schedule_fingerprint.as_deref(),
+        status.decided_through.as_ref().map(|t| t.0),
+        status.shifts_after.as_ref().map(|t| t.0),
+        now,
+    );
+    status.shifts_after = floor.map(Into::into);
+    let schedule = schedule.with_shift_floor(floor);
     let template = Box::pin(judge_template(ctx, sj, &mut status, now)).await?;
     let states = Box::pin(observe::runs::active_job_states(ctx, sj, &status.active)).await?;
     let blocked = blocked(sj, &seen.clock, &template, &seen.db);
     let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
-    let plan = plan(sj, &schedule, &status, now, created, blocked, &states);
+    // G3, F3: no outcome without its token's retirement (Correctness, backstop unavailable).
+    let hold = matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
+    let held;
+    let states = if hold {
+        held = decide::hold_outcomes(&states);
+        &held
+    } else {
+        &states
+    };
+    let plan = plan(sj, &schedule, &status, now, created, blocked, states);
     let decided = Decided {
         schedule,
         template,
@@ -234,7 +256,7 @@ async fn decide_and_act(
         plan,
     };
 
-    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, &states)).await?;
+    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
     let operating = ops::in_progress(&status.operations);
     let plan = &decided.plan;
@@ -286,11 +308,11 @@ async fn record(
     if let Some(b) = db.ready()
         && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
     {
+        ctx.gate.check()?;
         Box::pin(run::retire(sj, b, token)).await?;
     }
     let new_entries = record::apply_plan(&sj.spec, status, plan, states, now);
-    let (key, window) = (sj.key(), sj.spec.jitter_window());
-    let jitter = |t| crate::schedule::jitter(&key, t, window);
+    let jitter = |t| sj.jitter(t);
     let next = record::next_times(status, &decided.schedule, jitter, now);
     crate::metrics::global().next_run(sj, next);
     let facts = Facts {
@@ -488,7 +510,9 @@ fn plan(
     blocked: Option<Waiting>,
     states: &HashMap<String, JobState>,
 ) -> Plan {
-    let key = sj.key();
+    // The period's jitter follows the backstop's job key, as the idempotency key does: two
+    // clusters' SingletonJobs of one jobKey (different names) pick the same offset (F8).
+    let key = sj.backstop_key();
     let obs = Observed {
         now,
         key: &key,

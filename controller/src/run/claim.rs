@@ -54,6 +54,9 @@ pub(super) async fn backstop_claim(
     let key = sj.backstop_key();
     let claimer = claimer(ctx, &sj, &claim);
     for _ in 0..=RECLAIMS {
+        // Database writes pass the gate as Kubernetes writes do (F4): a replica that lost the
+        // Lease while it waited does not claim.
+        ctx.gate.check()?;
         let claimed = claim_once(b, &key, &claim, &claimer).await;
         match claimed {
             // Multi-cluster (docs/multi-cluster.md).
@@ -144,6 +147,7 @@ pub(super) async fn confirm_in_backstop(
     }
     let key = sj.backstop_key();
     let period = claim.period.0;
+    ctx.gate.check()?;
     if Box::pin(b.confirm(&key, period, claim.token, ctx.backstops.cluster())).await? {
         return Ok(true);
     }
@@ -335,9 +339,12 @@ async fn unavailable(
 
 /// Step 4 when an open transaction holds the fence row past the lock timeout. A run this claim
 /// replaces is the usual holder (a hung run is why people pick Replace): its Job is deleted now,
-/// which ends its pods and with them their transaction, and the claim waits, whatever the
-/// deadline, while that Job still exists (foreground deletion: until its pods are gone). Any
-/// other holder is waited for until the period's deadline, then the period is Missed.
+/// which ends its pods and with them their transaction, and the claim waits while that Job still
+/// exists (foreground deletion: until its pods are gone), up to the wait bound. Any other holder
+/// (a workload on a node that died mid-transaction keeps its session and lock until TCP
+/// keepalive gives up, hours) is waited for until the wait bound ([`past_wait_bound`]: the
+/// starting deadline, else the next period), then the period is Missed (F6); `kubectl singleton
+/// break-lock` ends such a holder's session.
 fn fence_held<'a>(
     ctx: &'a Context,
     sj: &'a SingletonJob,
@@ -354,7 +361,7 @@ fn fence_held<'a>(
                 .await?
                 .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
         }
-        if !stopping && past_deadline(sj, &claim) {
+        if (!stopping && past_deadline(sj, &claim)) || past_wait_bound(sj, &claim) {
             let note =
                 format!("the backstop's fence stayed locked past the starting deadline: {why}");
             let d = decided::Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
@@ -364,6 +371,11 @@ fn fence_held<'a>(
         }
         Err(Error::FenceHeld(why))
     })
+}
+
+/// Whether `claim` waited past its wait bound ([`crate::decide::wait_bound`]).
+pub(super) fn past_wait_bound(sj: &SingletonJob, claim: &RunRef) -> bool {
+    crate::decide::wait_bound(&sj.spec, claim.period.0).is_some_and(|b| Timestamp::now() > b)
 }
 
 pub(super) fn past_deadline(sj: &SingletonJob, claim: &RunRef) -> bool {

@@ -46,11 +46,16 @@ pub(super) async fn create(
     for _ in 0..CREATES {
         match kube_io::create_job(ctx, &job).await? {
             Ok(created) => {
-                return created
+                let uid = created
                     .metadata
                     .uid
-                    .map(Some)
-                    .ok_or_else(|| Error::Conflict(format!("Job {} has no uid", claim.job_name)));
+                    .clone()
+                    .ok_or_else(|| Error::Conflict(format!("Job {} has no uid", claim.job_name)))?;
+                if created.spec.as_ref().and_then(|s| s.suspend) != Some(true) {
+                    not_suspended(ctx, fresh, claim, &uid, db).await?;
+                    return Ok(None);
+                }
+                return Ok(Some(uid));
             }
             // The API server will never accept this Job: the period is decided, as Failed,
             // rather than retried forever with the claim blocking every later period (G2).
@@ -89,10 +94,45 @@ pub(super) async fn create(
             Err(e) => return Err(e.into()),
         }
     }
+    // The name stays taken (a removed Job lingers behind a finalizer): retried, but not past the
+    // wait bound, then decided (F10b: it would block every later period for ever).
+    if super::claim::past_wait_bound(fresh, claim) {
+        let note = format!(
+            "the name of Job {} stayed taken (a Job removed for it did not go away) past the period's wait bound",
+            claim.job_name
+        );
+        let d = decided::Decision::new(Outcome::Missed, reason::JOB_NOT_CREATED, note);
+        decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await?;
+        return Ok(None);
+    }
     Err(Error::Conflict(format!(
         "the name of Job {} stayed taken",
         claim.job_name
     )))
+}
+
+/// Step 6 when the API server returns the Job not suspended: admission (a mutating webhook, a
+/// queue's) cleared `spec.suspend`, so its pods may start before any confirm (G1: only the
+/// controller starts a run). It is deleted by uid before anything else, its token retired (its
+/// pods may have begun), and the period decided Failed (JobNotSuspended), with an Event naming
+/// the cause to fix.
+async fn not_suspended(
+    ctx: &Context,
+    fresh: &SingletonJob,
+    claim: &RunRef,
+    uid: &str,
+    db: &Availability,
+) -> Result<()> {
+    let ns = fresh.metadata.namespace.clone().unwrap_or_default();
+    let fg = Propagation::Foreground;
+    kube_io::delete_job_uid(ctx, &ns, &claim.job_name, uid, fg, Lane::Create).await?;
+    let note = format!(
+        "the API server returned Job {} not suspended: an admission webhook or policy cleared spec.suspend at create, so it could start before its claim was confirmed; the Job was deleted and the period is decided Failed (exempt the controller's Jobs from that mutation, or use a queue through jobTemplate.spec.suspend: true)",
+        claim.job_name
+    );
+    tracing::warn!(sj = %fresh.key(), job = %claim.job_name, "{note}");
+    let d = decided::Decision::new(Outcome::Failed, reason::JOB_NOT_SUSPENDED, note).started();
+    decided::decide_without_job(ctx, fresh, claim, d, db.ready()).await
 }
 
 /// What a create that found its name taken does.
@@ -163,14 +203,38 @@ fn name_taken<'a>(
     })
 }
 
-/// Whether the SingletonJob's template asks for suspended Jobs (a queueing system such as Kueue
-/// resumes them): then the controller confirms but never resumes.
-pub fn keeps_suspended(sj: &SingletonJob) -> bool {
-    sj.spec
-        .job_template
-        .decode()
-        .ok()
-        .and_then(|t| t.spec)
-        .and_then(|s| s.suspend)
-        .unwrap_or(false)
+/// How a confirmed run's Job is let run, from the SingletonJob's template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// The controller resumes it.
+    Controller,
+    /// The template asks for suspended Jobs: a queueing system (Kueue) resumes them once
+    /// admitted. The controller releases the Job to the queue after the confirm, adding the
+    /// queue label it withheld at create (the template's value, if any).
+    Queue(Option<String>),
+}
+
+impl Admission {
+    /// The release patch's form of it.
+    pub fn release(&self) -> kube_io::Release<'_> {
+        match self {
+            Admission::Controller => kube_io::Release::Resume,
+            Admission::Queue(q) => kube_io::Release::Queue(q.as_deref()),
+        }
+    }
+}
+
+/// How `sj`'s runs are admitted (see [`Admission`]).
+pub fn admission(sj: &SingletonJob) -> Admission {
+    let Ok(template) = sj.spec.job_template.decode() else {
+        return Admission::Controller;
+    };
+    if template.spec.and_then(|s| s.suspend) != Some(true) {
+        return Admission::Controller;
+    }
+    let queue = template
+        .metadata
+        .and_then(|m| m.labels)
+        .and_then(|mut l| l.remove(naming::LABEL_KUEUE_QUEUE));
+    Admission::Queue(queue)
 }

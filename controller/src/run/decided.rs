@@ -20,6 +20,9 @@ pub(super) struct Decision {
     note: String,
     /// Multi-cluster: the cluster that has the period instead (recorded in the history).
     cluster: Option<String>,
+    /// A Job with the claim's token may have run pods (it was stopped): its token is retired
+    /// whatever attempts registered. Otherwise only if none did (F4).
+    started: bool,
 }
 
 impl Decision {
@@ -29,7 +32,14 @@ impl Decision {
             reason,
             note,
             cluster: None,
+            started: false,
         }
+    }
+
+    /// The claim's Job may have run pods before it was stopped (see `started`).
+    pub(super) fn started(mut self) -> Self {
+        self.started = true;
+        self
     }
 
     /// The period is another cluster's (`ClaimedElsewhere`): its identity goes to the history.
@@ -42,7 +52,10 @@ impl Decision {
 /// Decides a claimed period without a Job (rejected, deduplicated, name taken, missed for the
 /// backstop): the claim is cleared and the outcome recorded, so it never blocks later periods
 /// (G2). `retire_in`: the backstop whose fence the claim's token reached; it is retired there
-/// first (G3: the period is decided), and a Correctness job records nothing until it is.
+/// first (G3: the period is decided), and a Correctness job records nothing until it is. The
+/// retirement is refused inside the database when an attempt of the token registered (F4): then
+/// a Job of the claim ran, completed by another replica while this one paused, and this
+/// decision is stale (its status write would be refused too, but the retirement comes first).
 pub(super) fn decide_without_job<'a>(
     ctx: &'a Context,
     sj: &'a SingletonJob,
@@ -53,7 +66,12 @@ pub(super) fn decide_without_job<'a>(
     // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
     Box::pin(async move {
         if let Some(b) = retire_in {
-            retire(sj, b, claim.token).await?;
+            ctx.gate.check()?;
+            if d.started {
+                retire(sj, b, claim.token).await?;
+            } else {
+                retire_unstarted(sj, b, claim.token).await?;
+            }
         }
         let mut status = sj.status.clone().unwrap_or_default();
         status.pending_claim = None;
@@ -68,6 +86,21 @@ pub(super) fn decide_without_job<'a>(
             .await;
         Ok(())
     })
+}
+
+/// Retires `token` of a run decided without a Job, unless a Job of it ran
+/// ([`Backstop::retire_unstarted`]). That refusal stops the caller whatever the purpose: the
+/// decision itself is wrong, not merely unrecorded.
+async fn retire_unstarted(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
+    match b.retire_unstarted(&sj.backstop_key(), token).await {
+        Ok(()) => Ok(()),
+        Err(e @ crate::Error::RunStarted { .. }) => Err(e),
+        Err(e) if sj.purpose() == LockPurpose::Efficiency => {
+            tracing::warn!(sj = %sj.key(), token, error = %e, "could not retire the token of a period decided without a Job; Efficiency: recording it anyway");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Retires `token` (its period is decided). Correctness: an error stops the caller from

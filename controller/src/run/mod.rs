@@ -85,7 +85,7 @@ use crate::{Error, Result};
 
 pub use break_lock::break_lock;
 pub use confirm::resume;
-pub use create::keeps_suspended;
+pub use create::{Admission, admission};
 pub use decided::retire;
 pub use kube_io::write_status;
 
@@ -290,11 +290,11 @@ pub async fn complete_claim(
     claim.job_uid = Some(uid.clone());
     let status = confirm::status_after_confirm(&fresh, &claim, backstop_skipped);
     // The task keeps only what its write needs: in a burst many of them wait in a lane.
-    let keep_suspended = create::keeps_suspended(&fresh);
+    let admission = create::admission(&fresh);
     let mut fresh = fresh;
     fresh.status = None;
     crate::context::slim_sj(&mut fresh);
-    confirm::spawn(ctx, fresh, status, claim, uid, keep_suspended);
+    confirm::spawn(ctx, fresh, status, claim, uid, admission);
     Ok(())
 }
 
