@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use jiff::{SignedDuration, Timestamp};
+use singleton::decide::reason;
 
 use check::{Expect, FaultWindow, Proof, Row};
 use evidence::{PortProbe, Restart, StateSampler};
@@ -109,7 +110,6 @@ const HANDOVER_MAX: Duration = Duration::from_secs(1);
 /// deadline (lock timeout 5 s, then a retry).
 const HUNG_WINDOW: Duration = Duration::from_secs(16);
 
-use singleton::decide::reason;
 /// Reasons any outage or failover explains: catch-up after it (`catchUp: Latest` supersedes the
 /// periods it missed; `catchUp: All` records those past their starting deadline).
 pub(crate) const CATCH_UP: &[&str] = &[reason::SUPERSEDED, reason::DEADLINE_EXCEEDED];

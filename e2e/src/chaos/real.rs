@@ -277,7 +277,11 @@ impl RealWorld {
                     job: job.clone(),
                     period: r.get(0),
                     token: r.get::<_, i64>(1) as u64,
-                    attempt: r.get(2),
+                    // A run without SINGLETON_ATTEMPT commits with no attempt: it then has no
+                    // registration either, which the checker reports.
+                    attempt: r
+                        .get::<_, Option<String>>(2)
+                        .unwrap_or_else(|| "(none)".to_string()),
                     seq: r.get(3),
                     registered_at: r.get(4),
                     committed_at: r.get(5),
