@@ -41,6 +41,8 @@ pub struct JobRecord {
     pub ran: bool,
     /// Seen Complete or Failed.
     pub finished: bool,
+    /// When the observer first saw it Complete or Failed (the watch's time).
+    pub finished_at: Option<Timestamp>,
     pub created: Option<Timestamp>,
     /// When the observer saw it go.
     pub deleted: Option<Timestamp>,
@@ -269,11 +271,15 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
             .and_then(|t| t.parse().ok()),
         ran: false,
         finished: false,
+        finished_at: None,
         created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
         deleted: None,
         deleted_in_gap: false,
     });
-    r.finished |= finished(job);
+    if !r.finished && finished(job) {
+        r.finished = true;
+        r.finished_at = Some(Timestamp::now());
+    }
     if !r.ran && allowed_to_run(job) {
         r.ran = true;
         if let (Some(sj), Some(period), Some(token)) = (r.sj.clone(), r.period, r.token) {

@@ -64,6 +64,9 @@ pub struct JobSeen {
     /// Job created before a whole-second instant always shows a time before it). None when only
     /// Events show the Job.
     pub created: Option<Timestamp>,
+    /// When the watch first saw it finished (Complete or Failed), else gone; None: still active
+    /// at the check (or known from Events only).
+    pub ended: Option<Timestamp>,
 }
 
 /// Periods recorded with an outcome and a reason but no run (Missed, Skipped, Deduplicated),
@@ -516,12 +519,30 @@ struct Ctx<'a> {
     settle: Duration,
 }
 
+/// What corroborates a period the controller recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Explained {
+    /// Due in (or an interval around) the fault window the harness measured.
+    Fault,
+    /// `Superseded` while a run of an earlier period of the same SingletonJob was still active at
+    /// its instant by the watch (under `Forbid` with `catchUp: Latest` a period that cannot start
+    /// before the next one falls due is superseded: a slow run, not a lost period).
+    ActiveRun,
+}
+
 impl Ctx<'_> {
-    /// Whether the row's fault explains `r` for period `p` of a SingletonJob every `interval`:
-    /// a reason the fault can cause, for a period due from an interval before the fault to an
-    /// interval after every SingletonJob ran again. Deduplicated explains no missing run (the
-    /// period's claim exists, so its run should too).
-    fn explains(&self, r: &Recorded, p: Timestamp, interval: Duration) -> Result<(), String> {
+    /// Whether something outside the controller corroborates `r` for period `p` of `sj`: the
+    /// reason is one the row's fault can cause, and either the period fell due in the fault
+    /// window (from an interval before the fault to an interval after every SingletonJob ran
+    /// again), or (`Superseded`) the watch saw an earlier run of the same SingletonJob still
+    /// active at its instant. Deduplicated explains no missing run (the period's claim exists,
+    /// so its run should too).
+    fn explains(
+        &self,
+        r: &Recorded,
+        p: Timestamp,
+        sj: &SjObservation,
+    ) -> Result<Explained, String> {
         if r.outcome == "Deduplicated" {
             return Err("Deduplicated explains no period that no Job ran".into());
         }
@@ -531,21 +552,39 @@ impl Ctx<'_> {
                 r.reason, self.expect.reasons
             ));
         }
-        let Some(f) = self.fault else {
-            return Err("no fault window to explain it".into());
-        };
-        let (from, to) = (
-            f.from - signed(interval),
-            f.recovered.unwrap_or(f.to).max(f.to) + signed(interval),
-        );
-        if p < from || p > to {
-            return Err(format!(
-                "due outside the fault window ({from} to {to}, one interval either side)"
-            ));
+        let behind_active_run = r.reason == SUPERSEDED
+            && sj.jobs.iter().any(|j| {
+                j.ran
+                    && j.period < p
+                    && j.created.is_some_and(|c| c <= p)
+                    && j.ended.is_none_or(|e| e > p)
+            });
+        let window = self.fault.map(|f| {
+            (
+                f.from - signed(sj.interval),
+                f.recovered.unwrap_or(f.to).max(f.to) + signed(sj.interval),
+            )
+        });
+        match window {
+            Some((from, to)) if from <= p && p <= to => Ok(Explained::Fault),
+            _ if behind_active_run => Ok(Explained::ActiveRun),
+            None => Err("no fault window to explain it".into()),
+            Some((from, to)) => {
+                let active = if r.reason == SUPERSEDED {
+                    ", and no earlier run of it was active at its instant (watch)"
+                } else {
+                    ""
+                };
+                Err(format!(
+                    "due outside the fault window ({from} to {to}, one interval either side){active}"
+                ))
+            }
         }
-        Ok(())
     }
 }
+
+/// The reason catch-up records for a period passed over by a later one.
+const SUPERSEDED: &str = "Superseded";
 
 fn describe(j: &JobSeen) -> String {
     let token = j.token.map_or("?".to_string(), |t| t.to_string());
@@ -704,6 +743,7 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     // Every due period: started (a Job ran), recorded with a reason the fault explains, still
     // pending within its bound, or lost.
     let mut backstop_missed = Vec::new();
+    let (mut by_fault, mut by_active_run) = (0, 0);
     let pending_bound = ctx.settle + sj.interval;
     for p in &sj.due {
         row.due += 1;
@@ -713,17 +753,21 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         let covering: Vec<&Recorded> = sj.recorded.iter().filter(|r| r.covers(*p)).collect();
         let explained = covering
             .iter()
-            .find(|r| ctx.explains(r, *p, sj.interval).is_ok());
+            .find_map(|r| ctx.explains(r, *p, sj).ok().map(|how| (r, how)));
         if ran_by_period.contains_key(p) {
             row.started += 1;
-        } else if let Some(r) = explained {
+        } else if let Some((r, how)) = explained {
             row.recorded += 1;
+            match how {
+                Explained::Fault => by_fault += 1,
+                Explained::ActiveRun => by_active_run += 1,
+            }
             if r.reason == "BackstopUnavailable" {
                 backstop_missed.push(*p);
             }
         } else if let Some(r) = covering.first() {
             row.lost += 1;
-            let why = ctx.explains(r, *p, sj.interval).err().unwrap_or_default();
+            let why = ctx.explains(r, *p, sj).err().unwrap_or_default();
             row.details.push(format!(
                 "{} period {p} due, no run; recorded {} ({}), which the fault does not explain: {why}",
                 sj.key, r.outcome, r.reason
@@ -773,8 +817,11 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     }
     if !reasons.is_empty() {
         let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
-        row.notes
-            .push(format!("{}: recorded {}", sj.key, parts.join(", ")));
+        row.notes.push(format!(
+            "{}: recorded {} ({by_fault} in the fault window, {by_active_run} behind a run still active at their instant)",
+            sj.key,
+            parts.join(", ")
+        ));
     }
 }
 
@@ -1055,6 +1102,7 @@ mod tests {
             removed: true,
             events_only: false,
             created: Some(period),
+            ended: Some(period + SignedDuration::from_secs(1)),
         }
     }
 
@@ -1232,6 +1280,7 @@ mod tests {
             token: None,
             events_only: true,
             created: None,
+            ended: None,
             ..job(t(8), 0, "uid-from-events")
         });
         obs.events_only = vec!["a-1800000008 (uid uid-from-events)".into()];
@@ -1404,6 +1453,43 @@ mod tests {
         let row = eval(&obs);
         assert_eq!((row.recorded, row.lost), (1, 0));
         assert!(passes(&row), "{:?}", row.violations(expect()));
+    }
+
+    #[test]
+    fn superseded_behind_a_run_still_active_is_corroborated_by_the_watch() {
+        // t(6) never ran and is recorded Superseded, long before the fault: lost, unless the run
+        // of t(4) was still active at t(6) by the watch (a slow run under Forbid).
+        let mut obs = healthy();
+        without(&mut obs, t(6));
+        obs.fault = Some(FaultWindow {
+            from: t(20),
+            to: t(30),
+            recovered: Some(t(31)),
+        });
+        obs.checked_at = Some(t(40));
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Missed", "Superseded"));
+        let row = eval(&obs);
+        assert_eq!((row.recorded, row.lost), (0, 1));
+        fails_with(
+            &row,
+            expect(),
+            "no earlier run of it was active at its instant",
+        );
+        obs.sjs[0].jobs[2].ended = Some(t(7));
+        let row = eval(&obs);
+        assert_eq!((row.recorded, row.lost), (1, 0));
+        assert!(
+            row.notes
+                .iter()
+                .any(|n| n.contains("0 in the fault window, 1 behind a run still active")),
+            "{:?}",
+            row.notes
+        );
+        // Another reason gets no such help.
+        obs.sjs[0].recorded[0].reason = "DeadlineExceeded".into();
+        assert_eq!(eval(&obs).lost, 1);
     }
 
     #[test]

@@ -578,6 +578,7 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             removed: r.deleted.is_some(),
             events_only: false,
             created: r.created,
+            ended: r.finished_at.or(r.deleted),
         };
         jobs.insert(
             r.uid.clone(),
@@ -608,6 +609,7 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             removed: true,
             events_only: true,
             created: None,
+            ended: None,
         };
         jobs.insert(
             uid,

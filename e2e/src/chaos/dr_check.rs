@@ -328,6 +328,7 @@ mod tests {
                 removed: true,
                 events_only: false,
                 created: Some(period + jiff::SignedDuration::from_millis(300)),
+                ended: Some(period + jiff::SignedDuration::from_millis(1300)),
             },
         }
     }

@@ -801,6 +801,7 @@ pub async fn observe_sjs(
             removed: r.deleted.is_some(),
             events_only: false,
             created: r.created,
+            ended: r.finished_at.or(r.deleted),
         };
         jobs.insert(r.uid.clone(), (sj, seen));
     }
@@ -826,6 +827,7 @@ pub async fn observe_sjs(
                     removed: true,
                     events_only: true,
                     created: None,
+                    ended: None,
                 };
                 jobs.insert(uid, (sj.to_string(), seen));
             }
