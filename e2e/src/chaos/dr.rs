@@ -1062,3 +1062,105 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn ran(cluster: &str, period: i64, created_ms: i64) -> ClusterJob {
+        ClusterJob {
+            cluster: cluster.into(),
+            job: JobSeen {
+                uid: format!("u-{period}"),
+                name: format!("dr-{period}"),
+                period: t(period),
+                token: Some(period as u64),
+                ran: true,
+                removed: true,
+                events_only: false,
+                created: Some(t(0) + SignedDuration::from_millis(created_ms)),
+                ended: None,
+            },
+        }
+    }
+
+    #[test]
+    fn each_kill_must_be_followed_by_a_run_before_the_next() {
+        let mut obs = DrObservations {
+            jobs: vec![ran(EAST, 2, 2_300), ran(WEST, 4, 4_200)],
+            ..DrObservations::default()
+        };
+        // Kills at 1.15 s and 5.15 s: a run after the first (at 2.3 s), none after the second.
+        let mut inj = Injected {
+            kills: vec![
+                t(1) + SignedDuration::from_millis(150),
+                t(5) + SignedDuration::from_millis(150),
+            ],
+            ..Injected::default()
+        };
+        after_the_fact(DrFault::BothActiveKill, &mut obs, &mut inj);
+        assert_eq!(obs.takeovers.len(), 1);
+        assert!(
+            obs.proofs
+                .iter()
+                .any(|p| !p.held && p.what.contains("1 of the 2 kills"))
+        );
+        assert!(
+            inj.details
+                .iter()
+                .any(|d| d.contains("no run was created after the kill"))
+        );
+        // One run after both kills counts once only: for the second.
+        let mut obs = DrObservations {
+            jobs: vec![ran(EAST, 6, 6_200)],
+            ..DrObservations::default()
+        };
+        let mut inj = Injected {
+            kills: vec![t(1), t(5)],
+            ..Injected::default()
+        };
+        after_the_fact(DrFault::BothActiveKill, &mut obs, &mut inj);
+        assert!(
+            obs.proofs
+                .iter()
+                .any(|p| !p.held && p.what.contains("1 of the 2 kills"))
+        );
+    }
+
+    #[test]
+    fn the_skewed_standby_must_have_decided_periods_of_its_window() {
+        let mut obs = DrObservations {
+            due: vec![t(2), t(4)],
+            clusters: vec![ClusterRecord {
+                cluster: EAST.into(),
+                decided_through: Some(t(4)),
+                recorded: vec![],
+            }],
+            ..DrObservations::default()
+        };
+        let skewed = || Injected {
+            skewed: Some((t(1), t(5))),
+            ..Injected::default()
+        };
+        // Standing by but deciding nothing of its window: not shown to be active.
+        let mut idle = obs.clone();
+        after_the_fact(DrFault::ClockSkew, &mut idle, &mut skewed());
+        assert!(
+            idle.proofs
+                .iter()
+                .any(|p| !p.held && p.what.contains("decided 0 period(s)"))
+        );
+        obs.clusters[0].recorded.push(Recorded {
+            first: t(2),
+            last: t(4),
+            outcome: "Deduplicated".into(),
+            reason: CLAIMED_ELSEWHERE.into(),
+        });
+        after_the_fact(DrFault::ClockSkew, &mut obs, &mut skewed());
+        assert!(obs.proofs.iter().all(|p| p.held), "{:?}", obs.proofs);
+    }
+}

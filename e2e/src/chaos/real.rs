@@ -621,3 +621,109 @@ async fn crictl(args: &[&str]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn row(failovers: &[f64]) -> check::Row {
+        check::Row {
+            scenario: "real".into(),
+            due: 3,
+            due_in_fault: 1,
+            started: 3,
+            writes_accepted: 3,
+            jobs_per_period_max: 1,
+            failovers: failovers
+                .iter()
+                .map(|s| Duration::from_secs_f64(*s))
+                .collect(),
+            proofs: vec![Proof::new(true, "the Lease passed")],
+            ..check::Row::default()
+        }
+    }
+
+    #[test]
+    fn a_deleted_leader_pod_hands_over_in_under_a_second() {
+        let e = expect(Fault::RealPodDelete, Mode::Short);
+        assert!(row(&[0.52]).violations(e).is_empty());
+        let v = row(&[1.3]).violations(e);
+        assert!(
+            v.iter().any(|d| d.contains("beyond the bound of 1.0 s")),
+            "{v:?}"
+        );
+        // The full form deletes three times: three handovers, each measured.
+        let e = expect(Fault::RealPodDelete, Mode::Full);
+        let v = row(&[0.4]).violations(e);
+        assert!(
+            v.iter().any(|d| d.contains("the fault must cause 3")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_frozen_or_killed_leader_is_taken_over_within_lease_and_retry() {
+        for f in [Fault::RealLeaderFreeze, Fault::RealContainerKill] {
+            let e = expect(f, Mode::Short);
+            assert!(row(&[12.7]).violations(e).is_empty());
+            let v = row(&[19.5]).violations(e);
+            assert!(
+                v.iter().any(|d| d.contains("beyond the bound of 19.0 s")),
+                "{v:?}"
+            );
+            // A row whose window held no due period fails.
+            let mut r = row(&[12.7]);
+            r.due_in_fault = 0;
+            assert!(!r.violations(e).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_frozen_workload_must_be_refused() {
+        let e = expect(Fault::RealWorkloadFreeze, Mode::Short);
+        let v = row(&[]).violations(e);
+        assert!(
+            v.iter().any(|d| d.contains("refused no stale write")),
+            "{v:?}"
+        );
+        // Its refusal, added as a held write the database kept nothing of, counts.
+        let mut writes = vec![Write {
+            job: "w/invoices".into(),
+            period: t(0),
+            token: 1,
+            held: false,
+            result: WriteResult::Accepted { seq: 0 },
+        }];
+        mark_held(
+            &mut writes,
+            &[Stale {
+                token: 2,
+                period: t(10),
+                refused: true,
+            }],
+        );
+        assert_eq!(writes.len(), 2);
+        assert!(writes[1].held && writes[1].result == WriteResult::Refused);
+        // Were its write committed, the committed row is marked held (a stale write accepted).
+        let mut writes = vec![Write {
+            job: "w/invoices".into(),
+            period: t(10),
+            token: 2,
+            held: false,
+            result: WriteResult::Accepted { seq: 1 },
+        }];
+        mark_held(
+            &mut writes,
+            &[Stale {
+                token: 2,
+                period: t(10),
+                refused: false,
+            }],
+        );
+        assert!(writes[0].held);
+    }
+}
