@@ -589,7 +589,7 @@ impl World {
     /// patch of the status subresource without a resourceVersion, so it lands whatever the
     /// controller wrote meanwhile. Whether it wiped anything: the object kubectl printed (the
     /// API server's answer to the patch) has a status with nothing the controller remembers
-    /// ([`wiped`]), and kubectl did not say "Edit cancelled" (nothing to change: the status was
+    /// (`wiped`), and kubectl did not say "Edit cancelled" (nothing to change: the status was
     /// empty already, so nothing was wiped).
     pub async fn wipe_status(&self, sj: &str) -> Result<bool> {
         let editor = self.env.log_dir().join("wipe-status.sh");
