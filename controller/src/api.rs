@@ -780,6 +780,24 @@ pub struct SingletonJobStatus {
     /// started without its claim under `lock.purpose: Efficiency`), so backfill refuses them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claims_recorded: Option<Box<ClaimsRecorded>>,
+
+    /// Periods decided without a Job while the backstop stopped answering in the middle of their
+    /// claim, so that the claim row may exist although no Job ran. Once the backstop answers,
+    /// each such row is withdrawn and its token retired, so the claims table never says that a
+    /// period ran when it did not (a backfill can then run it). At most 100 are kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub unsettled_claims: Vec<UnsettledClaim>,
+}
+
+/// A claim whose backstop row may exist although its period was decided without a Job (see
+/// [`SingletonJobStatus::unsettled_claims`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnsettledClaim {
+    pub period: MicroTime,
+    #[schemars(schema_with = "token_schema")]
+    pub token: u64,
 }
 
 /// See [`SingletonJobStatus::claims_recorded`].

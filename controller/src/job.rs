@@ -13,8 +13,9 @@ use kube::api::ObjectMeta;
 use crate::api::{CompletionDeadlinePolicy, LockPurpose, RunRef, SingletonJob};
 use crate::decide::JobState;
 use crate::naming::{
-    ANNOTATION_RELEASED, ENV_ATTEMPT, NOT_RELEASED, ENV_IDEMPOTENCY_KEY, ENV_JOB, ENV_PERIOD, ENV_TOKEN, LABEL_JOB, LABEL_KUEUE_QUEUE,
-    LABEL_PERIOD, LABEL_TOKEN, idempotency_key, job_label, job_name, period_label, period_rfc3339,
+    ANNOTATION_RELEASED, ENV_ATTEMPT, ENV_IDEMPOTENCY_KEY, ENV_JOB, ENV_PERIOD, ENV_TOKEN,
+    LABEL_JOB, LABEL_KUEUE_QUEUE, LABEL_PERIOD, LABEL_TOKEN, NOT_RELEASED, idempotency_key,
+    job_label, job_name, period_label, period_rfc3339,
 };
 use crate::{Error, Result};
 
@@ -123,7 +124,11 @@ fn one_process_at_a_time(spec: &mut JobSpec, purpose: LockPurpose) -> Result<()>
                 )));
             }
         }
-        if let Some(p) = spec.pod_replacement_policy.as_deref().filter(|p| *p != "Failed") {
+        if let Some(p) = spec
+            .pod_replacement_policy
+            .as_deref()
+            .filter(|p| *p != "Failed")
+        {
             return Err(Error::JobTemplate(format!(
                 "jobTemplate.spec.podReplacementPolicy is {p}: it must be Failed (or unset) {WHY}: a replacement pod would start while the old one still runs"
             )));
@@ -139,19 +144,39 @@ fn one_process_at_a_time(spec: &mut JobSpec, purpose: LockPurpose) -> Result<()>
 /// `now`), or earlier if the template says so; at least 1 s, so a run started past its deadline
 /// fails at once rather than never being stopped.
 pub fn stop_at_deadline(job: &mut Job, sj: &SingletonJob, period: Timestamp, now: Timestamp) {
-    if sj.spec.completion_deadline_policy != CompletionDeadlinePolicy::Stop {
-        return;
-    }
-    let Some(seconds) = sj.spec.completion_deadline_seconds else {
-        return;
-    };
-    let left = (period + SignedDuration::from_secs(seconds)).duration_since(now);
-    let left = left.as_secs() + i64::from(left.subsec_nanos() > 0);
-    if let Some(spec) = job.spec.as_mut() {
-        let limit = left.max(1);
+    if let Some(spec) = job.spec.as_mut()
+        && let Some(limit) = deadline_left(sj, period, now)
+    {
         spec.active_deadline_seconds =
             Some(spec.active_deadline_seconds.map_or(limit, |d| d.min(limit)));
     }
+}
+
+/// The `activeDeadlineSeconds` a run resumed at `now` gets: [`stop_at_deadline`] counted from
+/// the resume, since Kubernetes starts the count there. A run confirmed long before it is
+/// resumed (an outage between the two) is not given its whole deadline again (F10a).
+pub fn active_deadline_at(sj: &SingletonJob, period: Timestamp, now: Timestamp) -> Option<i64> {
+    let limit = deadline_left(sj, period, now)?;
+    let template = sj
+        .spec
+        .job_template
+        .decode()
+        .ok()
+        .and_then(|t| t.spec)
+        .and_then(|s| s.active_deadline_seconds);
+    Some(template.map_or(limit, |d| d.min(limit)))
+}
+
+/// Whole seconds from `now` to the period's completion deadline under `Stop`, rounded up, at
+/// least 1.
+fn deadline_left(sj: &SingletonJob, period: Timestamp, now: Timestamp) -> Option<i64> {
+    if sj.spec.completion_deadline_policy != CompletionDeadlinePolicy::Stop {
+        return None;
+    }
+    let seconds = sj.spec.completion_deadline_seconds?;
+    let left = (period + SignedDuration::from_secs(seconds)).duration_since(now);
+    let left = left.as_secs() + i64::from(left.subsec_nanos() > 0);
+    Some(left.max(1))
 }
 
 /// Builds the Job of `run`, under the name its claim recorded: the period's own name, or a
@@ -262,15 +287,40 @@ mod tests {
         assert_eq!(limit(&sj(None, Stop, None), "2027-01-01T06:00:00Z"), None);
     }
 
+    /// F10a: Kubernetes counts `activeDeadlineSeconds` from the resume. A run confirmed before an
+    /// outage and resumed an hour later gets what is left of its completion deadline then, not
+    /// the whole deadline again; the template's own smaller limit stands.
+    #[test]
+    fn a_late_resume_counts_the_completion_deadline_from_the_resume() {
+        use CompletionDeadlinePolicy::{Continue, Stop};
+        let period: Timestamp = "2027-01-01T06:00:00Z".parse().unwrap();
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let stop = sj(Some(3600), Stop, None);
+        assert_eq!(
+            active_deadline_at(&stop, period, at("2027-01-01T06:50:00Z")),
+            Some(600)
+        );
+        assert_eq!(
+            active_deadline_at(&stop, period, at("2027-01-01T08:00:00Z")),
+            Some(1)
+        );
+        let both = sj(Some(3600), Stop, Some(60));
+        assert_eq!(
+            active_deadline_at(&both, period, at("2027-01-01T06:00:00Z")),
+            Some(60)
+        );
+        assert_eq!(
+            active_deadline_at(&sj(Some(3600), Continue, None), period, period),
+            None
+        );
+    }
+
     fn with_template(template: serde_json::Value, purpose: Option<LockPurpose>) -> SingletonJob {
         let mut sj = SingletonJob::new(
             "a",
             crate::api::SingletonJobSpec {
                 schedule: "0 6 * * *".into(),
-                lock: purpose.map(|purpose| crate::api::LockSpec {
-                    purpose,
-                    ..Default::default()
-                }),
+                lock: purpose.map(|purpose| crate::api::LockSpec { purpose }),
                 job_template: template.into(),
                 ..Default::default()
             },
@@ -304,12 +354,24 @@ mod tests {
         for (field, value) in [
             ("parallelism", serde_json::json!(2)),
             ("completions", serde_json::json!(3)),
-            ("podReplacementPolicy", serde_json::json!("TerminatingOrFailed")),
+            (
+                "podReplacementPolicy",
+                serde_json::json!("TerminatingOrFailed"),
+            ),
         ] {
             let t = pod_template(serde_json::json!({ field: value }));
-            let err = build(&with_template(t.clone(), None), p, 1).unwrap_err().to_string();
-            assert!(err.contains(field) && err.contains("one process at a time"), "{err}");
-            let err = build(&with_template(t.clone(), Some(LockPurpose::Correctness)), p, 1);
+            let err = build(&with_template(t.clone(), None), p, 1)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(field) && err.contains("one process at a time"),
+                "{err}"
+            );
+            let err = build(
+                &with_template(t.clone(), Some(LockPurpose::Correctness)),
+                p,
+                1,
+            );
             assert!(err.is_err());
             let ok = build(&with_template(t, Some(LockPurpose::Efficiency)), p, 1).unwrap();
             let spec = ok.spec.unwrap();
@@ -329,9 +391,18 @@ mod tests {
     #[test]
     fn every_container_gets_its_pod_uid_as_the_attempt() {
         let p: Timestamp = "2027-01-01T06:00:00Z".parse().unwrap();
-        let job = build(&with_template(pod_template(serde_json::json!({})), None), p, 7).unwrap();
+        let job = build(
+            &with_template(pod_template(serde_json::json!({})), None),
+            p,
+            7,
+        )
+        .unwrap();
         let pod = job.spec.unwrap().template.spec.unwrap();
-        for c in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+        for c in pod
+            .containers
+            .iter()
+            .chain(pod.init_containers.iter().flatten())
+        {
             let attempts: Vec<&EnvVar> = c
                 .env
                 .iter()
@@ -339,7 +410,10 @@ mod tests {
                 .filter(|v| v.name == ENV_ATTEMPT)
                 .collect();
             assert_eq!(attempts.len(), 1, "{}", c.name);
-            let field = attempts[0].value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+            let field = attempts[0]
+                .value_from
+                .as_ref()
+                .and_then(|v| v.field_ref.as_ref());
             assert_eq!(field.map(|f| f.field_path.as_str()), Some("metadata.uid"));
             assert!(attempts[0].value.is_none());
         }
@@ -357,7 +431,10 @@ mod tests {
         assert!(!labels.contains_key(LABEL_KUEUE_QUEUE));
         assert_eq!(labels.get("team").map(String::as_str), Some("a"));
         let released = job.metadata.annotations.unwrap();
-        assert_eq!(released.get(ANNOTATION_RELEASED).map(String::as_str), Some(NOT_RELEASED));
+        assert_eq!(
+            released.get(ANNOTATION_RELEASED).map(String::as_str),
+            Some(NOT_RELEASED)
+        );
         // Not queue-managed: the label is the template's business.
         t["spec"]["suspend"] = serde_json::json!(false);
         let job = build(&with_template(t, None), p, 1).unwrap();
@@ -384,7 +461,12 @@ mod tests {
         let key_of = |s: &SingletonJob| {
             let job = build(s, p, 1).unwrap();
             let c = &job.spec.unwrap().template.spec.unwrap().containers[0];
-            let v = c.env.iter().flatten().find(|v| v.name == ENV_IDEMPOTENCY_KEY).unwrap();
+            let v = c
+                .env
+                .iter()
+                .flatten()
+                .find(|v| v.name == ENV_IDEMPOTENCY_KEY)
+                .unwrap();
             v.value.clone().unwrap()
         };
         let west = sj("billing-west", "invoices", Some("billing/invoices"));
@@ -394,8 +476,14 @@ mod tests {
         let other = sj("billing", "invoices-east", None);
         assert_ne!(key_of(&other), key_of(&east));
         let offsets: std::collections::BTreeSet<_> = (0..8)
-            .map(|i| other.jitter(p + SignedDuration::from_hours(i)) == east.jitter(p + SignedDuration::from_hours(i)))
+            .map(|i| {
+                other.jitter(p + SignedDuration::from_hours(i))
+                    == east.jitter(p + SignedDuration::from_hours(i))
+            })
             .collect();
-        assert!(offsets.contains(&false), "another job key picks other offsets");
+        assert!(
+            offsets.contains(&false),
+            "another job key picks other offsets"
+        );
     }
 }

@@ -178,6 +178,7 @@ pub async fn resume_job(
     uid: &str,
     token: u64,
     release: Release<'_>,
+    active_deadline: Option<i64>,
 ) -> Result<Resumed> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let mut ops = vec![
@@ -191,9 +192,22 @@ pub async fn resume_job(
         Release::Queue(Some(queue)) => ops.push(serde_json::json!({"op": "add", "path": pointer("/metadata/labels", crate::naming::LABEL_KUEUE_QUEUE), "value": queue})),
         Release::Queue(None) => {}
     }
+    // Counted by Kubernetes from the resume: set from the deadline's distance now (F10a).
+    if let Some(seconds) = active_deadline {
+        ops.push(serde_json::json!({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": seconds}));
+    }
     let point = Some(failpoint::RESUME);
     Ok(
-        match guarded_patch(ctx, jobs.resource_url(), name, serde_json::Value::Array(ops), Lane::Create, point).await? {
+        match guarded_patch(
+            ctx,
+            jobs.resource_url(),
+            name,
+            serde_json::Value::Array(ops),
+            Lane::Create,
+            point,
+        )
+        .await?
+        {
             Patched::Done => Resumed::Yes,
             Patched::Gone => Resumed::Gone,
             // Another object of that name, or resumed already.
@@ -256,7 +270,9 @@ async fn guarded_patch(
     match sent {
         Ok(_) => Ok(Patched::Done),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Patched::Gone),
-        Err(kube::Error::Api(s)) if matches!(s.code, 409 | 422 | 400) && test_failed(&s.message) => {
+        Err(kube::Error::Api(s))
+            if matches!(s.code, 409 | 422 | 400) && test_failed(&s.message) =>
+        {
             Ok(Patched::TestFailed)
         }
         Err(e) => Err(e.into()),

@@ -161,6 +161,11 @@ async fn first(ctx: &Arc<Context>, sj: &SingletonJob, db: &Availability) -> Resu
     if let Some(req) = ops::pending(sj, OperationKind::BreakLock) {
         return operate::break_lock(ctx, sj, req, db).await.map(Some);
     }
+    if let Some(b) = db.ready()
+        && Box::pin(run::decided::settle(ctx, sj, b)).await?
+    {
+        return Ok(Some(Action::await_change()));
+    }
     let Some(claim) = sj.status.as_ref().and_then(|s| s.pending_claim.clone()) else {
         return Ok(None);
     };
@@ -239,7 +244,10 @@ async fn decide_and_act(
     let blocked = blocked(sj, &seen.clock, &template, &seen.db);
     let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
     // G3, F3: no outcome without its token's retirement (Correctness, backstop unavailable).
-    let hold = matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
+    let hold =
+        matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
+    // A finished run held is recorded at the backstop's next probe: look again then.
+    let holding = hold && states.values().any(|s| *s != JobState::Active);
     let held;
     let states = if hold {
         held = decide::hold_outcomes(&states);
@@ -273,6 +281,10 @@ async fn decide_and_act(
     let hold = backstop_wait(&decided, &seen);
     let wake = plan.wake_at.map(|at| until(now, at));
     let wake = wake.map(|w| w.max(hold));
+    let wake = match holding {
+        true => Some(wake.map_or(hold, |w| w.min(hold)).max(HELD_RETRY)),
+        false => wake,
+    };
     if !hold.is_zero()
         && started.is_none()
         && !operating
@@ -340,8 +352,11 @@ async fn record(
             )
             .await;
     }
-    if let Some(b) = db.ready() {
-        record::mark_claims_recorded(status, b.target_id(), decided.created, now);
+    if let Some(b) = db.ready()
+        && record::claims_recorded_stale(status, &b.target_id())
+    {
+        let fence = Box::pin(b.fence(&sj.backstop_key())).await?;
+        record::mark_claims_recorded(status, b.target_id(), fence, decided.created, now);
     } else if matches!(db, Availability::NotConfigured) {
         status.claims_recorded = None;
     }
@@ -641,6 +656,9 @@ async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Resu
     }
     Ok(())
 }
+
+/// The shortest wait before a run whose outcome is held (F3) is looked at again.
+const HELD_RETRY: Duration = Duration::from_secs(1);
 
 /// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.
 fn until(now: Timestamp, at: Timestamp) -> Duration {

@@ -30,9 +30,10 @@ CREATE TABLE IF NOT EXISTS invoice_runs (
 -- The attempt (pod uid, SINGLETON_ATTEMPT) that wrote the summary; added after the first release.
 ALTER TABLE invoice_runs ADD COLUMN IF NOT EXISTS attempt text;
 
--- One row per attempt (pod) that committed a period's writes, written in the same fenced
--- transaction: with the attempt fence there is at most one per period, and the chaos suite
--- counts them from here, independently of the controller.
+-- The run's ledger entry: one row per fenced transaction that committed, with the attempt (pod)
+-- that made it. Not idempotent on purpose, as a debit of a balance is not: two pods of one run
+-- both committing would leave two rows for the period. The chaos suite counts them from here,
+-- independently of the controller.
 CREATE TABLE IF NOT EXISTS run_attempts (
     period       timestamptz NOT NULL,
     token        bigint      NOT NULL,

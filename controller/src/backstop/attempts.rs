@@ -161,6 +161,63 @@ impl Backstop {
         .await
     }
 
+    /// Withdraws the claim of (`job`, `period`) with `token`, if its row exists and still names
+    /// that token, and retires the token: its period was decided without a Job while the
+    /// database did not answer in the middle of the claim (F10c), so the row, if the claim did
+    /// commit, names a Job that never existed. Refused ([`Error::RunStarted`]) if an attempt of
+    /// the token registered. Idempotent.
+    pub async fn withdraw(&self, job: &str, period: Timestamp, token: u64) -> Result<()> {
+        let token_i = to_i64(token)?;
+        self.bounded("withdraw claim", async {
+            let mut slot = self.session().await?;
+            let t = slot.tables()?.clone();
+            let client = slot.client_mut()?;
+            let r = async {
+                let pg = |e| Error::from_pg(e, false);
+                let tx = client.transaction().await.map_err(pg)?;
+                tx.execute(
+                    &format!("SELECT 1 FROM {} WHERE job = $1 FOR UPDATE", t.fences),
+                    &[&job],
+                )
+                .await
+                .map_err(pg)?;
+                let started = tx
+                    .query_opt(
+                        &format!("SELECT attempt FROM {} WHERE job = $1 AND token = $2 LIMIT 1", t.attempts),
+                        &[&job, &token_i],
+                    )
+                    .await
+                    .map_err(pg)?;
+                if let Some(first) = started {
+                    return Err(Error::RunStarted {
+                        job: job.to_string(),
+                        token,
+                        attempt: first.get(0),
+                    });
+                }
+                tx.execute(
+                    &format!("DELETE FROM {} WHERE job = $1 AND period = $2 AND token = $3", t.claims),
+                    &[&job, &period, &token_i],
+                )
+                .await
+                .map_err(pg)?;
+                tx.execute(
+                    &format!(
+                        "UPDATE {} SET retired = greatest(retired, $2) WHERE job = $1 AND token >= $2",
+                        t.fences
+                    ),
+                    &[&job, &token_i],
+                )
+                .await
+                .map_err(pg)?;
+                tx.commit().await.map_err(pg)
+            }
+            .await;
+            slot.settle(r)
+        })
+        .await
+    }
+
     /// The sessions holding `job`'s fence now: each fenced transaction and registration holds a
     /// shared advisory lock keyed by the job (schema 5) until it ends. Empty before schema 5's
     /// functions are in use.

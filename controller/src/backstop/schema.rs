@@ -323,6 +323,7 @@ pub(crate) fn holder_key_sql(t: &Tables) -> String {
 ///    fencing: it cannot tell two pods of one run apart), and refuses once one did;
 ///  * both fences and the registration share `<p>fence_check`: the owner, the row lock, the
 ///    token's checks of schema 3, and a shared advisory lock that names the holders (break-lock).
+///
 /// The newest attempt counts only while `attempt_token` is the stored token, so the claim's fence
 /// advance (also an older controller's) needs no change.
 fn migration_5(t: &Tables) -> String {

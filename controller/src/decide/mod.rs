@@ -123,6 +123,12 @@ pub mod reason {
     /// The API server returned the run's Job not suspended (a mutating webhook cleared
     /// `spec.suspend` at create): it is deleted before anything else (issue 31).
     pub const JOB_NOT_SUSPENDED: &str = "JobNotSuspended";
+    /// Replace without a backstop: the replaced run's Job did not go away before the period's
+    /// wait bound, and the new run never starts beside it (F13).
+    pub const REPLACED_RUN_RUNNING: &str = "ReplacedRunStillRunning";
+    /// A confirmed run's resume was refused by admission until the period's wait bound: its Job
+    /// never ran and is deleted (F10a).
+    pub const RESUME_REFUSED: &str = "ResumeRefused";
     /// The backstop's fence row stayed locked by an open transaction past the deadline.
     pub const FENCE_HELD: &str = "FenceHeld";
     /// A Job of the period existed already (an earlier run of it): no second Job.
@@ -409,8 +415,8 @@ fn cursor(
 /// accepted by the fence, which nothing would retire later (F3).
 pub fn hold_outcomes(states: &HashMap<String, JobState>) -> HashMap<String, JobState> {
     states
-        .iter()
-        .map(|(name, _)| (name.clone(), JobState::Active))
+        .keys()
+        .map(|name| (name.clone(), JobState::Active))
         .collect()
 }
 

@@ -1202,11 +1202,24 @@ fn a_retroactive_exclusion_never_runs_a_decided_period_again() {
             job_states: &HashMap::new(),
         };
         let schedule = sched(&s).with_shift_floor(floor);
-        plan(&s, &schedule, st.decided_through, st.fingerprint.as_deref(), &st.active, &obs)
+        plan(
+            &s,
+            &schedule,
+            st.decided_through,
+            st.fingerprint.as_deref(),
+            &st.active,
+            &obs,
+        )
     };
     let saturday = ts("2027-01-09T10:00:00Z");
     let fp = fingerprint_with(&s, &sched(&s));
-    let floor = shift_floor(&fp, st.fingerprint.as_deref(), st.decided_through, None, saturday);
+    let floor = shift_floor(
+        &fp,
+        st.fingerprint.as_deref(),
+        st.decided_through,
+        None,
+        saturday,
+    );
     assert_eq!(floor, Some(saturday), "the edit's cursor");
     let p = decide_floored(&st, floor, saturday);
     assert_eq!(p.start, None);
@@ -1216,7 +1229,13 @@ fn a_retroactive_exclusion_never_runs_a_decided_period_again() {
         "Friday's period does not come back on Monday"
     );
     apply(&mut st, &p);
-    let kept = shift_floor(&fp, st.fingerprint.as_deref(), st.decided_through, floor, saturday);
+    let kept = shift_floor(
+        &fp,
+        st.fingerprint.as_deref(),
+        st.decided_through,
+        floor,
+        saturday,
+    );
     assert_eq!(kept, floor, "kept while the schedule stays the same");
     let monday = decide_floored(&st, kept, ts("2027-01-11T06:00:00Z"));
     assert_eq!(monday.start, None, "{monday:?}");
@@ -1238,12 +1257,18 @@ fn a_finished_run_is_not_recorded_before_its_token_can_be_retired() {
     let mut st = State::default();
     let p = decide(&s, &st, ts("2027-01-01T00:10:00Z"), created, &states(NONE));
     apply(&mut st, &p);
-    let done = states(&[("job-1798762200", JobState::Succeeded(ts("2027-01-01T00:10:05Z")))]);
+    let done = states(&[(
+        "job-1798762200",
+        JobState::Succeeded(ts("2027-01-01T00:10:05Z")),
+    )]);
     let held = hold_outcomes(&done);
     let p = decide(&s, &st, ts("2027-01-01T00:20:00Z"), created, &held);
     assert!(p.finished.is_empty(), "{p:?}");
     assert_eq!(p.still_active.len(), 1);
-    assert_eq!(p.start, None, "Forbid waits for the run whose outcome is held");
+    assert_eq!(
+        p.start, None,
+        "Forbid waits for the run whose outcome is held"
+    );
     let p = decide(&s, &st, ts("2027-01-01T00:20:00Z"), created, &done);
     assert_eq!(p.finished.len(), 1);
     assert_eq!(p.start, Some(ts("2027-01-01T00:20:00Z")));

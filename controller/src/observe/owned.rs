@@ -294,7 +294,10 @@ mod tests {
         // Released to its queue already: suspended until the queue admits it, not released again.
         let mut queued = j.clone();
         queued.released = Some(true);
-        assert!(to_resume(&st, &[queued]).is_empty(), "released to its queue");
+        assert!(
+            to_resume(&st, &[queued]).is_empty(),
+            "released to its queue"
+        );
         // Another Job of the same name (a re-creation) is not the confirmed one.
         let mut other = j.clone();
         other.uid = "someone-else".into();
@@ -313,11 +316,19 @@ mod tests {
         st.pending_claim = Some(run(&j));
         st.pending_claim.as_mut().unwrap().job_uid = None;
         let found = started_outside(&st, std::slice::from_ref(&j));
-        assert_eq!(found.len(), 1, "a pending claim's Job started before its confirm");
+        assert_eq!(
+            found.len(),
+            1,
+            "a pending claim's Job started before its confirm"
+        );
         assert_eq!(found[0].0.token, 3);
         st.pending_claim = None;
         st.active.push(run(&j));
-        assert_eq!(started_outside(&st, std::slice::from_ref(&j)).len(), 1, "confirmed, started by another");
+        assert_eq!(
+            started_outside(&st, std::slice::from_ref(&j)).len(),
+            1,
+            "confirmed, started by another"
+        );
         let mut released = j.clone();
         released.released = Some(true);
         assert!(started_outside(&st, &[released]).is_empty());
@@ -326,10 +337,16 @@ mod tests {
         assert!(started_outside(&st, &[suspended]).is_empty());
         let mut older = j.clone();
         older.released = None;
-        assert!(started_outside(&st, &[older]).is_empty(), "an older controller's Job");
+        assert!(
+            started_outside(&st, &[older]).is_empty(),
+            "an older controller's Job"
+        );
         let mut going = j.clone();
         going.deleting = true;
-        assert!(started_outside(&st, &[going]).is_empty(), "being stopped already");
+        assert!(
+            started_outside(&st, &[going]).is_empty(),
+            "being stopped already"
+        );
     }
 
     /// F5: a wiped status adopts the newest claim's Job although it is still suspended (its

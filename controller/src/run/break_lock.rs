@@ -116,7 +116,11 @@ pub async fn break_lock(
 /// (F6): their transactions roll back, nothing they wrote commits. Each one ended, or why it
 /// could not be (the controller's role may not signal another role's sessions: a DBA then runs
 /// `pg_terminate_backend`), is logged and goes into an Event; the break-lock is retried.
-async fn end_holders(ctx: &Context, sj: &SingletonJob, b: &crate::backstop::Backstop) -> Result<()> {
+async fn end_holders(
+    ctx: &Context,
+    sj: &SingletonJob,
+    b: &crate::backstop::Backstop,
+) -> Result<()> {
     ctx.gate.check()?;
     let ended = b.end_fence_holders(&sj.backstop_key()).await?;
     if ended.is_empty() {

@@ -82,6 +82,21 @@ pub(super) async fn backstop_claim(
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
+            // Our own earlier claim (a retry after a crash) whose token was retired meanwhile: a
+            // stop of its Job (started by someone else) retired it and did not get to record the
+            // decision. No Job is created with a retired token: the period is decided now.
+            Ok(ClaimOutcome::Duplicate { token, .. })
+                if token == claim.token && Box::pin(b.retired(&key)).await? >= token =>
+            {
+                let p = naming::period_rfc3339(period);
+                let note = format!(
+                    "the claim of period {p} (token {token}) was retired before its run was recorded: its Job was stopped (started by someone else); no other Job is created for it"
+                );
+                let d =
+                    decided::Decision::new(Outcome::Failed, reason::STARTED_BEFORE_CONFIRM, note);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                return Ok(Backstopped::Decided);
+            }
             // A fresh claim, or our own earlier one (a retry after a crash).
             Ok(_) => {
                 return Ok(Backstopped::Go {
@@ -330,7 +345,10 @@ async fn unavailable(
     }
     if past_deadline(sj, &claim) {
         let note = format!("the backstop stayed unavailable past the starting deadline: {why}");
-        let d = decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note);
+        // The claim may have committed before the database stopped answering: its row is
+        // withdrawn once the database answers again (F10c).
+        let d =
+            decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note).unsettled();
         decided::decide_without_job(ctx, sj, &claim, d, None).await?;
         return Ok(Backstopped::Decided);
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
 use super::create::Admission;
+use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
 use crate::context::Context;
 use crate::decide::reason;
 use crate::failpoint;
@@ -109,7 +109,9 @@ pub async fn resume(
 ) -> Result<()> {
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let release = admission.release();
-    let resumed = kube_io::resume_job(ctx, ns, &run.job_name, uid, run.token, release).await?;
+    let deadline = crate::job::active_deadline_at(sj, run.period.0, Timestamp::now());
+    let resumed =
+        kube_io::resume_job(ctx, ns, &run.job_name, uid, run.token, release, deadline).await?;
     ctx.resumed.note(uid);
     match resumed {
         Resumed::Yes => {

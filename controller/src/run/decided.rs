@@ -23,6 +23,9 @@ pub(super) struct Decision {
     /// A Job with the claim's token may have run pods (it was stopped): its token is retired
     /// whatever attempts registered. Otherwise only if none did (F4).
     started: bool,
+    /// The backstop stopped answering in the middle of the claim: its row may exist. Remembered
+    /// in `status.unsettledClaims` and withdrawn once the backstop answers ([`settle`], F10c).
+    unsettled: bool,
 }
 
 impl Decision {
@@ -33,7 +36,14 @@ impl Decision {
             note,
             cluster: None,
             started: false,
+            unsettled: false,
         }
+    }
+
+    /// The claim's backstop row may exist (see `unsettled`).
+    pub(super) fn unsettled(mut self) -> Self {
+        self.unsettled = true;
+        self
     }
 
     /// The claim's Job may have run pods before it was stopped (see `started`).
@@ -76,6 +86,12 @@ pub(super) fn decide_without_job<'a>(
         let mut status = sj.status.clone().unwrap_or_default();
         status.pending_claim = None;
         status.last_result = Some(d.outcome);
+        if d.unsettled && status.unsettled_claims.len() < MAX_UNSETTLED {
+            status.unsettled_claims.push(crate::api::UnsettledClaim {
+                period: claim.period.clone(),
+                token: claim.token,
+            });
+        }
         let mut entry = record::decided_entry(claim, d.outcome, d.reason, Timestamp::now());
         entry.cluster = d.cluster;
         record::push_history(&mut status, entry.clone());
@@ -86,6 +102,32 @@ pub(super) fn decide_without_job<'a>(
             .await;
         Ok(())
     })
+}
+
+/// The most claims `status.unsettledClaims` holds (its schema's bound).
+const MAX_UNSETTLED: usize = 100;
+
+/// Settles the claims left unsettled by an outage of the backstop (F10c): each one's row, if the
+/// claim did commit, is withdrawn and its token retired, then the list is cleared by a status
+/// write. Returns whether it wrote.
+pub async fn settle(ctx: &Context, sj: &SingletonJob, b: &Backstop) -> Result<bool> {
+    let Some(status) = sj
+        .status
+        .as_ref()
+        .filter(|s| !s.unsettled_claims.is_empty())
+    else {
+        return Ok(false);
+    };
+    let key = sj.backstop_key();
+    for c in &status.unsettled_claims {
+        ctx.gate.check()?;
+        b.withdraw(&key, c.period.0, c.token).await?;
+    }
+    let mut next = status.clone();
+    next.unsettled_claims.clear();
+    kube_io::write_status(ctx, sj, next, Lane::Background).await?;
+    tracing::info!(sj = %sj.key(), claims = status.unsettled_claims.len(), "withdrew the backstop claims of periods decided without a Job during its outage");
+    Ok(true)
 }
 
 /// Retires `token` of a run decided without a Job, unless a Job of it ran

@@ -23,7 +23,8 @@
 //!               the fence raised above this token): decide ClaimedElsewhere,
 //!               create nothing (docs/multi-cluster.md).                            G1, G3
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
-//!               their Jobs are deleted, before the new Job exists.                G5
+//!               their Jobs are deleted, before the new Job exists; without a
+//!               fence, the new Job waits until the old Jobs (and pods) are gone.   G5
 //! 6. Create   : the Job, SUSPENDED: it cannot run pods yet. Its name is
 //!               deterministic per period, so the API server refuses a second Job
 //!               for the period while one exists.                                  G1
@@ -273,9 +274,15 @@ pub async fn complete_claim(
         return Ok(());
     }
 
-    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
+    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them. Without a fence
+    //    (no backstop, or an Efficiency run without its claim) nothing refuses their writes:
+    //    the new run waits until their Jobs, deleted in the foreground, are gone with their pods.
     for old in &claim.replaces {
         create::delete_replaced(ctx, &ns, old).await?;
+    }
+    let fenced = matches!(db, Availability::Ready(_)) && !backstop_skipped;
+    if !fenced && !Box::pin(create::replaced_gone(ctx, &fresh, &claim, db)).await? {
+        return Ok(());
     }
 
     // 6. Create (G1), suspended.

@@ -539,6 +539,16 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
         let gone = serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": "hello-1800000000", "namespace": "ns", "uid": "job-uid"}});
         respond(send, 200, serde_json::to_vec(&gone).unwrap());
+        // Without a backstop nothing fences the replaced run: the new Job waits until the old
+        // one (deleted in the foreground, with its pods) is gone (F13).
+        let (req, send) = next(&mut handle, "the check that the replaced Job is gone").await;
+        assert_eq!(req.method(), http::Method::GET);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+        );
+        let not_found = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+        respond(send, 404, serde_json::to_vec(&not_found).unwrap());
         let (req, send) = next(&mut handle, "the create").await;
         assert_eq!(req.method(), http::Method::POST);
         let mut job: serde_json::Value =
@@ -614,8 +624,8 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
 }
 
 /// F2: a Job the API server returns not suspended (a mutating webhook cleared `spec.suspend` at
-/// create) is never confirmed or resumed: it is deleted by uid with its pods (foreground) first,
-/// then the period is decided Failed/JobNotSuspended and the claim cleared, with an Event.
+/// create) is never confirmed or resumed: the period is decided Failed/JobNotSuspended (the claim
+/// cleared) with an Event, then the Job is deleted by uid with its pods (foreground).
 #[tokio::test]
 async fn a_job_created_running_is_deleted_and_its_period_decided() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -633,19 +643,12 @@ async fn a_job_created_running_is_deleted_and_its_period_decided() {
         job["spec"]["suspend"] = false.into();
         job["metadata"]["uid"] = "mutated-uid".into();
         respond(send, 201, serde_json::to_vec(&job).unwrap());
-        let (req, send) = next(&mut handle, "the delete").await;
-        assert_eq!(req.method(), http::Method::DELETE);
-        assert_eq!(
-            req.uri().path(),
-            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
-        );
-        let body: serde_json::Value =
-            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
-        assert_eq!(body["preconditions"]["uid"], "mutated-uid");
-        assert_eq!(body["propagationPolicy"], "Foreground");
-        respond(send, 200, serde_json::to_vec(&job).unwrap());
         let (req, send) = next(&mut handle, "the decision").await;
-        assert_eq!(req.method(), http::Method::PUT, "a status write, never a resume");
+        assert_eq!(
+            req.method(),
+            http::Method::PUT,
+            "a status write, never a resume"
+        );
         let body: serde_json::Value =
             serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
         let st = &body["status"];
@@ -659,6 +662,19 @@ async fn a_job_created_running_is_deleted_and_its_period_decided() {
             serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
         assert_eq!(body["reason"], "JobNotSuspended");
         respond(send, 201, serde_json::to_vec(&body).unwrap());
+        // Only once the claim is decided does the Job go: deleted first, its name would be free
+        // for a replica completing the still-pending claim with a second Job of the period.
+        let (req, send) = next(&mut handle, "the delete").await;
+        assert_eq!(req.method(), http::Method::DELETE);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["preconditions"]["uid"], "mutated-uid");
+        assert_eq!(body["propagationPolicy"], "Foreground");
+        respond(send, 200, serde_json::to_vec(&job).unwrap());
     };
     let (completed, ()) = tokio::join!(
         complete_claim(

@@ -50,13 +50,19 @@ async fn waits_on_a_lock(pid: i32) {
         if waiting.as_deref() == Some("Lock") {
             return;
         }
-        assert!(Instant::now() < deadline, "session {pid} never waited on the fence row");
+        assert!(
+            Instant::now() < deadline,
+            "session {pid} never waited on the fence row"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 async fn pid(c: &tokio_postgres::Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0)
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// One fenced transaction of `attempt`: the three-argument fence first, then a write; whether it
@@ -68,10 +74,16 @@ async fn fenced_write(
     attempt: &str,
 ) -> Result<(), tokio_postgres::Error> {
     let tx = c.transaction().await?;
-    tx.query_one(&format!("SELECT {p}fence($1, $2, $3)"), &[&JOB, &token, &attempt])
-        .await?;
-    tx.execute(&format!("INSERT INTO {p}writes (attempt) VALUES ($1)"), &[&attempt])
-        .await?;
+    tx.query_one(
+        &format!("SELECT {p}fence($1, $2, $3)"),
+        &[&JOB, &token, &attempt],
+    )
+    .await?;
+    tx.execute(
+        &format!("INSERT INTO {p}writes (attempt) VALUES ($1)"),
+        &[&attempt],
+    )
+    .await?;
     tx.commit().await
 }
 
@@ -104,12 +116,18 @@ async fn a_newer_attempt_fences_out_the_older_one_of_the_same_run() {
     // The old pod is in a transaction (fenced, written, not committed) when its replacement
     // starts and registers.
     let tx = old.transaction().await.unwrap();
-    tx.query_one(&format!("SELECT {p}fence($1, $2, $3)"), &[&JOB, &1i64, &"pod-a"])
-        .await
-        .unwrap();
-    tx.execute(&format!("INSERT INTO {p}writes (attempt) VALUES ('pod-a')"), &[])
-        .await
-        .unwrap();
+    tx.query_one(
+        &format!("SELECT {p}fence($1, $2, $3)"),
+        &[&JOB, &1i64, &"pod-a"],
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        &format!("INSERT INTO {p}writes (attempt) VALUES ('pod-a')"),
+        &[],
+    )
+    .await
+    .unwrap();
     let new = workload().await;
     let new_pid = pid(&new).await;
     let register2 = register.clone();
@@ -123,7 +141,10 @@ async fn a_newer_attempt_fences_out_the_older_one_of_the_same_run() {
     });
     waits_on_a_lock(new_pid).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!registering.is_finished(), "registered past an open transaction of the older attempt");
+    assert!(
+        !registering.is_finished(),
+        "registered past an open transaction of the older attempt"
+    );
     tx.commit().await.unwrap();
     let (mut new, seq) = registering.await.unwrap();
     assert_eq!(seq, 2);
@@ -133,13 +154,19 @@ async fn a_newer_attempt_fences_out_the_older_one_of_the_same_run() {
     assert_eq!(sqlstate(&e), Some(ATTEMPT_SQLSTATE), "{e}");
     assert_eq!(
         db_message(&e),
-        format!("attempt pod-a of job {JOB} (fencing token 1) was superseded by attempt #2 (pod-b)")
+        format!(
+            "attempt pod-a of job {JOB} (fencing token 1) was superseded by attempt #2 (pod-b)"
+        )
     );
     let e = old
         .query_one(&format!("SELECT {p}fence($1, $2)"), &[&JOB, &1i64])
         .await
         .unwrap_err();
-    assert_eq!(sqlstate(&e), Some(ATTEMPT_SQLSTATE), "the token-only fence too: {e}");
+    assert_eq!(
+        sqlstate(&e),
+        Some(ATTEMPT_SQLSTATE),
+        "the token-only fence too: {e}"
+    );
     let e = old
         .query_one(&register, &[&JOB, &1i64, &"pod-a"])
         .await
@@ -148,7 +175,10 @@ async fn a_newer_attempt_fences_out_the_older_one_of_the_same_run() {
 
     fenced_write(&mut new, p, 1, "pod-b").await.unwrap();
     let attempts = b.attempts(JOB, 1).await.unwrap();
-    let ids: Vec<(i32, &str)> = attempts.iter().map(|a| (a.seq, a.attempt.as_str())).collect();
+    let ids: Vec<(i32, &str)> = attempts
+        .iter()
+        .map(|a| (a.seq, a.attempt.as_str()))
+        .collect();
     assert_eq!(ids, [(1, "pod-a"), (2, "pod-b")]);
     // From outside, as the chaos checker counts: no write of the older attempt after the newer
     // one registered.
@@ -187,9 +217,12 @@ async fn two_attempts_writing_in_a_loop_never_interleave_their_commits() {
         tokio::spawn(async move {
             let mut c = workload().await;
             tokio::time::sleep(register_after).await;
-            c.query_one(&format!("SELECT {p}attempt($1, $2, $3)"), &[&JOB, &1i64, &attempt])
-                .await
-                .unwrap();
+            c.query_one(
+                &format!("SELECT {p}attempt($1, $2, $3)"),
+                &[&JOB, &1i64, &attempt],
+            )
+            .await
+            .unwrap();
             let until = Instant::now() + Duration::from_millis(1500);
             let mut committed = 0;
             while Instant::now() < until {
@@ -208,12 +241,18 @@ async fn two_attempts_writing_in_a_loop_never_interleave_their_commits() {
     let a = writer("pod-a", Duration::ZERO);
     let bb = writer("pod-b", Duration::from_millis(400));
     let (a, bb) = (a.await.unwrap(), bb.await.unwrap());
-    assert!(a > 0 && bb > 0, "both committed some writes before and after: {a} {bb}");
+    assert!(
+        a > 0 && bb > 0,
+        "both committed some writes before and after: {a} {bb}"
+    );
     let attempts = b.attempts(JOB, 1).await.unwrap();
     assert_eq!(attempts.len(), 2);
     let rows = workload()
         .await
-        .query(&format!("SELECT attempt, at FROM {p}writes ORDER BY at"), &[])
+        .query(
+            &format!("SELECT attempt, at FROM {p}writes ORDER BY at"),
+            &[],
+        )
         .await
         .unwrap();
     let last_a: Timestamp = rows
@@ -228,7 +267,10 @@ async fn two_attempts_writing_in_a_loop_never_interleave_their_commits() {
         .map(|r| r.get(1))
         .min()
         .unwrap();
-    assert!(last_a < attempts[1].registered_at, "pod-a committed after pod-b began");
+    assert!(
+        last_a < attempts[1].registered_at,
+        "pod-a committed after pod-b began"
+    );
     assert!(last_a < first_b);
     cleanup(&prefix).await;
 }
@@ -254,10 +296,17 @@ async fn the_token_only_fence_cannot_tell_two_pods_of_a_run_apart() {
     let e = c.query_one(&fence2, &[&JOB, &1i64]).await.unwrap_err();
     assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE));
     let e = c
-        .query_one(&format!("SELECT {p}attempt($1, $2, $3)"), &[&JOB, &1i64, &"pod-y"])
+        .query_one(
+            &format!("SELECT {p}attempt($1, $2, $3)"),
+            &[&JOB, &1i64, &"pod-y"],
+        )
         .await
         .unwrap_err();
-    assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE), "no attempt begins on a retired token");
+    assert_eq!(
+        sqlstate(&e),
+        Some(STALE_TOKEN_SQLSTATE),
+        "no attempt begins on a retired token"
+    );
     cleanup(&prefix).await;
 }
 
@@ -269,7 +318,9 @@ async fn a_new_run_starts_its_own_attempts() {
     let p = prefix.as_str();
     let register = format!("SELECT {p}attempt($1, $2, $3)");
     let c = workload().await;
-    c.query_one(&register, &[&JOB, &1i64, &"pod-a"]).await.unwrap();
+    c.query_one(&register, &[&JOB, &1i64, &"pod-a"])
+        .await
+        .unwrap();
     b.claim(JOB, ts("2027-01-01T07:00:00Z"), 2, "invoices-2", None)
         .await
         .unwrap();
@@ -279,7 +330,10 @@ async fn a_new_run_starts_its_own_attempts() {
         .unwrap()
         .get(0);
     assert_eq!(seq, 1);
-    let e = c.query_one(&register, &[&JOB, &1i64, &"pod-a"]).await.unwrap_err();
+    let e = c
+        .query_one(&register, &[&JOB, &1i64, &"pod-a"])
+        .await
+        .unwrap_err();
     assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE));
     cleanup(&prefix).await;
 }
@@ -294,9 +348,12 @@ async fn a_stale_decision_without_a_job_cannot_retire_a_run_that_started() {
     let (prefix, b) = claimed("unstarted", 1).await;
     let p = prefix.as_str();
     let c = workload().await;
-    c.query_one(&format!("SELECT {p}attempt($1, $2, $3)"), &[&JOB, &1i64, &"pod-a"])
-        .await
-        .unwrap();
+    c.query_one(
+        &format!("SELECT {p}attempt($1, $2, $3)"),
+        &[&JOB, &1i64, &"pod-a"],
+    )
+    .await
+    .unwrap();
     let e = b.retire_unstarted(JOB, 1).await.unwrap_err();
     assert!(
         matches!(&e, Error::RunStarted { token: 1, attempt, .. } if attempt == "pod-a"),
@@ -313,7 +370,10 @@ async fn a_stale_decision_without_a_job_cannot_retire_a_run_that_started() {
     b.retire_unstarted(JOB, 2).await.unwrap();
     assert_eq!(b.retired(JOB).await.unwrap(), 2);
     let e = c
-        .query_one(&format!("SELECT {p}attempt($1, $2, $3)"), &[&JOB, &2i64, &"pod-b"])
+        .query_one(
+            &format!("SELECT {p}attempt($1, $2, $3)"),
+            &[&JOB, &2i64, &"pod-b"],
+        )
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE));
@@ -328,28 +388,46 @@ async fn break_lock_ends_a_session_that_holds_the_fence() {
     let (prefix, b) = claimed("holders", 1).await;
     let p = prefix.as_str();
     let mut hung = workload().await;
-    hung.query_one(&format!("SELECT {p}attempt($1, $2, $3)"), &[&JOB, &1i64, &"pod-a"])
-        .await
-        .unwrap();
+    hung.query_one(
+        &format!("SELECT {p}attempt($1, $2, $3)"),
+        &[&JOB, &1i64, &"pod-a"],
+    )
+    .await
+    .unwrap();
     let hung_pid = pid(&hung).await;
     let tx = hung.transaction().await.unwrap();
-    tx.query_one(&format!("SELECT {p}fence($1, $2, $3)"), &[&JOB, &1i64, &"pod-a"])
-        .await
-        .unwrap();
-    tx.execute(&format!("INSERT INTO {p}writes (attempt) VALUES ('pod-a')"), &[])
-        .await
-        .unwrap();
+    tx.query_one(
+        &format!("SELECT {p}fence($1, $2, $3)"),
+        &[&JOB, &1i64, &"pod-a"],
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        &format!("INSERT INTO {p}writes (attempt) VALUES ('pod-a')"),
+        &[],
+    )
+    .await
+    .unwrap();
     let holders = b.fence_holders(JOB).await.unwrap();
-    assert_eq!(holders.iter().map(|h| h.pid).collect::<Vec<_>>(), [hung_pid]);
+    assert_eq!(
+        holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
+        [hung_pid]
+    );
     assert!(holders[0].since.is_some());
-    assert!(b.fence_holders("other/job").await.unwrap().is_empty(), "per job");
+    assert!(
+        b.fence_holders("other/job").await.unwrap().is_empty(),
+        "per job"
+    );
     let ended = b.end_fence_holders(JOB).await.unwrap();
     assert_eq!(ended.len(), 1);
     assert_eq!(ended[0].result, Ok(()), "{ended:?}");
     assert!(tx.commit().await.is_err(), "its session is gone");
     let started = Instant::now();
     b.retire(JOB, 1).await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(2), "the fence row is free");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the fence row is free"
+    );
     let n: i64 = workload()
         .await
         .query_one(&format!("SELECT count(*) FROM {p}writes"), &[])
@@ -373,21 +451,35 @@ async fn across_clusters_a_period_is_due_by_the_databases_clock() {
     let db_now: Timestamp = admin.query_one("SELECT now()", &[]).await.unwrap().get(0);
     let ahead = Timestamp::from_second(db_now.as_second() + 30).unwrap();
     let west = cluster("west", Some(60), None);
-    let got = b.claim_as(JOB, ahead, 1, "invoices-a", None, &west).await.unwrap();
+    let got = b
+        .claim_as(JOB, ahead, 1, "invoices-a", None, &west)
+        .await
+        .unwrap();
     assert_eq!(got, ClaimOutcome::NotYet { until: ahead });
     assert_eq!(b.fence(JOB).await.unwrap(), 0, "nothing claimed");
     let manual = Claimer {
         scheduled: false,
         ..west.clone()
     };
-    let got = b.claim_as(JOB, ahead, 1, "invoices-a", None, &manual).await.unwrap();
-    assert_eq!(got, ClaimOutcome::Claimed, "a trigger is due when asked for");
+    let got = b
+        .claim_as(JOB, ahead, 1, "invoices-a", None, &manual)
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        ClaimOutcome::Claimed,
+        "a trigger is due when asked for"
+    );
     let later = Timestamp::from_second(ahead.as_second() + 60).unwrap();
     let got = b
         .claim_as(JOB, later, 2, "invoices-b", None, &Claimer::default())
         .await
         .unwrap();
-    assert_eq!(got, ClaimOutcome::Claimed, "one cluster: its own clock checks are the controller's");
+    assert_eq!(
+        got,
+        ClaimOutcome::Claimed,
+        "one cluster: its own clock checks are the controller's"
+    );
     cleanup(&prefix).await;
 }
 
@@ -398,7 +490,10 @@ async fn across_clusters_a_period_is_due_by_the_databases_clock() {
 async fn a_trigger_in_one_cluster_supersedes_no_period_of_another() {
     let prefix = unique_prefix("trigger");
     let b = backstop(&prefix);
-    let (west, east) = (cluster("west", Some(60), None), cluster("east", Some(60), None));
+    let (west, east) = (
+        cluster("west", Some(60), None),
+        cluster("east", Some(60), None),
+    );
     let p1 = ts("2025-01-01T06:00:00Z");
     let trigger = ts("2025-01-01T06:00:30.123456Z");
     let manual = Claimer {
@@ -406,21 +501,68 @@ async fn a_trigger_in_one_cluster_supersedes_no_period_of_another() {
         ..west.clone()
     };
     assert_eq!(
-        b.claim_as(JOB, trigger, 1, "invoices-t", None, &manual).await.unwrap(),
+        b.claim_as(JOB, trigger, 1, "invoices-t", None, &manual)
+            .await
+            .unwrap(),
         ClaimOutcome::Claimed
     );
     assert_eq!(
-        b.claim_as(JOB, p1, 2, "invoices-1", None, &east).await.unwrap(),
+        b.claim_as(JOB, p1, 2, "invoices-1", None, &east)
+            .await
+            .unwrap(),
         ClaimOutcome::Claimed,
         "not Superseded by west's trigger"
     );
     // A scheduled later period of another cluster still supersedes.
     let p2 = ts("2025-01-01T06:01:00Z");
     let p0 = ts("2025-01-01T05:59:00Z");
-    b.claim_as(JOB, p2, 3, "invoices-2", None, &west).await.unwrap();
+    b.claim_as(JOB, p2, 3, "invoices-2", None, &west)
+        .await
+        .unwrap();
     assert!(matches!(
-        b.claim_as(JOB, p0, 4, "invoices-0", None, &east).await.unwrap(),
+        b.claim_as(JOB, p0, 4, "invoices-0", None, &east)
+            .await
+            .unwrap(),
         ClaimOutcome::Superseded { .. }
     ));
+    cleanup(&prefix).await;
+}
+
+/// F10c: a claim committed, but its reply was lost and the database stayed unavailable past the
+/// period's deadline: the period was decided Missed without a Job. Once the database answers, the
+/// claim is withdrawn: its row (which named a Job that never existed) is gone, so the claims
+/// table no longer says the period ran and a backfill may run it, and its token is retired.
+#[tokio::test]
+async fn a_claim_whose_period_never_ran_is_withdrawn() {
+    let (prefix, b) = claimed("withdraw", 1).await;
+    let p = ts("2027-01-01T06:00:00Z");
+    assert!(b.claimed(JOB, p).await.unwrap().is_some());
+    b.withdraw(JOB, p, 1).await.unwrap();
+    assert!(
+        b.claimed(JOB, p).await.unwrap().is_none(),
+        "the row is gone"
+    );
+    assert_eq!(b.retired(JOB).await.unwrap(), 1, "its token retired");
+    b.withdraw(JOB, p, 1).await.unwrap();
+    // A backfill claims the period again, with a token above the fence.
+    assert_eq!(
+        b.claim(JOB, p, 2, "invoices-1-backfill", None)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    // A row another claim holds (another token) is left alone; a started run is never withdrawn.
+    b.withdraw(JOB, p, 1).await.unwrap();
+    assert_eq!(b.claimed(JOB, p).await.unwrap().map(|r| r.token), Some(2));
+    let c = workload().await;
+    c.query_one(
+        &format!("SELECT {}attempt($1, $2, $3)", prefix.as_str()),
+        &[&JOB, &2i64, &"pod-a"],
+    )
+    .await
+    .unwrap();
+    let e = b.withdraw(JOB, p, 2).await.unwrap_err();
+    assert!(matches!(e, Error::RunStarted { .. }), "{e}");
+    assert!(b.claimed(JOB, p).await.unwrap().is_some());
     cleanup(&prefix).await;
 }

@@ -15,9 +15,9 @@
 //! 4. BEGIN; SELECT singleton_fence(job, token, attempt): refused (SQLSTATE SF001 to SF004)
 //!    unless this run's token is the job's current one and this pod its newest attempt; holds
 //!    the fence row's lock until COMMIT.
-//! 5. The writes, keyed by (period, customer), so a retry changes nothing; skipped when an
-//!    earlier attempt of this same run committed them already. One row in run_attempts says
-//!    which attempt committed the period's writes.
+//! 5. The writes: the invoices, keyed by (period, customer), so a retry changes nothing; and one
+//!    row in run_attempts, the run's ledger entry, which is not idempotent on purpose (as a
+//!    debit of a balance is not): only the fence keeps two pods of the run from both making it.
 //! 6. COMMIT.
 //! ```
 
@@ -129,21 +129,13 @@ pub struct Committed {
     /// Invoices of the period in the table after the commit (this run's and any earlier run's of
     /// the same period).
     pub invoices: i64,
-    /// An earlier attempt of this same run had committed the period's writes: this one wrote
-    /// nothing.
-    pub already: bool,
 }
 
 impl fmt::Display for Committed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = if self.already {
-            "found the writes of an earlier attempt of this run committed:"
-        } else {
-            "committed"
-        };
         write!(
             f,
-            "{what} {} invoice(s) for {} period {} under fencing token {}",
+            "committed {} invoice(s) for {} period {} under fencing token {}",
             self.invoices, self.job, self.period, self.token
         )?;
         if let Some((attempt, seq)) = &self.attempt {
@@ -193,26 +185,24 @@ pub async fn run(args: Args) -> Result<Committed> {
         tokio::time::sleep(Duration::from_secs(args.work_seconds)).await;
     }
     let mut client = connect(&args.database_url, args.sslrootcert.as_deref()).await?;
-    let (invoices, already) = invoice(&mut client, &fence, &args, token, attempt.as_ref()).await?;
+    let invoices = invoice(&mut client, &fence, &args, token, attempt.as_ref()).await?;
     Ok(Committed {
         job: args.job,
         period: args.period,
         token: args.token,
         attempt,
         invoices,
-        already,
     })
 }
 
-/// Steps 4 to 6: one transaction, fenced first. Returns the period's invoices and whether an
-/// earlier attempt of this run had written them already.
+/// Steps 4 to 6: one transaction, fenced first. Returns the period's invoices.
 async fn invoice(
     client: &mut Client,
     fence: &str,
     args: &Args,
     token: i64,
     attempt: Option<&(String, i32)>,
-) -> Result<(i64, bool)> {
+) -> Result<i64> {
     let tx = client.transaction().await?;
     // 4. The fence, first. A function name cannot be a parameter; it was checked to be a plain
     //    identifier.
@@ -230,20 +220,6 @@ async fn invoice(
         }
     };
     let count = "SELECT count(*) FROM invoices WHERE period = $1";
-    // An earlier attempt of this run (its pod deleted after its commit, before it exited)
-    // committed the period already: the run's work is done, nothing more is written.
-    let done = tx
-        .query_opt(
-            "SELECT 1 FROM invoice_runs WHERE period = $1 AND token = $2",
-            &[&args.period, &token],
-        )
-        .await?
-        .is_some();
-    if done {
-        let n: i64 = tx.query_one(count, &[&args.period]).await?.get(0);
-        tx.commit().await?;
-        return Ok((n, true));
-    }
     // 5. The writes. The natural key (period, customer) makes a retry of this run a no-op.
     tx.execute(
         "INSERT INTO invoices (period, customer, amount_cents, fencing_token, idempotency_key)
@@ -264,8 +240,9 @@ async fn invoice(
         &[&args.period, &token, &id],
     )
     .await?;
-    // Which attempt (pod) committed the period's writes, with the database's time of it: one row
-    // per attempt that committed, which is what the chaos suite counts per period.
+    // The run's ledger entry: which attempt (pod) committed, at the database's time. Not
+    // idempotent on purpose, as a debit is not: a second pod of the run committing would add a
+    // second row. The chaos suite counts these rows per period.
     tx.execute(
         "INSERT INTO run_attempts (period, token, attempt, seq) VALUES ($1, $2, $3, $4)",
         &[&args.period, &token, &id, &attempt.map(|(_, seq)| *seq)],
@@ -274,7 +251,7 @@ async fn invoice(
     let n: i64 = tx.query_one(count, &[&args.period]).await?.get(0);
     // 6. Everything above commits, or nothing does.
     tx.commit().await?;
-    Ok((n, false))
+    Ok(n)
 }
 
 /// The registration function beside the fence function `fence` (`<p>fence` → `<p>attempt`).
