@@ -67,6 +67,10 @@ pub struct JobSeen {
     /// When the watch first saw it finished (Complete or Failed), else gone; None: still active
     /// at the check (or known from Events only).
     pub ended: Option<Timestamp>,
+    /// Seen allowed to run while its `singleton.dev/released` annotation still said `false`:
+    /// started by someone other than the controller (issue 31: only the controller starts a
+    /// run, by a resume that sets the annotation in the same patch).
+    pub unreleased: bool,
 }
 
 /// Periods recorded with an outcome and a reason but no run (Missed, Skipped, Deduplicated),
@@ -697,6 +701,16 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         }
     }
 
+    // Only the controller starts a run: no Job seen running before its release.
+    for j in sj.jobs.iter().filter(|j| j.ran && j.unreleased) {
+        row.details.push(format!(
+            "{} period {}: Job {} ran while its singleton.dev/released annotation said false (started by someone other than the controller)",
+            sj.key,
+            j.period,
+            describe(j)
+        ));
+    }
+
     // No Job that ran was created before its instant, by the API server's clock (whole seconds,
     // rounded down: a Job created a moment before a whole-second instant shows the second before).
     for j in sj.jobs.iter().filter(|j| j.ran) {
@@ -1103,6 +1117,7 @@ mod tests {
             events_only: false,
             created: Some(period),
             ended: Some(period + SignedDuration::from_secs(1)),
+            unreleased: false,
         }
     }
 
@@ -1281,6 +1296,7 @@ mod tests {
             events_only: true,
             created: None,
             ended: None,
+            unreleased: false,
             ..job(t(8), 0, "uid-from-events")
         });
         obs.events_only = vec!["a-1800000008 (uid uid-from-events)".into()];
@@ -1288,6 +1304,17 @@ mod tests {
         assert_eq!((row.jobs_per_period_max, row.same_token), (2, 0));
         assert!(!passes(&row));
         assert!(row.notes.iter().any(|n| n.contains("Events")));
+    }
+
+    #[test]
+    fn a_job_started_before_its_release_fails() {
+        let mut obs = healthy();
+        obs.sjs[0].jobs[1].unreleased = true;
+        fails_with(
+            &eval(&obs),
+            expect(),
+            "ran while its singleton.dev/released annotation said false",
+        );
     }
 
     #[test]

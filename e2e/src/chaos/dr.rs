@@ -579,6 +579,7 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             events_only: false,
             created: r.created,
             ended: r.finished_at.or(r.deleted),
+            unreleased: r.ran_unreleased,
         };
         jobs.insert(
             r.uid.clone(),
@@ -610,6 +611,7 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             events_only: true,
             created: None,
             ended: None,
+            unreleased: false,
         };
         jobs.insert(
             uid,
@@ -1084,6 +1086,7 @@ mod tests {
                 events_only: false,
                 created: Some(t(0) + SignedDuration::from_millis(created_ms)),
                 ended: None,
+                unreleased: false,
             },
         }
     }

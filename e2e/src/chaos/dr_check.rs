@@ -329,6 +329,7 @@ mod tests {
                 events_only: false,
                 created: Some(period + jiff::SignedDuration::from_millis(300)),
                 ended: Some(period + jiff::SignedDuration::from_millis(1300)),
+                unreleased: false,
             },
         }
     }

@@ -802,6 +802,7 @@ pub async fn observe_sjs(
             events_only: false,
             created: r.created,
             ended: r.finished_at.or(r.deleted),
+            unreleased: r.ran_unreleased,
         };
         jobs.insert(r.uid.clone(), (sj, seen));
     }
@@ -828,6 +829,7 @@ pub async fn observe_sjs(
                     events_only: true,
                     created: None,
                     ended: None,
+                    unreleased: false,
                 };
                 jobs.insert(uid, (sj.to_string(), seen));
             }
