@@ -73,13 +73,14 @@ pub struct JobSeen {
     pub unreleased: bool,
 }
 
-/// Periods recorded with an outcome and a reason but no run (Missed, Skipped, Deduplicated),
-/// inclusive, from an Event or `status.history`.
+/// Periods recorded with an outcome and a reason but no run, inclusive, from a `RunMissed`,
+/// `RunSkipped` or `RunDeduplicated` Event or a `status.history` entry without a Job (whatever its
+/// outcome: only Missed and Skipped can explain a period that no Job ran).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recorded {
     pub first: Timestamp,
     pub last: Timestamp,
-    /// `Missed`, `Skipped`, `Deduplicated`.
+    /// `Missed`, `Skipped`, `Deduplicated`, or another outcome recorded without a Job (`Failed`).
     pub outcome: String,
     /// `Superseded`, `DeadlineExceeded`, `BackstopUnavailable`, ...; empty when none was given.
     pub reason: String,
@@ -549,6 +550,12 @@ impl Ctx<'_> {
     ) -> Result<Explained, String> {
         if r.outcome == "Deduplicated" {
             return Err("Deduplicated explains no period that no Job ran".into());
+        }
+        if !matches!(r.outcome.as_str(), "Missed" | "Skipped") {
+            return Err(format!(
+                "outcome {} is not one a period may have without a run",
+                r.outcome
+            ));
         }
         if !self.expect.reasons.contains(&r.reason.as_str()) {
             return Err(format!(
@@ -1466,6 +1473,17 @@ mod tests {
             .recorded
             .push(recorded(t(6), "Missed", "Superseded"));
         fails_with(&eval(&obs), expect(), "due outside the fault window");
+        // A run recorded Failed without a Job (StartedBeforeConfirm for a Job the watch saw
+        // never run) explains nothing either.
+        let mut obs = base.clone();
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Failed", "StartedBeforeConfirm"));
+        fails_with(
+            &eval(&obs),
+            expect(),
+            "outcome Failed is not one a period may have",
+        );
         // Deduplicated explains no missing run.
         let mut obs = base.clone();
         obs.sjs[0]

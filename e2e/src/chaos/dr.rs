@@ -470,7 +470,26 @@ impl DrWorld {
         }
         self.workload.stopped.store(true, Ordering::SeqCst);
         let db = crate::pg().await?;
-        let claims = db
+        let attempts = match self.workload.attempts.load(Ordering::SeqCst) {
+            true => Some(committed_attempts(&db, &self.prefix).await?),
+            false => None,
+        };
+        let schedule = singleton::schedule::Schedule::parse(SCHEDULE, None, Default::default())?;
+        let mut obs = DrObservations {
+            key: self.key.clone(),
+            due: schedule.iter_after(from).take_while(|p| *p <= to).collect(),
+            writes: lock(&self.workload.writes).clone(),
+            attempts,
+            interval: INTERVAL,
+            checked_at: Some(Timestamp::now()),
+            ..DrObservations::default()
+        };
+        for side in [&self.east, &self.west] {
+            observe_side(side, &mut obs).await?;
+        }
+        // The claims last, after both clusters' Jobs: every Job seen had its claim committed
+        // before it was created (read first, a run started in between would have none).
+        obs.claims = db
             .query(
                 &format!(
                     "SELECT period, token, cluster, confirmed_at IS NOT NULL FROM {}claims WHERE job = $1",
@@ -487,24 +506,6 @@ impl DrWorld {
                 confirmed: r.get(3),
             })
             .collect();
-        let attempts = match self.workload.attempts.load(Ordering::SeqCst) {
-            true => Some(committed_attempts(&db, &self.prefix).await?),
-            false => None,
-        };
-        let schedule = singleton::schedule::Schedule::parse(SCHEDULE, None, Default::default())?;
-        let mut obs = DrObservations {
-            key: self.key.clone(),
-            due: schedule.iter_after(from).take_while(|p| *p <= to).collect(),
-            claims,
-            writes: lock(&self.workload.writes).clone(),
-            attempts,
-            interval: INTERVAL,
-            checked_at: Some(Timestamp::now()),
-            ..DrObservations::default()
-        };
-        for side in [&self.east, &self.west] {
-            observe_side(side, &mut obs).await?;
-        }
         Ok(obs)
     }
 
@@ -545,11 +546,8 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             .history
             .iter()
             .filter(|h| {
-                h.job_name.is_none()
-                    && matches!(
-                        h.outcome,
-                        RunOutcome::Missed | RunOutcome::Skipped | RunOutcome::Deduplicated
-                    )
+                // Every outcome recorded without a Job; the checker accepts only some.
+                h.job_name.is_none() && !matches!(h.outcome, RunOutcome::Running)
             })
             .map(|h| Recorded {
                 first: h.period.0,

@@ -223,17 +223,17 @@ impl RealWorld {
         .await
     }
 
-    /// The workload's committed runs as writes in commit order, the backstop's claims, and the
-    /// committed attempts (the workload's `run_attempts` with their registrations in
-    /// `singleton_attempts`) once the billing workload records them (None before schema 5).
-    #[allow(clippy::type_complexity)]
-    async fn database(
-        &self,
-    ) -> Result<(
-        Vec<Write>,
-        HashMap<String, Vec<Claim>>,
-        Option<Vec<CommittedAttempt>>,
-    )> {
+    /// The backstop's claims (read after the Jobs: see [`observe_sjs`]).
+    async fn claims(&self) -> Result<HashMap<String, Vec<Claim>>> {
+        let (db, conn) = tokio_postgres::connect(&self.s.host_url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        crate::chaos::world::claims_in(&db, "singleton_").await
+    }
+
+    /// The workload's committed runs as writes in commit order, and the committed attempts (the
+    /// workload's `run_attempts` with their registrations in `singleton_attempts`) once the
+    /// billing workload records them (None before schema 5).
+    async fn database(&self) -> Result<(Vec<Write>, Option<Vec<CommittedAttempt>>)> {
         let (db, conn) = tokio_postgres::connect(&self.s.host_url, tokio_postgres::NoTls).await?;
         tokio::spawn(conn);
         let job = format!("{}/{SJ}", self.s.work.ns);
@@ -254,7 +254,6 @@ impl RealWorld {
                 result: WriteResult::Accepted { seq: seq as i64 },
             })
             .collect();
-        let claims = crate::chaos::world::claims_in(&db, "singleton_").await?;
         let recorded: bool = db
             .query_one(
                 "SELECT to_regclass('run_attempts') IS NOT NULL AND to_regclass('singleton_attempts') IS NOT NULL",
@@ -289,7 +288,7 @@ impl RealWorld {
                 .collect(),
             ),
         };
-        Ok((writes, claims, attempts))
+        Ok((writes, attempts))
     }
 
     async fn dump(&self) -> String {
@@ -352,11 +351,11 @@ pub async fn run(fault: Fault, mode: Mode) -> Result<Outcome> {
     // would otherwise hold no period at all.
     let to = (Timestamp::now() - SignedDuration::from_secs(4)).max(after.unwrap_or(Timestamp::MIN));
 
-    let (mut writes, claims, attempts) = w.database().await?;
+    let (mut writes, attempts) = w.database().await?;
     mark_held(&mut writes, &stale);
     let defs = [(SJ.to_string(), w.schedule.to_string())];
     let checked_at = Timestamp::now();
-    let seen = observe_sjs(&w.s.work, &w.observer, &defs, claims, from, to).await?;
+    let seen = observe_sjs(&w.s.work, &w.observer, &defs, w.claims(), from, to).await?;
     let obs = Observations {
         sjs: seen.sjs,
         writes,

@@ -671,10 +671,7 @@ impl World {
         }
         self.workload.stopped.store(true, Ordering::SeqCst);
         let db = crate::pg().await?;
-        let claims = match self.sjs.iter().any(|s| s.backstop) {
-            true => claims_in(&db, &self.prefix).await?,
-            false => HashMap::new(),
-        };
+
         let attempts = match self.workload.attempts.load(Ordering::SeqCst) {
             true => Some(committed_attempts(&db, &self.prefix).await?),
             false => None,
@@ -694,7 +691,14 @@ impl World {
             .map(|d| (d.name.clone(), d.schedule.clone()))
             .collect();
         let checked_at = Timestamp::now();
-        let seen = observe_sjs(&self.env, &self.observer, &defs, claims, from, to).await?;
+        let backstopped = self.sjs.iter().any(|s| s.backstop);
+        let read_claims = async {
+            match backstopped {
+                true => claims_in(&db, &self.prefix).await,
+                false => Ok(HashMap::new()),
+            }
+        };
+        let seen = observe_sjs(&self.env, &self.observer, &defs, read_claims, from, to).await?;
         Ok(Observations {
             sjs: seen.sjs,
             writes: lock(&self.workload.writes).clone(),
@@ -759,15 +763,19 @@ pub struct SjsSeen {
 /// The external truth about the SingletonJobs `defs` (name, schedule) for periods due in
 /// (`from`, `to`]: the Jobs as `observer` saw them, corrected by the job controller's Events (a
 /// Job the watch never saw, in a relist gap, is added; one it never saw resumed but that acted on
-/// pods ran), the outcomes recorded in Events and `status.history`, and `claims` (the backstop's
-/// rows, by job key; each SingletonJob's are those under the key the controller files them
-/// under, `spec.backstop.jobKey` or `namespace/name`). Also the Jobs known from Events only, and
-/// those the checker cannot attribute.
+/// pods ran), the outcomes recorded in Events and `status.history`, and the claims `read_claims`
+/// gives (the backstop's rows, by job key; each SingletonJob's are those under the key the
+/// controller files them under, `spec.backstop.jobKey` or `namespace/name`). Also the Jobs known
+/// from Events only, and those the checker cannot attribute.
+///
+/// The claims are read last, after the Jobs and Events: every Job seen then had its claim
+/// committed before it was created, so the claims read after include it. Read first, a run that
+/// started in between would look like a run without a claim.
 pub async fn observe_sjs(
     env: &Env,
     observer: &Observer,
     defs: &[(String, String)],
-    mut claims: HashMap<String, Vec<Claim>>,
+    read_claims: impl Future<Output = Result<HashMap<String, Vec<Claim>>>>,
     from: Timestamp,
     to: Timestamp,
 ) -> Result<SjsSeen> {
@@ -782,6 +790,7 @@ pub async fn observe_sjs(
     let events = env.events().list(&ListParams::default()).await?.items;
     let reported = job_controller_runs(&events);
     let records = observer.jobs();
+    let mut claims = read_claims.await?;
 
     // The watch's Jobs, corrected by the job controller's Events: a Job the watch never saw
     // (a relist gap) is added, one it never saw resumed but that acted on pods ran.
@@ -867,11 +876,8 @@ pub async fn observe_sjs(
                 .history
                 .iter()
                 .filter(|h| {
-                    h.job_name.is_none()
-                        && matches!(
-                            h.outcome,
-                            Outcome::Missed | Outcome::Skipped | Outcome::Deduplicated
-                        )
+                    // Every outcome recorded without a Job; the checker accepts only some.
+                    h.job_name.is_none() && !matches!(h.outcome, Outcome::Running)
                 })
                 .map(|h| Recorded {
                     first: h.period.0,
