@@ -44,6 +44,8 @@ pub struct JobRecord {
     pub ran_unreleased: bool,
     /// Seen Complete or Failed.
     pub finished: bool,
+    /// When the observer first saw it Complete or Failed (the watch's time).
+    pub finished_at: Option<Timestamp>,
     pub created: Option<Timestamp>,
     /// When the observer saw it go.
     pub deleted: Option<Timestamp>,
@@ -273,11 +275,15 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
         ran: false,
         ran_unreleased: false,
         finished: false,
+        finished_at: None,
         created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
         deleted: None,
         deleted_in_gap: false,
     });
-    r.finished |= finished(job);
+    if !r.finished && finished(job) {
+        r.finished = true;
+        r.finished_at = Some(Timestamp::now());
+    }
     r.ran_unreleased |=
         allowed_to_run(job) && a.get("singleton.dev/released").map(String::as_str) == Some("false");
     if !r.ran && allowed_to_run(job) {

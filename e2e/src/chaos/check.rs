@@ -1,16 +1,40 @@
 //! The checker: pure functions from what the outside world recorded (the backstop's claims table,
 //! the Jobs as a watch of the API server saw them, Events and status, the workload's fenced
-//! writes) to one row of the chaos table. Nothing here trusts the controller's own logs or
-//! counters.
+//! writes and attempts, and what the harness measured of its own fault) to one row of the chaos
+//! table. Nothing here trusts the controller's own logs or counters.
 //!
 //! Runs are counted as users count them (DESIGN.md G1): by Job uid, not by token, and only Jobs
 //! that were ever allowed to run pods. A Job created suspended and removed before it was resumed
 //! never ran; it is reported, not counted.
+//!
+//! What each must-be-zero column rests on:
+//! - Jobs per period, duplicates, same-token re-creations: Job uids from the watch and the job
+//!   controller's Events, claim rows, the workload's committed writes.
+//! - Runs without a claim, Jobs before their instant: the watch (the API server's
+//!   `creationTimestamp`) against the claims table and the schedule.
+//! - Lost: a due period counts as *started* only from the watch or the job controller's Events. A
+//!   period the controller *recorded* (Missed, Skipped) is the controller's own word, so it is
+//!   accepted only when the harness's own record of the fault explains it: the reason is one the
+//!   row's fault can cause ([`Expect::reasons`]) and the period fell due inside the fault window
+//!   the harness measured (from an interval before the fault to an interval after every
+//!   SingletonJob ran again). `Deduplicated` never explains a period no Job ran. A period the
+//!   controller has not decided (after `status.decidedThrough`) is *pending* only while it is
+//!   younger than the row's settle time plus its schedule's interval at the check; older, it is
+//!   lost. Anything else without a run is lost.
+//! - Stale writes accepted, overlapping committed attempts: the workload's own rows in PostgreSQL
+//!   (commit order, token, attempt) and the backstop's attempt registrations.
+//!
+//! And what each row must prove beyond them (checked in [`Row::violations`]): that its fault
+//! fired ([`Proof`], measured by the harness: a component's pid and port, a process state, a
+//! clock offset in a log, a takeover, a precondition), that periods fell due inside the fault
+//! window ([`Expect::min_due_in_fault`]), that the workload committed writes (a fence that
+//! refuses everything, or a workload that never wrote, fails), and the failover bounds the
+//! documentation promises ([`Expect::failover_max`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 
 /// A row of the backstop's claims table.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,15 +60,27 @@ pub struct JobSeen {
     pub removed: bool,
     /// Seen only in the job controller's Events: the watch missed it (a relist gap).
     pub events_only: bool,
+    /// `metadata.creationTimestamp`: the API server's clock, whole seconds (rounded down, so a
+    /// Job created before a whole-second instant always shows a time before it). None when only
+    /// Events show the Job.
+    pub created: Option<Timestamp>,
+    /// When the watch first saw it finished (Complete or Failed), else gone; None: still active
+    /// at the check (or known from Events only).
+    pub ended: Option<Timestamp>,
+    /// Seen allowed to run while its `singleton.dev/released` annotation still said `false`:
+    /// started by someone other than the controller (issue 31: only the controller starts a
+    /// run, by a resume that sets the annotation in the same patch).
+    pub unreleased: bool,
 }
 
-/// Periods recorded with an outcome and a reason but no run (Missed, Skipped, Deduplicated),
-/// inclusive, from an Event or `status.history`.
+/// Periods recorded with an outcome and a reason but no run, inclusive, from a `RunMissed`,
+/// `RunSkipped` or `RunDeduplicated` Event or a `status.history` entry without a Job (whatever its
+/// outcome: only Missed and Skipped can explain a period that no Job ran).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Recorded {
     pub first: Timestamp,
     pub last: Timestamp,
-    /// `Missed`, `Skipped`, `Deduplicated`.
+    /// `Missed`, `Skipped`, `Deduplicated`, or another outcome recorded without a Job (`Failed`).
     pub outcome: String,
     /// `Superseded`, `DeadlineExceeded`, `BackstopUnavailable`, ...; empty when none was given.
     pub reason: String,
@@ -59,11 +95,17 @@ impl Recorded {
 /// What was observed of one SingletonJob.
 #[derive(Clone, Debug, Default)]
 pub struct SjObservation {
+    /// The key the controller files its claims under: `spec.backstop.jobKey` when set, else
     /// `namespace/name`.
     pub key: String,
+    /// It has `spec.backstop`: every run it starts must have a claim row.
+    pub backstop: bool,
+    /// Time between two instants of its schedule (bounds how long a period may stay pending,
+    /// and how far around the fault a recorded period is explained by it).
+    pub interval: Duration,
     /// The scheduled instants that fell due inside the observation window.
     pub due: Vec<Timestamp>,
-    /// `status.decidedThrough`: periods after it are still undecided (pending), not lost.
+    /// `status.decidedThrough`: periods after it are still undecided.
     pub decided_through: Option<Timestamp>,
     pub claims: Vec<Claim>,
     /// Every Job of this SingletonJob seen since before its first run, one per uid.
@@ -77,8 +119,12 @@ pub enum WriteResult {
     /// Committed; the row's id in the writes table (commit order per job: the fence's row lock
     /// serialises the writers of one job).
     Accepted { seq: i64 },
-    /// Refused by `singleton_fence` (SQLSTATE SF001, or 40001).
+    /// Refused as stale by the fence (SQLSTATE SF001: an older or retired token; SF004: a
+    /// superseded attempt), at the write or at the attempt's registration.
     Refused,
+    /// Refused by the fence for another reason (SF002 not permitted, SF003 never issued): the
+    /// workload used a token the controller handed it, so this is always a failure.
+    Rejected { sqlstate: [u8; 5] },
     /// The database never answered within the workload's retry budget.
     Unavailable,
 }
@@ -94,6 +140,51 @@ pub struct Write {
     /// of Kleppmann's diagram). Such a write must be refused.
     pub held: bool,
     pub result: WriteResult,
+}
+
+/// An attempt (a pod of a run) whose fenced writes committed: a row of the workload's own table
+/// (`chaos_writes` of the simulated workload, `run_attempts` of the billing workload) joined
+/// with its registration in the backstop's `<p>attempts` table (docs: attempts-design).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommittedAttempt {
+    pub job: String,
+    pub period: Timestamp,
+    pub token: u64,
+    /// The attempt's id (the pod's uid, or the simulated pod's).
+    pub attempt: String,
+    /// Its registration order within (job, token), from `<p>attempts.seq`; None: not registered.
+    pub seq: Option<i64>,
+    /// `<p>attempts.registered_at` (the database's clock); None: not registered.
+    pub registered_at: Option<Timestamp>,
+    /// When its fenced transaction wrote its row (the database's clock, inside the transaction).
+    pub committed_at: Timestamp,
+}
+
+/// When the fault was on, by the harness's clock: from its injection (`from`) to its healing
+/// (`to`), and when every SingletonJob was seen running again (`recovered`, if it was).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultWindow {
+    pub from: Timestamp,
+    pub to: Timestamp,
+    pub recovered: Option<Timestamp>,
+}
+
+/// One piece of evidence, measured by the harness, that the row's fault did happen (a pid that
+/// changed, a port that refused, a process seen stopped, a skewed clock in a log, a takeover, a
+/// precondition met); `held` false: the fault cannot be shown to have fired, the row fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proof {
+    pub held: bool,
+    pub what: String,
+}
+
+impl Proof {
+    pub fn new(held: bool, what: impl Into<String>) -> Proof {
+        Proof {
+            held,
+            what: what.into(),
+        }
+    }
 }
 
 /// How a workload transaction that hung holding the fence row (replace-hung-tx) ended.
@@ -122,6 +213,9 @@ pub struct HungTx {
 pub struct Observations {
     pub sjs: Vec<SjObservation>,
     pub writes: Vec<Write>,
+    /// Committed attempts; None: the backstop has no attempt registration (schema before 5) or
+    /// the workload does not record attempts, and the attempt columns show n/a.
+    pub attempts: Option<Vec<CommittedAttempt>>,
     /// From a fault that removed the leader to another replica holding the Lease.
     pub failovers: Vec<Duration>,
     pub hung: Vec<HungTx>,
@@ -132,6 +226,18 @@ pub struct Observations {
     pub watch_errors: u64,
     /// Jobs found only in the job controller's Events (the watch missed them): name and uid.
     pub events_only: Vec<String>,
+    /// Jobs of the namespace labelled as runs but without the SingletonJob or period annotation:
+    /// no run of the controller looks like that, and the checker could not attribute them.
+    pub unattributed: Vec<String>,
+    /// When the fault was on (the harness's clock).
+    pub fault: Option<FaultWindow>,
+    /// When the observations were read: a period undecided by then is pending only while it is
+    /// younger than `settle` plus its schedule's interval. None: no period may be pending.
+    pub checked_at: Option<Timestamp>,
+    /// The row's settle time (observed after recovery, before the check).
+    pub settle: Duration,
+    /// Evidence that the fault fired.
+    pub proofs: Vec<Proof>,
 }
 
 /// What a scenario must show beyond the common checks.
@@ -143,6 +249,16 @@ pub struct Expect {
     pub no_backstop_missed: bool,
     /// A Replace must have ended a transaction hung on the fence (by deleting its Job).
     pub hung_replace: bool,
+    /// The reasons with which this row's fault may make the controller record a period instead
+    /// of running it. A period recorded with another reason is lost.
+    pub reasons: &'static [&'static str],
+    /// How many due periods must fall inside the fault window (at least 1 whatever this says):
+    /// what the row's planned fault duration guarantees for its schedules.
+    pub min_due_in_fault: u64,
+    /// The longest failover the documentation promises for this row, if it promises one.
+    pub failover_max: Option<Duration>,
+    /// How many failovers the row's fault must have caused (measured ones).
+    pub min_failovers: usize,
 }
 
 /// One row of the table.
@@ -151,11 +267,13 @@ pub struct Row {
     pub scenario: String,
     pub fault_window: Duration,
     pub due: u64,
+    /// Due periods inside the fault window.
+    pub due_in_fault: u64,
     /// Due periods with a Job that ran.
     pub started: u64,
-    /// Due periods not started but recorded with an outcome and reason.
+    /// Due periods not started but recorded with an outcome and a reason the fault explains.
     pub recorded: u64,
-    /// Due periods after `decidedThrough` at check time (neither started nor decided yet).
+    /// Due periods after `decidedThrough` at check time and younger than the pending bound.
     pub pending: u64,
     /// Max over (SingletonJob, period) of the Job uids that ran: at most 1 (G1).
     pub jobs_per_period_max: u64,
@@ -164,10 +282,28 @@ pub struct Row {
     /// token never starts a Job again).
     pub same_token: u64,
     pub lost: u64,
+    /// Periods of a SingletonJob with a backstop that ran without a claim row: 0.
+    pub unclaimed: u64,
+    /// Jobs that ran, created (API server's clock) before their period's instant: 0.
+    pub early: u64,
     pub non_monotonic: u64,
     pub stale_accepted: u64,
+    /// Held (deliberately late) writes refused by the fence.
     pub stale_refused: u64,
+    /// Writes made as soon as their run started, refused by the fence anyway (the workload learnt
+    /// of the run late, after a newer one started or its period was decided). Informational.
+    pub fresh_refused: u64,
+    /// Writes refused with SF002/SF003: always a failure.
+    pub writes_rejected: u64,
+    /// Writes whose database never answered within the workload's retry budget.
+    pub writes_unavailable: u64,
     pub writes_accepted: u64,
+    /// Max over (job, period) of the distinct attempts whose writes committed: at most 1. None:
+    /// not measured (n/a).
+    pub attempts_max: Option<u64>,
+    /// Pairs of committed attempts of one period where the older one committed after the newer
+    /// one registered: 0. None: not measured.
+    pub attempts_overlapping: Option<u64>,
     /// Jobs created suspended and removed without ever being allowed to run (informational).
     pub unrun_removed: u64,
     /// Due periods recorded Missed with reason BackstopUnavailable.
@@ -176,6 +312,8 @@ pub struct Row {
     /// Hung transactions ended because their Job was deleted.
     pub hung_released: u64,
     pub failovers: Vec<Duration>,
+    /// Evidence that the fault fired.
+    pub proofs: Vec<Proof>,
     /// Human-readable evidence of every violation.
     pub details: Vec<String>,
     /// What a reader should know but is no failure (watch relists, Jobs known only from Events).
@@ -183,6 +321,11 @@ pub struct Row {
 }
 
 impl Row {
+    /// Whether every proof held (and there is one).
+    pub fn fault_proven(&self) -> bool {
+        !self.proofs.is_empty() && self.proofs.iter().all(|p| p.held)
+    }
+
     /// What makes the scenario fail; empty when it passed.
     pub fn violations(&self, expect: Expect) -> Vec<String> {
         let mut v = Vec::new();
@@ -190,8 +333,14 @@ impl Row {
             ("duplicate runs", self.duplicates),
             ("same-token re-creations", self.same_token),
             ("lost periods", self.lost),
+            ("runs without a claim row", self.unclaimed),
+            ("Jobs created before their period's instant", self.early),
             ("non-monotonic tokens", self.non_monotonic),
             ("stale writes accepted", self.stale_accepted),
+            (
+                "writes rejected by the fence (SF002/SF003)",
+                self.writes_rejected,
+            ),
         ] {
             if n > 0 {
                 v.push(format!("{}: {n} {what}", self.scenario));
@@ -203,8 +352,26 @@ impl Row {
                 self.scenario, self.jobs_per_period_max
             ));
         }
+        if let Some(n) = self.attempts_max.filter(|n| *n > 1) {
+            v.push(format!(
+                "{}: attempts that committed per period (max) is {n}, at most 1 may",
+                self.scenario
+            ));
+        }
+        if let Some(n) = self.attempts_overlapping.filter(|n| *n > 0) {
+            v.push(format!(
+                "{}: {n} overlapping committed attempts",
+                self.scenario
+            ));
+        }
         if self.started == 0 {
             v.push(format!("{}: no run started at all", self.scenario));
+        }
+        if self.writes_accepted == 0 {
+            v.push(format!(
+                "{}: the workload committed no write at all (a fence that refuses everything, or a workload that never wrote)",
+                self.scenario
+            ));
         }
         if expect.pause && self.stale_refused == 0 {
             v.push(format!(
@@ -224,6 +391,40 @@ impl Row {
                 self.scenario, self.hung
             ));
         }
+        let need = expect.min_due_in_fault.max(1);
+        if self.due_in_fault < need {
+            v.push(format!(
+                "{}: {} period(s) fell due inside the fault window, at least {need} needed",
+                self.scenario, self.due_in_fault
+            ));
+        }
+        if self.failovers.len() < expect.min_failovers {
+            v.push(format!(
+                "{}: {} failover(s) measured, the fault must cause {}",
+                self.scenario,
+                self.failovers.len(),
+                expect.min_failovers
+            ));
+        }
+        if let Some(max) = expect.failover_max {
+            for f in self.failovers.iter().filter(|f| **f > max) {
+                v.push(format!(
+                    "{}: a failover took {} s, beyond the bound of {} s",
+                    self.scenario,
+                    secs(*f),
+                    secs(max)
+                ));
+            }
+        }
+        if self.proofs.is_empty() {
+            v.push(format!(
+                "{}: nothing shows that the fault fired",
+                self.scenario
+            ));
+        }
+        for p in self.proofs.iter().filter(|p| !p.held) {
+            v.push(format!("{}: fault not shown: {}", self.scenario, p.what));
+        }
         v.extend(
             self.details
                 .iter()
@@ -233,9 +434,19 @@ impl Row {
     }
 }
 
+/// `d` as a jiff duration (saturating).
+fn signed(d: Duration) -> SignedDuration {
+    SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX)
+}
+
 /// Computes a scenario's row from its observations.
-pub fn evaluate(scenario: &str, fault_window: Duration, obs: &Observations) -> Row {
-    evaluate_tokens(scenario, fault_window, obs, true)
+pub fn evaluate(
+    scenario: &str,
+    fault_window: Duration,
+    expect: &Expect,
+    obs: &Observations,
+) -> Row {
+    evaluate_tokens(scenario, fault_window, expect, obs, true)
 }
 
 /// [`evaluate`], with the check that tokens rise with the period (`period_order`) optional:
@@ -243,6 +454,7 @@ pub fn evaluate(scenario: &str, fault_window: Duration, obs: &Observations) -> R
 pub fn evaluate_tokens(
     scenario: &str,
     fault_window: Duration,
+    expect: &Expect,
     obs: &Observations,
     period_order: bool,
 ) -> Row {
@@ -250,13 +462,33 @@ pub fn evaluate_tokens(
         scenario: scenario.to_string(),
         fault_window,
         failovers: obs.failovers.clone(),
+        proofs: obs.proofs.clone(),
         ..Row::default()
     };
+    let ctx = Ctx {
+        period_order,
+        expect,
+        fault: obs.fault,
+        checked_at: obs.checked_at,
+        settle: obs.settle,
+    };
+    if obs.fault.is_none() {
+        row.details
+            .push("the harness recorded no fault window".to_string());
+    }
     for sj in &obs.sjs {
-        evaluate_sj(sj, &mut row, period_order);
+        evaluate_sj(sj, &mut row, &ctx);
     }
     evaluate_writes(&obs.writes, &mut row);
+    evaluate_attempts(obs.attempts.as_deref(), &mut row);
     evaluate_hung(&obs.hung, &mut row);
+    if !obs.unattributed.is_empty() {
+        row.details.push(format!(
+            "{} Job(s) labelled as runs without their SingletonJob or period annotation: {}",
+            obs.unattributed.len(),
+            obs.unattributed.join(", ")
+        ));
+    }
     if obs.watch_relists > 0 || obs.watch_errors > 0 {
         row.notes.push(format!(
             "the Job watch failed {} time(s) (retried) and listed again {} time(s) after 410 Gone; Jobs created and removed before a new list are known from the job controller's Events only",
@@ -270,8 +502,100 @@ pub fn evaluate_tokens(
             obs.events_only.join(", ")
         ));
     }
+    let proven: Vec<&str> = row
+        .proofs
+        .iter()
+        .filter(|p| p.held)
+        .map(|p| p.what.as_str())
+        .collect();
+    if !proven.is_empty() {
+        row.notes
+            .push(format!("the fault fired: {}", proven.join("; ")));
+    }
     row
 }
+
+/// What every SingletonJob of a row is judged against.
+struct Ctx<'a> {
+    period_order: bool,
+    expect: &'a Expect,
+    fault: Option<FaultWindow>,
+    checked_at: Option<Timestamp>,
+    settle: Duration,
+}
+
+/// What corroborates a period the controller recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Explained {
+    /// Due in (or an interval around) the fault window the harness measured.
+    Fault,
+    /// `Superseded` while a run of an earlier period of the same SingletonJob was still active at
+    /// its instant by the watch (under `Forbid` with `catchUp: Latest` a period that cannot start
+    /// before the next one falls due is superseded: a slow run, not a lost period).
+    ActiveRun,
+}
+
+impl Ctx<'_> {
+    /// Whether something outside the controller corroborates `r` for period `p` of `sj`: the
+    /// reason is one the row's fault can cause, and either the period fell due in the fault
+    /// window (from an interval before the fault to an interval after every SingletonJob ran
+    /// again), or (`Superseded`) the watch saw an earlier run of the same SingletonJob still
+    /// active at its instant. Deduplicated explains no missing run (the period's claim exists,
+    /// so its run should too).
+    fn explains(
+        &self,
+        r: &Recorded,
+        p: Timestamp,
+        sj: &SjObservation,
+    ) -> Result<Explained, String> {
+        if r.outcome == "Deduplicated" {
+            return Err("Deduplicated explains no period that no Job ran".into());
+        }
+        if !matches!(r.outcome.as_str(), "Missed" | "Skipped") {
+            return Err(format!(
+                "outcome {} is not one a period may have without a run",
+                r.outcome
+            ));
+        }
+        if !self.expect.reasons.contains(&r.reason.as_str()) {
+            return Err(format!(
+                "reason {:?} is not one this row's fault causes ({:?})",
+                r.reason, self.expect.reasons
+            ));
+        }
+        let behind_active_run = r.reason == SUPERSEDED
+            && sj.jobs.iter().any(|j| {
+                j.ran
+                    && j.period < p
+                    && j.created.is_some_and(|c| c <= p)
+                    && j.ended.is_none_or(|e| e > p)
+            });
+        let window = self.fault.map(|f| {
+            (
+                f.from - signed(sj.interval),
+                f.recovered.unwrap_or(f.to).max(f.to) + signed(sj.interval),
+            )
+        });
+        match window {
+            Some((from, to)) if from <= p && p <= to => Ok(Explained::Fault),
+            _ if behind_active_run => Ok(Explained::ActiveRun),
+            None => Err("no fault window to explain it".into()),
+            Some((from, to)) => {
+                let active = if r.reason == SUPERSEDED {
+                    ", and no earlier run of it was active at its instant (watch)"
+                } else {
+                    ""
+                };
+                Err(format!(
+                    "due outside the fault window ({from} to {to}, one interval either side){active}"
+                ))
+            }
+        }
+    }
+}
+
+/// The reason catch-up records for a period passed over by a later one.
+const SUPERSEDED: &str = "Superseded";
 
 fn describe(j: &JobSeen) -> String {
     let token = j.token.map_or("?".to_string(), |t| t.to_string());
@@ -279,7 +603,7 @@ fn describe(j: &JobSeen) -> String {
     format!("{} (uid {}, token {token}{from})", j.name, j.uid)
 }
 
-fn evaluate_sj(sj: &SjObservation, row: &mut Row, period_order: bool) {
+fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     let mut claims_by_period: BTreeMap<Timestamp, Vec<u64>> = BTreeMap::new();
     for c in &sj.claims {
         claims_by_period.entry(c.period).or_default().push(c.token);
@@ -359,6 +683,57 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, period_order: bool) {
         }
     }
 
+    // With a backstop, no run without its claim row (looked up by the key the controller files
+    // claims under): a Job that ran for an unclaimed period started without the database's
+    // consent. A SingletonJob whose runs have no claim at all is said so once, so that a lookup
+    // under the wrong key can never pass for "every run claimed".
+    if sj.backstop {
+        if sj.claims.is_empty() && !ran_by_period.is_empty() {
+            row.details.push(format!(
+                "{} has a backstop and {} period(s) ran, but the claims table has no row under that key",
+                sj.key,
+                ran_by_period.len()
+            ));
+        }
+        for (p, jobs) in &ran_by_period {
+            if !claims_by_period.contains_key(p) {
+                row.unclaimed += 1;
+                let list: Vec<String> = jobs.values().map(|j| describe(j)).collect();
+                row.details.push(format!(
+                    "{} period {p} ran without a claim row: {}",
+                    sj.key,
+                    list.join(", ")
+                ));
+            }
+        }
+    }
+
+    // Only the controller starts a run: no Job seen running before its release.
+    for j in sj.jobs.iter().filter(|j| j.ran && j.unreleased) {
+        row.details.push(format!(
+            "{} period {}: Job {} ran while its singleton.dev/released annotation said false (started by someone other than the controller)",
+            sj.key,
+            j.period,
+            describe(j)
+        ));
+    }
+
+    // No Job that ran was created before its instant, by the API server's clock (whole seconds,
+    // rounded down: a Job created a moment before a whole-second instant shows the second before).
+    for j in sj.jobs.iter().filter(|j| j.ran) {
+        if let Some(c) = j.created
+            && c < j.period
+        {
+            row.early += 1;
+            row.details.push(format!(
+                "{} period {} started early: Job {} created {c}",
+                sj.key,
+                j.period,
+                describe(j)
+            ));
+        }
+    }
+
     // Tokens strictly increase with the period (one token per period: the claim's, else the
     // lowest of its Jobs that ran). A token reused by a later period shows here too.
     let mut token_of: BTreeMap<Timestamp, u64> = BTreeMap::new();
@@ -373,7 +748,7 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, period_order: bool) {
         }
     }
     let mut last: Option<(Timestamp, u64)> = None;
-    for (p, t) in token_of.iter().filter(|_| period_order) {
+    for (p, t) in token_of.iter().filter(|_| ctx.period_order) {
         if let Some((lp, lt)) = last
             && *t <= lt
         {
@@ -386,22 +761,43 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, period_order: bool) {
         last = Some((*p, *t));
     }
 
-    // Every due period: started (a Job ran), recorded with a reason, still pending, or lost.
+    // Every due period: started (a Job ran), recorded with a reason the fault explains, still
+    // pending within its bound, or lost.
     let mut backstop_missed = Vec::new();
+    let (mut by_fault, mut by_active_run) = (0, 0);
+    let pending_bound = ctx.settle + sj.interval;
     for p in &sj.due {
         row.due += 1;
+        if ctx.fault.is_some_and(|f| f.from <= *p && *p <= f.to) {
+            row.due_in_fault += 1;
+        }
+        let covering: Vec<&Recorded> = sj.recorded.iter().filter(|r| r.covers(*p)).collect();
+        let explained = covering
+            .iter()
+            .find_map(|r| ctx.explains(r, *p, sj).ok().map(|how| (r, how)));
         if ran_by_period.contains_key(p) {
             row.started += 1;
-        } else if sj.recorded.iter().any(|r| r.covers(*p)) {
+        } else if let Some((r, how)) = explained {
             row.recorded += 1;
-            if sj
-                .recorded
-                .iter()
-                .any(|r| r.covers(*p) && r.reason == "BackstopUnavailable")
-            {
+            match how {
+                Explained::Fault => by_fault += 1,
+                Explained::ActiveRun => by_active_run += 1,
+            }
+            if r.reason == "BackstopUnavailable" {
                 backstop_missed.push(*p);
             }
-        } else if sj.decided_through.is_none_or(|d| *p > d) {
+        } else if let Some(r) = covering.first() {
+            row.lost += 1;
+            let why = ctx.explains(r, *p, sj).err().unwrap_or_default();
+            row.details.push(format!(
+                "{} period {p} due, no run; recorded {} ({}), which the fault does not explain: {why}",
+                sj.key, r.outcome, r.reason
+            ));
+        } else if sj.decided_through.is_none_or(|d| *p > d)
+            && ctx
+                .checked_at
+                .is_some_and(|c| *p > c - signed(pending_bound))
+        {
             row.pending += 1;
         } else {
             row.lost += 1;
@@ -409,10 +805,19 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, period_order: bool) {
                 .get(p)
                 .map(|t| format!(" (claimed with token {t:?}, but no Job of it ran)"))
                 .unwrap_or_default();
-            row.details.push(format!(
-                "{} period {p} due, no run and no recorded reason{claimed}",
-                sj.key
-            ));
+            let undecided = sj.decided_through.is_none_or(|d| *p > d);
+            let why = match (undecided, ctx.checked_at) {
+                (true, Some(c)) => format!(
+                    "still undecided (decidedThrough {:?}) {:.1} s after it fell due, beyond the pending bound of {} s (settle + interval)",
+                    sj.decided_through.map(|d| d.to_string()),
+                    c.duration_since(*p).as_secs_f64(),
+                    secs(pending_bound)
+                ),
+                (true, None) => "undecided, and no check time to bound pending".to_string(),
+                (false, _) => "no run and no recorded reason".to_string(),
+            };
+            row.details
+                .push(format!("{} period {p} due, {why}{claimed}", sj.key));
         }
     }
     if let (Some(first), Some(last)) = (backstop_missed.first(), backstop_missed.last()) {
@@ -423,15 +828,39 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, period_order: bool) {
             backstop_missed.len()
         ));
     }
+    let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
+    for p in sj.due.iter().filter(|p| !ran_by_period.contains_key(*p)) {
+        if let Some(r) = sj.recorded.iter().find(|r| r.covers(*p)) {
+            *reasons
+                .entry(format!("{} ({})", r.outcome, r.reason))
+                .or_default() += 1;
+        }
+    }
+    if !reasons.is_empty() {
+        let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
+        row.notes.push(format!(
+            "{}: recorded {} ({by_fault} in the fault window, {by_active_run} behind a run still active at their instant)",
+            sj.key,
+            parts.join(", ")
+        ));
+    }
 }
 
 fn evaluate_writes(writes: &[Write], row: &mut Row) {
     let mut accepted: BTreeMap<&str, Vec<(i64, u64, Timestamp)>> = BTreeMap::new();
     let mut tokens_per_period: BTreeMap<(&str, Timestamp), BTreeSet<u64>> = BTreeMap::new();
+    // Per job: fresh writes made, fresh writes accepted.
+    let mut fresh: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     for w in writes {
+        if !w.held {
+            fresh.entry(&w.job).or_default().0 += 1;
+        }
         match w.result {
             WriteResult::Accepted { seq } => {
                 row.writes_accepted += 1;
+                if !w.held {
+                    fresh.entry(&w.job).or_default().1 += 1;
+                }
                 accepted
                     .entry(&w.job)
                     .or_default()
@@ -448,9 +877,34 @@ fn evaluate_writes(writes: &[Write], row: &mut Row) {
                     ));
                 }
             }
-            WriteResult::Refused => row.stale_refused += 1,
-            WriteResult::Unavailable => {}
+            WriteResult::Refused if w.held => row.stale_refused += 1,
+            WriteResult::Refused => row.fresh_refused += 1,
+            WriteResult::Rejected { sqlstate } => {
+                row.writes_rejected += 1;
+                row.details.push(format!(
+                    "{} token {} (period {}) rejected by the fence with SQLSTATE {}",
+                    w.job,
+                    w.token,
+                    w.period,
+                    String::from_utf8_lossy(&sqlstate)
+                ));
+            }
+            WriteResult::Unavailable => row.writes_unavailable += 1,
         }
+    }
+    // A job whose every fresh write was refused: a fence that refuses current tokens.
+    for (job, (made, ok)) in fresh {
+        if made > 0 && ok == 0 {
+            row.details.push(format!(
+                "{job}: none of its {made} fresh write(s) was accepted"
+            ));
+        }
+    }
+    if row.writes_unavailable > 0 {
+        row.notes.push(format!(
+            "{} write(s) never reached the database within the workload's retry budget",
+            row.writes_unavailable
+        ));
     }
     // In commit order, a job's accepted tokens never go down: a lower one after a higher one is
     // a stale write the fence let through.
@@ -476,6 +930,71 @@ fn evaluate_writes(writes: &[Write], row: &mut Row) {
             ));
         }
     }
+}
+
+/// The attempt columns (attempts-design): per (job, period), the distinct attempts whose fenced
+/// writes committed (at most 1), and pairs of them, in registration order (token, then
+/// `<p>attempts.seq`), where the older committed at or after the newer registered (0). A
+/// committed attempt with no registration row is a violation too: the 3-argument fence refuses
+/// an unregistered attempt. So is a workload that committed writes but no attempt (its writers
+/// did not record themselves, so the columns would hold vacuously). Runs after
+/// [`evaluate_writes`].
+fn evaluate_attempts(attempts: Option<&[CommittedAttempt]>, row: &mut Row) {
+    let Some(attempts) = attempts else {
+        return;
+    };
+    if attempts.is_empty() && row.writes_accepted > 0 {
+        row.details.push(format!(
+            "the workload committed {} write(s) but no committed attempt was recorded",
+            row.writes_accepted
+        ));
+    }
+    let mut by: BTreeMap<(&str, Timestamp), Vec<&CommittedAttempt>> = BTreeMap::new();
+    for a in attempts {
+        by.entry((&a.job, a.period)).or_default().push(a);
+        if a.registered_at.is_none() {
+            row.details.push(format!(
+                "{} period {}: attempt {} (token {}) committed without a registration row",
+                a.job, a.period, a.attempt, a.token
+            ));
+        }
+    }
+    let mut max = 0;
+    let mut overlapping = 0;
+    for ((job, period), mut list) in by {
+        list.sort_by_key(|a| (a.token, a.seq.unwrap_or(i64::MAX), a.committed_at));
+        let distinct: BTreeSet<&str> = list.iter().map(|a| a.attempt.as_str()).collect();
+        max = max.max(distinct.len() as u64);
+        if distinct.len() > 1 {
+            let names: Vec<String> = list
+                .iter()
+                .map(|a| format!("{} (token {}, #{:?})", a.attempt, a.token, a.seq))
+                .collect();
+            row.details.push(format!(
+                "{job} period {period} committed by {} attempts: {}",
+                distinct.len(),
+                names.join(", ")
+            ));
+        }
+        for (i, older) in list.iter().enumerate() {
+            for newer in &list[i + 1..] {
+                if newer.attempt == older.attempt {
+                    continue;
+                }
+                if let Some(r) = newer.registered_at
+                    && older.committed_at >= r
+                {
+                    overlapping += 1;
+                    row.details.push(format!(
+                        "{job} period {period}: attempt {} (token {}) committed at {} after attempt {} (token {}) registered at {r}",
+                        older.attempt, older.token, older.committed_at, newer.attempt, newer.token
+                    ));
+                }
+            }
+        }
+    }
+    row.attempts_max = Some(max);
+    row.attempts_overlapping = Some(overlapping);
 }
 
 fn evaluate_hung(hung: &[HungTx], row: &mut Row) {
@@ -526,11 +1045,15 @@ pub fn secs(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64())
 }
 
+fn or_na(v: Option<u64>) -> String {
+    v.map_or("n/a".to_string(), |n| n.to_string())
+}
+
 /// The markdown table of `rows`, then each row's notes.
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| scenario | fault | periods due | runs started | recorded (reason) | pending | Jobs per period (max) | duplicates | same-token re-creations | lost | non-monotonic tokens | stale writes accepted | stale writes refused | suspended, removed unrun | failover (s) |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| scenario | fault | fault shown | periods due | due in fault | runs started | recorded (reason) | pending | Jobs per period (max) | duplicates | same-token re-creations | lost | runs without a claim | Jobs before their instant | non-monotonic tokens | writes accepted | stale writes accepted | stale writes refused | fresh writes refused | writes unavailable | attempts that committed per period (max) | overlapping committed attempts | suspended, removed unrun | failover (s) |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         let failover = if r.failovers.is_empty() {
@@ -542,24 +1065,33 @@ pub fn table(rows: &[Row]) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        out += &format!(
-            "| {} | {} s | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.scenario,
-            secs(r.fault_window),
-            r.due,
-            r.started,
-            r.recorded,
-            r.pending,
-            r.jobs_per_period_max,
-            r.duplicates,
-            r.same_token,
-            r.lost,
-            r.non_monotonic,
-            r.stale_accepted,
-            r.stale_refused,
-            r.unrun_removed,
-            failover
-        );
+        let cells: Vec<String> = vec![
+            r.scenario.clone(),
+            format!("{} s", secs(r.fault_window)),
+            if r.fault_proven() { "yes" } else { "NO" }.to_string(),
+            r.due.to_string(),
+            r.due_in_fault.to_string(),
+            r.started.to_string(),
+            r.recorded.to_string(),
+            r.pending.to_string(),
+            r.jobs_per_period_max.to_string(),
+            r.duplicates.to_string(),
+            r.same_token.to_string(),
+            r.lost.to_string(),
+            r.unclaimed.to_string(),
+            r.early.to_string(),
+            r.non_monotonic.to_string(),
+            r.writes_accepted.to_string(),
+            r.stale_accepted.to_string(),
+            r.stale_refused.to_string(),
+            r.fresh_refused.to_string(),
+            r.writes_unavailable.to_string(),
+            or_na(r.attempts_max),
+            or_na(r.attempts_overlapping),
+            r.unrun_removed.to_string(),
+            failover,
+        ];
+        out += &format!("| {} |\n", cells.join(" | "));
     }
     let noted: Vec<&Row> = rows.iter().filter(|r| !r.notes.is_empty()).collect();
     if !noted.is_empty() {
@@ -590,10 +1122,27 @@ mod tests {
             ran: true,
             removed: true,
             events_only: false,
+            created: Some(period),
+            ended: Some(period + SignedDuration::from_secs(1)),
+            unreleased: false,
         }
     }
 
-    /// Periods every 2 s, 0..=10; each run with token period/2 + 1, its Job pruned since.
+    /// What the tests' rows must show: the reasons of an outage, a period in the fault.
+    fn expect() -> Expect {
+        Expect {
+            reasons: &["Superseded", "DeadlineExceeded"],
+            min_due_in_fault: 1,
+            ..Expect::default()
+        }
+    }
+
+    fn eval(obs: &Observations) -> Row {
+        evaluate("test", Duration::from_secs(4), &expect(), obs)
+    }
+
+    /// Periods every 2 s, 0..=10; each run with token period/2 + 1, its Job pruned since; the
+    /// fault from t(4) to t(8), every SingletonJob running again at t(9); checked at t(14).
     fn healthy() -> Observations {
         let due: Vec<Timestamp> = (0..=5).map(|i| t(2 * i)).collect();
         let claims: Vec<Claim> = (0..=5)
@@ -620,6 +1169,8 @@ mod tests {
         Observations {
             sjs: vec![SjObservation {
                 key: "ns/a".into(),
+                backstop: true,
+                interval: Duration::from_secs(2),
                 due,
                 decided_through: Some(t(10)),
                 claims,
@@ -628,18 +1179,52 @@ mod tests {
             }],
             writes,
             failovers: vec![Duration::from_millis(3400)],
+            fault: Some(FaultWindow {
+                from: t(4),
+                to: t(8),
+                recovered: Some(t(9)),
+            }),
+            checked_at: Some(t(14)),
+            settle: Duration::from_secs(3),
+            proofs: vec![Proof::new(true, "the leader was seen stopped")],
             ..Observations::default()
         }
     }
 
     fn passes(row: &Row) -> bool {
-        row.violations(Expect::default()).is_empty()
+        row.violations(expect()).is_empty()
+    }
+
+    fn fails_with(row: &Row, expect: Expect, what: &str) {
+        let v = row.violations(expect);
+        assert!(
+            v.iter().any(|d| d.contains(what)),
+            "expected a violation with {what:?}, got {v:?}"
+        );
+    }
+
+    /// Takes period `p` out of the healthy observations: no claim, no Job, no write.
+    fn without(obs: &mut Observations, p: Timestamp) {
+        let sj = &mut obs.sjs[0];
+        sj.claims.retain(|c| c.period != p);
+        sj.jobs.retain(|j| j.period != p);
+        obs.writes.retain(|w| w.period != p);
+    }
+
+    fn recorded(p: Timestamp, outcome: &str, reason: &str) -> Recorded {
+        Recorded {
+            first: p,
+            last: p,
+            outcome: outcome.into(),
+            reason: reason.into(),
+        }
     }
 
     #[test]
     fn a_healthy_run_passes() {
-        let row = evaluate("healthy", Duration::from_secs(10), &healthy());
+        let row = eval(&healthy());
         assert_eq!((row.due, row.started, row.recorded), (6, 6, 0));
+        assert_eq!(row.due_in_fault, 3);
         assert_eq!(
             (
                 row.jobs_per_period_max,
@@ -647,29 +1232,33 @@ mod tests {
                 row.same_token,
                 row.lost,
                 row.non_monotonic,
-                row.stale_accepted
+                row.stale_accepted,
+                row.unclaimed,
+                row.early
             ),
-            (1, 0, 0, 0, 0, 0)
+            (1, 0, 0, 0, 0, 0, 0, 0)
         );
-        assert!(passes(&row), "{:?}", row.violations(Expect::default()));
+        assert_eq!(row.writes_accepted, 6);
+        assert_eq!((row.attempts_max, row.attempts_overlapping), (None, None));
+        assert!(passes(&row), "{:?}", row.violations(expect()));
+        assert!(row.fault_proven());
         // A pause scenario without a refused stale write fails: the checker is not vacuous.
         let pause = Expect {
             pause: true,
-            ..Expect::default()
+            ..expect()
         };
-        assert!(!row.violations(pause).is_empty());
+        fails_with(&row, pause, "refused no stale write");
     }
 
     #[test]
     fn two_job_uids_that_ran_for_one_period_fail() {
         let mut obs = healthy();
-        obs.writes.clear();
         // Period t(4) ran again in a second Job (its first was pruned) with a later token.
         obs.sjs[0].jobs.push(job(t(4), 9, "uid-again"));
-        let row = evaluate("dup", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!((row.jobs_per_period_max, row.same_token), (2, 0));
         assert!(row.duplicates >= 1);
-        let v = row.violations(Expect::default());
+        let v = row.violations(expect());
         assert!(
             v.iter()
                 .any(|d| d.contains("uid-again") && d.contains("token 9"))
@@ -684,22 +1273,21 @@ mod tests {
         let mut unrun = job(t(4), 3, "uid-suspended");
         unrun.ran = false;
         obs.sjs[0].jobs.push(unrun);
-        let row = evaluate("suspended", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!((row.jobs_per_period_max, row.unrun_removed), (1, 1));
-        assert!(passes(&row), "{:?}", row.violations(Expect::default()));
+        assert!(passes(&row), "{:?}", row.violations(expect()));
     }
 
     #[test]
     fn the_same_token_recreated_is_counted_apart() {
         let mut obs = healthy();
-        obs.writes.clear();
         // Period t(6) (token 4) re-created under the same name and token after it was pruned: the
         // token-based checker saw one run, the uids show two.
         obs.sjs[0].jobs.push(job(t(6), 4, "uid-recreated"));
-        let row = evaluate("same-token", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!((row.jobs_per_period_max, row.same_token), (2, 1));
         assert_eq!(row.non_monotonic, 0);
-        let v = row.violations(Expect::default());
+        let v = row.violations(expect());
         assert!(v.iter().any(|d| d.contains("1 same-token re-creations")));
         assert!(
             v.iter()
@@ -710,17 +1298,41 @@ mod tests {
     #[test]
     fn a_job_known_only_from_events_still_counts() {
         let mut obs = healthy();
-        obs.writes.clear();
         obs.sjs[0].jobs.push(JobSeen {
             token: None,
             events_only: true,
+            created: None,
+            ended: None,
+            unreleased: false,
             ..job(t(8), 0, "uid-from-events")
         });
         obs.events_only = vec!["a-1800000008 (uid uid-from-events)".into()];
-        let row = evaluate("events", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!((row.jobs_per_period_max, row.same_token), (2, 0));
         assert!(!passes(&row));
         assert!(row.notes.iter().any(|n| n.contains("Events")));
+    }
+
+    #[test]
+    fn a_job_started_before_its_release_fails() {
+        let mut obs = healthy();
+        obs.sjs[0].jobs[1].unreleased = true;
+        fails_with(
+            &eval(&obs),
+            expect(),
+            "ran while its singleton.dev/released annotation said false",
+        );
+    }
+
+    #[test]
+    fn a_job_without_its_annotations_fails() {
+        let mut obs = healthy();
+        obs.unattributed = vec!["stray (uid u-1)".into()];
+        fails_with(
+            &eval(&obs),
+            expect(),
+            "without their SingletonJob or period",
+        );
     }
 
     #[test]
@@ -730,49 +1342,199 @@ mod tests {
             period: t(6),
             token: 20,
         });
-        let row = evaluate("dup-claim", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert!(row.duplicates >= 1);
     }
 
     #[test]
-    fn a_job_that_ran_without_its_claim_is_a_duplicate() {
+    fn a_job_that_ran_with_another_token_than_its_claim_is_a_duplicate() {
         let mut obs = healthy();
-        obs.writes.clear();
+        obs.writes.retain(|w| w.period != t(4));
         obs.sjs[0].jobs[2].token = Some(30);
-        let row = evaluate("foreign", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!(row.duplicates, 1);
         assert!(!passes(&row));
     }
 
     #[test]
+    fn a_run_without_its_claim_row_fails_where_there_is_a_backstop() {
+        let mut obs = healthy();
+        obs.sjs[0].claims.retain(|c| c.period != t(4));
+        let row = eval(&obs);
+        assert_eq!(row.unclaimed, 1);
+        fails_with(
+            &row,
+            expect(),
+            "period 2027-01-15T08:00:04Z ran without a claim row",
+        );
+        // Without a backstop there is no claim to have.
+        obs.sjs[0].backstop = false;
+        let row = eval(&obs);
+        assert_eq!(row.unclaimed, 0);
+        assert!(passes(&row), "{:?}", row.violations(expect()));
+    }
+
+    #[test]
+    fn a_backstopped_singletonjob_whose_runs_have_no_claims_at_all_fails() {
+        // Claims looked up under a key the controller does not write (namespace/name instead of
+        // its jobKey): before, an empty lookup made every claim check pass.
+        let mut obs = healthy();
+        obs.sjs[0].claims.clear();
+        let row = eval(&obs);
+        assert_eq!(row.unclaimed, 6);
+        fails_with(&row, expect(), "the claims table has no row under that key");
+    }
+
+    #[test]
+    fn a_job_created_before_its_instant_fails() {
+        let mut obs = healthy();
+        // Created 1 s before its period by the API server's clock (a skewed leader started early).
+        obs.sjs[0].jobs[3].created = Some(t(6) - SignedDuration::from_secs(1));
+        let row = eval(&obs);
+        assert_eq!(row.early, 1);
+        fails_with(&row, expect(), "started early");
+        // One not allowed to run does not count.
+        let mut obs = healthy();
+        let mut unrun = job(t(6), 4, "uid-early-unrun");
+        unrun.ran = false;
+        unrun.created = Some(t(6) - SignedDuration::from_secs(40));
+        obs.sjs[0].jobs.push(unrun);
+        assert_eq!(eval(&obs).early, 0);
+    }
+
+    #[test]
     fn a_lost_period_is_told_from_a_recorded_and_a_pending_one() {
         let mut obs = healthy();
+        // t(4) never ran and nothing says why; t(6) never ran, recorded Missed (Superseded) in
+        // the fault; t(12) is due after decidedThrough and younger than the pending bound; t(8)
+        // was claimed but its Job never ran (created suspended, then removed): not started.
+        without(&mut obs, t(4));
+        without(&mut obs, t(6));
         let sj = &mut obs.sjs[0];
-        // t(4) never ran and nothing says why; t(6) never ran, recorded Missed; t(12) is due but
-        // after decidedThrough; t(8) was claimed but its Job never ran (created suspended, then
-        // removed): not started.
-        sj.claims.retain(|c| c.period != t(4) && c.period != t(6));
-        sj.jobs.retain(|j| j.period != t(4) && j.period != t(6));
         sj.jobs
             .iter_mut()
             .filter(|j| j.period == t(8))
             .for_each(|j| j.ran = false);
-        sj.recorded.push(Recorded {
-            first: t(6),
-            last: t(6),
-            outcome: "Missed".into(),
-            reason: "Superseded".into(),
-        });
+        sj.recorded.push(recorded(t(6), "Missed", "Superseded"));
         sj.due.push(t(12));
-        obs.writes.clear();
-        let row = evaluate("lost", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!(
             (row.due, row.started, row.recorded, row.pending, row.lost),
             (7, 3, 1, 1, 2)
         );
         assert_eq!((row.non_monotonic, row.unrun_removed), (0, 1));
-        let v = row.violations(Expect::default());
+        let v = row.violations(expect());
         assert!(v.iter().any(|d| d.contains("claimed with token [5]")));
+    }
+
+    #[test]
+    fn a_period_pending_longer_than_settle_plus_interval_is_lost() {
+        // decidedThrough stopped at t(6): t(8) and t(10) never ran. Checked at t(14), settle 3 s
+        // and interval 2 s: pending only after t(9). Before the bound, both counted as pending.
+        let mut obs = healthy();
+        without(&mut obs, t(8));
+        without(&mut obs, t(10));
+        obs.sjs[0].decided_through = Some(t(6));
+        let row = eval(&obs);
+        assert_eq!((row.pending, row.lost), (1, 1));
+        fails_with(&row, expect(), "beyond the pending bound of 5.0 s");
+        // A controller that never sets decidedThrough gets no unbounded pending either.
+        obs.sjs[0].decided_through = None;
+        assert_eq!(eval(&obs).lost, 1);
+        // Nor does a check without a time.
+        obs.checked_at = None;
+        let row = eval(&obs);
+        assert_eq!((row.pending, row.lost), (0, 2));
+    }
+
+    #[test]
+    fn a_record_the_fault_does_not_explain_is_lost() {
+        let base = {
+            let mut obs = healthy();
+            without(&mut obs, t(6));
+            obs
+        };
+        // A reason the row's fault does not cause.
+        let mut obs = base.clone();
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Missed", "BackstopUnavailable"));
+        let row = eval(&obs);
+        assert_eq!((row.recorded, row.lost), (0, 1));
+        fails_with(&row, expect(), "is not one this row's fault causes");
+        // The right reason, for a period long before the fault.
+        let mut obs = base.clone();
+        obs.fault = Some(FaultWindow {
+            from: t(20),
+            to: t(30),
+            recovered: Some(t(31)),
+        });
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Missed", "Superseded"));
+        fails_with(&eval(&obs), expect(), "due outside the fault window");
+        // A run recorded Failed without a Job (StartedBeforeConfirm for a Job the watch saw
+        // never run) explains nothing either.
+        let mut obs = base.clone();
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Failed", "StartedBeforeConfirm"));
+        fails_with(
+            &eval(&obs),
+            expect(),
+            "outcome Failed is not one a period may have",
+        );
+        // Deduplicated explains no missing run.
+        let mut obs = base.clone();
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Deduplicated", "AlreadyClaimed"));
+        fails_with(&eval(&obs), expect(), "Deduplicated explains no period");
+        // The right reason inside the window: recorded.
+        let mut obs = base;
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Missed", "Superseded"));
+        let row = eval(&obs);
+        assert_eq!((row.recorded, row.lost), (1, 0));
+        assert!(passes(&row), "{:?}", row.violations(expect()));
+    }
+
+    #[test]
+    fn superseded_behind_a_run_still_active_is_corroborated_by_the_watch() {
+        // t(6) never ran and is recorded Superseded, long before the fault: lost, unless the run
+        // of t(4) was still active at t(6) by the watch (a slow run under Forbid).
+        let mut obs = healthy();
+        without(&mut obs, t(6));
+        obs.fault = Some(FaultWindow {
+            from: t(20),
+            to: t(30),
+            recovered: Some(t(31)),
+        });
+        obs.checked_at = Some(t(40));
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Missed", "Superseded"));
+        let row = eval(&obs);
+        assert_eq!((row.recorded, row.lost), (0, 1));
+        fails_with(
+            &row,
+            expect(),
+            "no earlier run of it was active at its instant",
+        );
+        obs.sjs[0].jobs[2].ended = Some(t(7));
+        let row = eval(&obs);
+        assert_eq!((row.recorded, row.lost), (1, 0));
+        assert!(
+            row.notes
+                .iter()
+                .any(|n| n.contains("0 in the fault window, 1 behind a run still active")),
+            "{:?}",
+            row.notes
+        );
+        // Another reason gets no such help.
+        obs.sjs[0].recorded[0].reason = "DeadlineExceeded".into();
+        assert_eq!(eval(&obs).lost, 1);
     }
 
     #[test]
@@ -780,8 +1542,8 @@ mod tests {
         let mut obs = healthy();
         obs.sjs[0].claims[3].token = 3; // equal to the token of the period before
         obs.sjs[0].jobs[3].token = Some(3);
-        obs.writes.clear();
-        let row = evaluate("order", Duration::ZERO, &obs);
+        obs.writes.retain(|w| w.period != t(6));
+        let row = eval(&obs);
         assert_eq!(row.non_monotonic, 1);
         assert!(!passes(&row));
     }
@@ -790,30 +1552,35 @@ mod tests {
     fn a_token_reused_without_a_backstop_is_out_of_order() {
         // No claims (no backstop); the status was wiped and tokens started again at 1.
         let mut obs = healthy();
-        obs.writes.clear();
+        obs.sjs[0].backstop = false;
         obs.sjs[0].claims.clear();
         obs.sjs[0].jobs[4].token = Some(1);
-        let row = evaluate("reuse", Duration::ZERO, &obs);
+        obs.writes.retain(|w| w.period != t(8));
+        let row = eval(&obs);
         assert!(row.non_monotonic >= 1);
         assert!(!passes(&row));
+    }
+
+    fn write(period: Timestamp, token: u64, held: bool, result: WriteResult) -> Write {
+        Write {
+            job: "ns/a".into(),
+            period,
+            token,
+            held,
+            result,
+        }
     }
 
     #[test]
     fn stale_writes_refused_and_accepted() {
         let pause = Expect {
             pause: true,
-            ..Expect::default()
+            ..expect()
         };
         let mut obs = healthy();
         // A held token refused: counted, and a pause scenario passes.
-        obs.writes.push(Write {
-            job: "ns/a".into(),
-            period: t(2),
-            token: 2,
-            held: true,
-            result: WriteResult::Refused,
-        });
-        let row = evaluate("pause", Duration::ZERO, &obs);
+        obs.writes.push(write(t(2), 2, true, WriteResult::Refused));
+        let row = eval(&obs);
         assert_eq!((row.stale_refused, row.stale_accepted), (1, 0));
         assert!(
             row.violations(pause).is_empty(),
@@ -821,37 +1588,93 @@ mod tests {
             row.violations(pause)
         );
         // A held token accepted, and a lower token committed after a higher one: both stale.
-        obs.writes.push(Write {
-            job: "ns/a".into(),
-            period: t(0),
-            token: 1,
-            held: true,
-            result: WriteResult::Accepted { seq: 50 },
-        });
-        let row = evaluate("pause", Duration::ZERO, &obs);
+        obs.writes
+            .push(write(t(0), 1, true, WriteResult::Accepted { seq: 50 }));
+        let row = eval(&obs);
         assert_eq!(row.stale_accepted, 2);
         assert!(!row.violations(pause).is_empty());
     }
 
     #[test]
-    fn backstop_unavailable_fails_only_where_it_must_not_happen() {
+    fn only_refusals_of_held_writes_count_as_stale_refused() {
+        // A refused fresh write (the workload learnt of its run late) proves nothing about the
+        // paused client: a pause scenario with only that fails.
+        let pause = Expect {
+            pause: true,
+            ..expect()
+        };
         let mut obs = healthy();
-        let sj = &mut obs.sjs[0];
-        sj.claims.retain(|c| c.period != t(6));
-        sj.jobs.retain(|j| j.period != t(6));
-        sj.recorded.push(Recorded {
-            first: t(6),
-            last: t(6),
-            outcome: "Missed".into(),
-            reason: "BackstopUnavailable".into(),
-        });
+        obs.writes
+            .push(write(t(10), 6, false, WriteResult::Refused));
+        let row = eval(&obs);
+        assert_eq!((row.stale_refused, row.fresh_refused), (0, 1));
+        fails_with(&row, pause, "refused no stale write");
+    }
+
+    #[test]
+    fn a_fence_that_refuses_every_token_or_a_workload_that_never_wrote_fails() {
+        let mut obs = healthy();
+        for w in &mut obs.writes {
+            w.result = WriteResult::Refused;
+        }
+        let row = eval(&obs);
+        assert_eq!((row.writes_accepted, row.fresh_refused), (0, 6));
+        fails_with(&row, expect(), "committed no write at all");
+        fails_with(&row, expect(), "none of its 6 fresh write(s) was accepted");
+        let mut obs = healthy();
         obs.writes.clear();
-        let row = evaluate("hung", Duration::ZERO, &obs);
-        assert_eq!((row.recorded, row.backstop_missed, row.lost), (1, 1, 0));
+        fails_with(&eval(&obs), expect(), "committed no write at all");
+    }
+
+    #[test]
+    fn one_job_whose_fresh_writes_are_all_refused_fails_beside_a_healthy_one() {
+        let mut obs = healthy();
+        obs.writes.push(Write {
+            job: "ns/b".into(),
+            ..write(t(2), 1, false, WriteResult::Refused)
+        });
+        fails_with(&eval(&obs), expect(), "ns/b: none of its 1 fresh write(s)");
+    }
+
+    #[test]
+    fn unavailable_writes_are_counted_and_rejections_fail() {
+        let mut obs = healthy();
+        obs.writes
+            .push(write(t(10), 6, false, WriteResult::Unavailable));
+        let row = eval(&obs);
+        assert_eq!(row.writes_unavailable, 1);
+        assert!(row.notes.iter().any(|n| n.contains("never reached")));
         assert!(passes(&row));
+        obs.writes.push(write(
+            t(10),
+            6,
+            false,
+            WriteResult::Rejected {
+                sqlstate: *b"SF003",
+            },
+        ));
+        let row = eval(&obs);
+        assert_eq!(row.writes_rejected, 1);
+        fails_with(&row, expect(), "rejected by the fence with SQLSTATE SF003");
+    }
+
+    #[test]
+    fn backstop_unavailable_fails_only_where_it_must_not_happen() {
+        let db = Expect {
+            reasons: &["Superseded", "DeadlineExceeded", "BackstopUnavailable"],
+            ..expect()
+        };
+        let mut obs = healthy();
+        without(&mut obs, t(6));
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(6), "Missed", "BackstopUnavailable"));
+        let row = evaluate("db", Duration::ZERO, &db, &obs);
+        assert_eq!((row.recorded, row.backstop_missed, row.lost), (1, 1, 0));
+        assert!(row.violations(db).is_empty(), "{:?}", row.violations(db));
         let strict = Expect {
             no_backstop_missed: true,
-            ..Expect::default()
+            ..db
         };
         assert!(!row.violations(strict).is_empty());
     }
@@ -860,7 +1683,7 @@ mod tests {
     fn a_hung_transaction_must_be_ended_by_a_replace() {
         let expect = Expect {
             hung_replace: true,
-            ..Expect::default()
+            ..expect()
         };
         let mut obs = healthy();
         obs.hung = vec![HungTx {
@@ -868,7 +1691,7 @@ mod tests {
             token: 3,
             end: HungEnd::Healed,
         }];
-        let row = evaluate("hung", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert!(!row.violations(expect).is_empty());
         obs.hung.insert(
             0,
@@ -878,9 +1701,176 @@ mod tests {
                 end: HungEnd::JobDeleted,
             },
         );
-        let row = evaluate("hung", Duration::ZERO, &obs);
+        let row = eval(&obs);
         assert_eq!((row.hung, row.hung_released), (2, 1));
         assert!(row.violations(expect).is_empty());
+    }
+
+    #[test]
+    fn a_row_must_prove_its_fault_fired() {
+        let mut obs = healthy();
+        obs.proofs.clear();
+        let row = eval(&obs);
+        assert!(!row.fault_proven());
+        fails_with(&row, expect(), "nothing shows that the fault fired");
+        obs.proofs = vec![
+            Proof::new(true, "kube-apiserver pid 10 replaced by pid 11"),
+            Proof::new(false, "port 6443 never refused a connection"),
+        ];
+        let row = eval(&obs);
+        assert!(!row.fault_proven());
+        fails_with(&row, expect(), "fault not shown: port 6443 never refused");
+    }
+
+    #[test]
+    fn periods_must_fall_due_inside_the_fault_window() {
+        // A fault shorter than an interval: nothing fell due while it was on.
+        let mut obs = healthy();
+        obs.fault = Some(FaultWindow {
+            from: t(4) + SignedDuration::from_millis(100),
+            to: t(5),
+            recovered: Some(t(5)),
+        });
+        let row = eval(&obs);
+        assert_eq!(row.due_in_fault, 0);
+        fails_with(
+            &row,
+            expect(),
+            "0 period(s) fell due inside the fault window",
+        );
+        // More where the row's duration allows.
+        let row = eval(&healthy());
+        let more = Expect {
+            min_due_in_fault: 4,
+            ..expect()
+        };
+        fails_with(
+            &row,
+            more,
+            "3 period(s) fell due inside the fault window, at least 4",
+        );
+        // No window at all.
+        let mut obs = healthy();
+        obs.fault = None;
+        fails_with(&eval(&obs), expect(), "no fault window");
+    }
+
+    #[test]
+    fn failovers_within_their_bound_and_as_many_as_the_fault_caused() {
+        let row = eval(&healthy());
+        let bounded = Expect {
+            failover_max: Some(Duration::from_secs(6)),
+            min_failovers: 1,
+            ..expect()
+        };
+        assert!(row.violations(bounded).is_empty());
+        let tight = Expect {
+            failover_max: Some(Duration::from_secs(1)),
+            ..bounded
+        };
+        fails_with(
+            &row,
+            tight,
+            "a failover took 3.4 s, beyond the bound of 1.0 s",
+        );
+        let more = Expect {
+            min_failovers: 2,
+            ..bounded
+        };
+        fails_with(&row, more, "1 failover(s) measured, the fault must cause 2");
+    }
+
+    fn attempt(
+        period: Timestamp,
+        token: u64,
+        id: &str,
+        seq: i64,
+        reg: i64,
+        commit: i64,
+    ) -> CommittedAttempt {
+        CommittedAttempt {
+            job: "ns/a".into(),
+            period,
+            token,
+            attempt: id.into(),
+            seq: Some(seq),
+            registered_at: Some(t(reg)),
+            committed_at: t(commit),
+        }
+    }
+
+    #[test]
+    fn attempts_one_per_period_and_never_overlapping() {
+        let mut obs = healthy();
+        obs.attempts = Some(
+            (0..=5)
+                .map(|i| {
+                    attempt(
+                        t(2 * i),
+                        i as u64 + 1,
+                        &format!("pod-{i}"),
+                        1,
+                        2 * i,
+                        2 * i + 1,
+                    )
+                })
+                .collect(),
+        );
+        let row = eval(&obs);
+        assert_eq!(
+            (row.attempts_max, row.attempts_overlapping),
+            (Some(1), Some(0))
+        );
+        assert!(passes(&row), "{:?}", row.violations(expect()));
+
+        // A second pod of the run of t(4) registered at 6 and committed at 7, after the first
+        // (registered at 4) committed at 5: two attempts committed, no overlap.
+        let mut two = obs.clone();
+        two.attempts
+            .as_mut()
+            .unwrap()
+            .push(attempt(t(4), 3, "pod-2b", 2, 6, 7));
+        let row = eval(&two);
+        assert_eq!(
+            (row.attempts_max, row.attempts_overlapping),
+            (Some(2), Some(0))
+        );
+        fails_with(
+            &row,
+            expect(),
+            "attempts that committed per period (max) is 2",
+        );
+
+        // The first committed at 6, after the second registered at 5.5: overlapping.
+        let mut overlap = obs.clone();
+        let list = overlap.attempts.as_mut().unwrap();
+        list.retain(|a| a.period != t(4));
+        list.push(attempt(t(4), 3, "pod-old", 1, 4, 6));
+        list.push(CommittedAttempt {
+            registered_at: Some(t(5) + SignedDuration::from_millis(500)),
+            ..attempt(t(4), 3, "pod-new", 2, 5, 8)
+        });
+        let row = eval(&overlap);
+        assert_eq!(row.attempts_overlapping, Some(1));
+        fails_with(&row, expect(), "1 overlapping committed attempts");
+        fails_with(&row, expect(), "attempt pod-old (token 3) committed at");
+
+        // Writes committed, attempts measured, but none recorded: the columns would be vacuous.
+        let mut none = obs.clone();
+        none.attempts = Some(Vec::new());
+        let row = eval(&none);
+        assert_eq!(row.attempts_max, Some(0));
+        fails_with(&row, expect(), "no committed attempt was recorded");
+
+        // Committed without a registration row.
+        let mut unregistered = obs;
+        unregistered.attempts.as_mut().unwrap()[0].registered_at = None;
+        unregistered.attempts.as_mut().unwrap()[0].seq = None;
+        fails_with(
+            &eval(&unregistered),
+            expect(),
+            "committed without a registration row",
+        );
     }
 
     #[test]
@@ -916,14 +1906,25 @@ mod tests {
 
     #[test]
     fn the_table_has_a_row_per_scenario_and_the_new_columns() {
-        let row = evaluate("healthy", Duration::from_secs(10), &healthy());
+        let row = eval(&healthy());
         let text = table(&[row.clone(), row]);
-        assert_eq!(text.lines().count(), 4);
-        assert!(text.contains("| Jobs per period (max) |"));
-        assert!(text.contains("| same-token re-creations |"));
+        assert_eq!(text.lines().filter(|l| l.starts_with('|')).count(), 4);
+        for col in [
+            "| Jobs per period (max) |",
+            "| same-token re-creations |",
+            "| runs without a claim |",
+            "| Jobs before their instant |",
+            "| due in fault |",
+            "| fault shown |",
+            "| fresh writes refused |",
+            "| writes unavailable |",
+            "| attempts that committed per period (max) | overlapping committed attempts |",
+        ] {
+            assert!(text.contains(col), "{col} missing in {text}");
+        }
         assert!(
             text.contains(
-                "| healthy | 10.0 s | 6 | 6 | 0 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 3.40 |"
+                "| test | 4.0 s | yes | 6 | 3 | 6 | 0 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 6 | 0 | 0 | 0 | 0 | n/a | n/a | 0 | 3.40 |"
             ),
             "{text}"
         );

@@ -18,12 +18,19 @@ use kube::api::ListParams;
 use singleton::api::{Outcome as RunOutcome, SingletonJob};
 use tokio::sync::mpsc;
 
-use super::check::{Expect, JobSeen, Recorded, Write, WriteResult, recorded_note};
-use super::dr_check::{
-    ClusterClaim, ClusterJob, ClusterRecord, DrObservations, evaluate_dr, first_run_in,
+use super::check::{
+    Expect, FaultWindow, JobSeen, Proof, Recorded, Write, WriteResult, recorded_note,
 };
-use super::world::{Check, Polled, poll_until, write_with_retry};
-use super::{Mode, Outcome};
+use super::dr_check::{
+    CLAIMED_ELSEWHERE, ClusterClaim, ClusterJob, ClusterRecord, DrObservations, evaluate_dr,
+    first_run_in,
+};
+use super::evidence::{self, PortProbe, Restart};
+use super::world::{
+    Check, Polled, attempt_id, committed_attempts, create_writes_table, has_attempts, poll_until,
+    register_with_retry, write_with_retry,
+};
+use super::{CATCH_UP, Mode, Outcome};
 use crate::multicluster::SecondCluster;
 use crate::observer::{Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{Env, backstop_secret, backstop_spec, database_url, sj_yaml, table_prefix};
@@ -75,10 +82,25 @@ impl DrFault {
         }
     }
 
-    pub fn expect(self) -> Expect {
+    /// What the row must show: periods due while the fault is on (what its planned duration
+    /// guarantees for a 2 s schedule), the takeover (dr-primary-*) or a run after each kill
+    /// (dr-both-active-kill), a refused stale write for the frozen claimer.
+    pub fn expect(self, mode: Mode) -> Expect {
+        let planned = match self {
+            DrFault::PrimaryApiserverStop => mode.window().max(STOP_WINDOW),
+            DrFault::BothActiveKill => (mode.window() / kills(mode) as u32) * kills(mode) as u32,
+            _ => mode.window(),
+        };
         Expect {
             // The frozen claimer's token must be refused by the fence.
             pause: self == DrFault::PrimaryControllerPause,
+            reasons: CATCH_UP,
+            min_due_in_fault: (planned.as_millis() / INTERVAL.as_millis()) as u64,
+            min_failovers: match self {
+                DrFault::PrimaryApiserverStop | DrFault::PrimaryControllerPause => 1,
+                DrFault::BothActiveKill => kills(mode),
+                DrFault::ClockSkew => 0,
+            },
             ..Expect::default()
         }
     }
@@ -122,6 +144,18 @@ impl DrFault {
     }
 }
 
+/// dr-both-active-kill's kills.
+fn kills(mode: Mode) -> usize {
+    match mode {
+        Mode::Short => 2,
+        Mode::Full => 6,
+    }
+}
+
+/// dr-primary-apiserver-stop's least outage: long enough for a takeover of a claim in flight at
+/// the stop (bound 6 s, standby 3 s).
+const STOP_WINDOW: Duration = Duration::from_secs(12);
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -135,11 +169,14 @@ struct Side {
     envs: Vec<(String, String)>,
     args: Vec<String>,
     restart_at: Option<Instant>,
+    /// When its controller was last started (real time).
+    started: Timestamp,
 }
 
 impl Side {
     async fn start(&mut self) -> Result<()> {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.started = Timestamp::now();
         self.idx = Some(
             self.env
                 .start_controller_with_env(&self.envs, &args)
@@ -178,12 +215,14 @@ impl Side {
     }
 }
 
-/// The workload's writes (one fenced write per run seen, keyed by the job key).
+/// The workload's writes (one fenced write per run seen, keyed by the job key; each run's pod an
+/// attempt of its own when the backstop registers attempts).
 #[derive(Default)]
 struct Workload {
     writes: Mutex<Vec<Write>>,
     in_flight: AtomicUsize,
     stopped: AtomicBool,
+    attempts: AtomicBool,
 }
 
 /// The two clusters of a scenario.
@@ -236,6 +275,7 @@ impl DrWorld {
             envs: Vec::new(),
             args,
             restart_at: None,
+            started: Timestamp::now(),
         };
         let east = side(EAST, east_env, fault.args(EAST));
         let west = side(WEST, west_env, fault.args(WEST));
@@ -288,14 +328,11 @@ impl DrWorld {
         )
         .await?;
         // The schema exists once a backstop is ready; then the workload's table.
-        crate::pg()
-            .await?
-            .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {prefix}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
-                 period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, \
-                 at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            ))
-            .await?;
+        let db = crate::pg().await?;
+        create_writes_table(&db, &prefix).await?;
+        workload
+            .attempts
+            .store(has_attempts(&db, &prefix).await?, Ordering::SeqCst);
         w.dispatcher = tokio::spawn(dispatch(rx, workload, prefix, key));
         Ok(w)
     }
@@ -388,9 +425,32 @@ impl DrWorld {
         Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
     }
 
-    /// The workload's fenced write with `token`, recorded as deliberately late (`held`).
+    /// The workload's fenced write with `token`, recorded as deliberately late (`held`): a pod
+    /// of that run starting now (registering as an attempt first, when attempts are registered).
     async fn stale_write(&self, period: Timestamp, token: u64) -> WriteResult {
-        let result = write_with_retry(&self.prefix, &self.key, period, token, true).await;
+        let attempt = self
+            .workload
+            .attempts
+            .load(Ordering::SeqCst)
+            .then(|| format!("sim-stale-{token}"));
+        let registered = match &attempt {
+            Some(a) => register_with_retry(&self.prefix, &self.key, token, a).await,
+            None => Ok(()),
+        };
+        let result = match registered {
+            Ok(()) => {
+                write_with_retry(
+                    &self.prefix,
+                    &self.key,
+                    period,
+                    token,
+                    true,
+                    attempt.as_deref(),
+                )
+                .await
+            }
+            Err(r) => r,
+        };
         lock(&self.workload.writes).push(Write {
             job: self.key.clone(),
             period,
@@ -402,20 +462,34 @@ impl DrWorld {
     }
 
     /// Stops the workload (after its in-flight writes, at most 60 s) and reads the external
-    /// truth for periods due in (`from`, `to`].
-    async fn observe(
-        &mut self,
-        from: Timestamp,
-        to: Timestamp,
-        takeovers: Vec<Duration>,
-    ) -> Result<DrObservations> {
+    /// truth for periods due in (`from`, `to`], with the time of the check.
+    async fn observe(&mut self, from: Timestamp, to: Timestamp) -> Result<DrObservations> {
         let end = Instant::now() + Duration::from_secs(60);
         while self.workload.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < end {
             self.run_for(Duration::from_millis(200)).await?;
         }
         self.workload.stopped.store(true, Ordering::SeqCst);
         let db = crate::pg().await?;
-        let claims = db
+        let attempts = match self.workload.attempts.load(Ordering::SeqCst) {
+            true => Some(committed_attempts(&db, &self.prefix).await?),
+            false => None,
+        };
+        let schedule = singleton::schedule::Schedule::parse(SCHEDULE, None, Default::default())?;
+        let mut obs = DrObservations {
+            key: self.key.clone(),
+            due: schedule.iter_after(from).take_while(|p| *p <= to).collect(),
+            writes: lock(&self.workload.writes).clone(),
+            attempts,
+            interval: INTERVAL,
+            checked_at: Some(Timestamp::now()),
+            ..DrObservations::default()
+        };
+        for side in [&self.east, &self.west] {
+            observe_side(side, &mut obs).await?;
+        }
+        // The claims last, after both clusters' Jobs: every Job seen had its claim committed
+        // before it was created (read first, a run started in between would have none).
+        obs.claims = db
             .query(
                 &format!(
                     "SELECT period, token, cluster, confirmed_at IS NOT NULL FROM {}claims WHERE job = $1",
@@ -432,18 +506,6 @@ impl DrWorld {
                 confirmed: r.get(3),
             })
             .collect();
-        let schedule = singleton::schedule::Schedule::parse(SCHEDULE, None, Default::default())?;
-        let mut obs = DrObservations {
-            key: self.key.clone(),
-            due: schedule.iter_after(from).take_while(|p| *p <= to).collect(),
-            claims,
-            writes: lock(&self.workload.writes).clone(),
-            takeovers,
-            ..DrObservations::default()
-        };
-        for side in [&self.east, &self.west] {
-            observe_side(side, &mut obs).await?;
-        }
         Ok(obs)
     }
 
@@ -484,11 +546,8 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             .history
             .iter()
             .filter(|h| {
-                h.job_name.is_none()
-                    && matches!(
-                        h.outcome,
-                        RunOutcome::Missed | RunOutcome::Skipped | RunOutcome::Deduplicated
-                    )
+                // Every outcome recorded without a Job; the checker accepts only some.
+                h.job_name.is_none() && !matches!(h.outcome, RunOutcome::Running)
             })
             .map(|h| Recorded {
                 first: h.period.0,
@@ -516,13 +575,15 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             ran: r.ran,
             removed: r.deleted.is_some(),
             events_only: false,
+            created: r.created,
+            ended: r.finished_at.or(r.deleted),
+            unreleased: r.ran_unreleased,
         };
         jobs.insert(
             r.uid.clone(),
             ClusterJob {
                 cluster: side.id.to_string(),
                 job,
-                created: r.created,
             },
         );
     }
@@ -546,13 +607,15 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             ran: ej.ran,
             removed: true,
             events_only: true,
+            created: None,
+            ended: None,
+            unreleased: false,
         };
         jobs.insert(
             uid,
             ClusterJob {
                 cluster: side.id.to_string(),
                 job,
-                created: None,
             },
         );
     }
@@ -574,13 +637,26 @@ async fn dispatch(
         if w.stopped.load(Ordering::SeqCst) {
             continue;
         }
-        let Seen::Ran { period, token, .. } = s else {
+        let Seen::Ran {
+            uid, period, token, ..
+        } = s
+        else {
             continue;
         };
+        let attempt = w.attempts.load(Ordering::SeqCst).then(|| attempt_id(&uid));
         let (w, prefix, key) = (w.clone(), prefix.clone(), key.clone());
         w.in_flight.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
-            let result = write_with_retry(&prefix, &key, period, token, false).await;
+            let registered = match &attempt {
+                Some(a) => register_with_retry(&prefix, &key, token, a).await,
+                None => Ok(()),
+            };
+            let result = match registered {
+                Ok(()) => {
+                    write_with_retry(&prefix, &key, period, token, false, attempt.as_deref()).await
+                }
+                Err(r) => r,
+            };
             lock(&w.writes).push(Write {
                 job: key,
                 period,
@@ -604,6 +680,9 @@ struct Injected {
     stopped_at: Option<Timestamp>,
     /// The window in which the skewed standby ran (dr-clock-skew-40s).
     skewed: Option<(Timestamp, Timestamp)>,
+    /// When the fault itself began.
+    from: Option<Timestamp>,
+    proofs: Vec<Proof>,
     details: Vec<String>,
     notes: Vec<String>,
 }
@@ -619,7 +698,7 @@ pub async fn run(fault: DrFault, mode: Mode) -> Result<Outcome> {
     let from = Timestamp::now();
     w.run_for(mode.steady()).await?;
 
-    let fault_began = Instant::now();
+    let injecting = Timestamp::now();
     let mut inj = match inject(&mut w, fault, mode).await {
         Ok(i) => i,
         Err(e) => {
@@ -627,27 +706,38 @@ pub async fn run(fault: DrFault, mode: Mode) -> Result<Outcome> {
             return Err(e.context(format!("injecting {}", fault.name())));
         }
     };
-    let fault_window = fault_began.elapsed();
     let healed = Timestamp::now();
+    let fault_from = inj.from.unwrap_or(injecting);
+    let fault_window = healed.duration_since(fault_from).unsigned_abs();
     // Back to normal: for a stopped primary, the primary running periods again.
     let who = (fault == DrFault::PrimaryApiserverStop).then_some(WEST);
-    if !w
+    let recovered = if w
         .wait_run_after(healed, who, Duration::from_secs(120))
         .await?
     {
+        Some(Timestamp::now())
+    } else {
         inj.details.push(format!(
             "no period ran{} within 120 s of the fault's end",
             who.map_or(String::new(), |c| format!(" in {c}"))
         ));
-    }
+        None
+    };
     w.run_for(mode.settle()).await?;
     let to = Timestamp::now() - SignedDuration::from_secs(4);
-    let obs = w.observe(from, to, inj.takeovers.clone()).await?;
-    let mut row = evaluate_dr(fault.name(), fault_window, &obs);
-    after_the_fact(fault, &obs, &mut inj, &mut row);
+    let mut obs = w.observe(from, to).await?;
+    obs.fault = Some(FaultWindow {
+        from: fault_from,
+        to: healed,
+        recovered,
+    });
+    obs.settle = mode.settle();
+    after_the_fact(fault, &mut obs, &mut inj);
+    let expect = fault.expect(mode);
+    let mut row = evaluate_dr(fault.name(), fault_window, &expect, &obs);
     row.details.extend(inj.details);
     row.notes.extend(inj.notes);
-    Ok(Outcome::judge(row, fault.expect(), began, w.dump()).await)
+    Ok(Outcome::judge(row, expect, began, w.dump()).await)
 }
 
 /// Best effort after a failed injection: every controller running, the API server up.
@@ -660,15 +750,13 @@ async fn heal(w: &DrWorld) {
     }
 }
 
-/// The scenario's own checks on the final observations: the standby's takeover within its
-/// bound, how soon a run followed each kill, the skewed standby's runs.
-fn after_the_fact(
-    fault: DrFault,
-    obs: &DrObservations,
-    inj: &mut Injected,
-    row: &mut super::check::Row,
-) {
+/// The scenario's own checks on the final observations, and the failovers and proofs they add
+/// to `obs`: the standby's takeover within its bound, a run after each kill (before the next),
+/// the skewed standby deciding periods of its window.
+fn after_the_fact(fault: DrFault, obs: &mut DrObservations, inj: &mut Injected) {
     let layout = fault.layout();
+    obs.takeovers = inj.takeovers.clone();
+    obs.proofs = std::mem::take(&mut inj.proofs);
     if let Some(stopped) = inj.stopped_at {
         // The next instant, the standby's delay, a claim the primary may have had in flight
         // (the takeover bound), and 4 s for two API round trips on a loaded machine.
@@ -677,39 +765,57 @@ fn after_the_fact(
         match first_run_in(obs, EAST, stopped) {
             Some((period, Some(created))) => {
                 let took = created.duration_since(stopped).unsigned_abs();
-                row.failovers.push(took);
-                row.notes.push(format!(
+                obs.takeovers.push(took);
+                inj.notes.push(format!(
                     "the standby's first period after the stop: {period}, its Job {:.1} s after the stop (bound {} s)",
                     took.as_secs_f64(),
                     bound.as_secs()
                 ));
                 if took > bound {
-                    row.details.push(format!(
+                    inj.details.push(format!(
                         "the standby took over after {:.1} s, beyond the bound of {} s",
                         took.as_secs_f64(),
                         bound.as_secs()
                     ));
                 }
             }
-            Some((period, None)) => row.notes.push(format!(
+            Some((period, None)) => inj.notes.push(format!(
                 "the standby's first period after the stop: {period} (known from Events only)"
             )),
-            None => row
+            None => inj
                 .details
                 .push("the standby ran no period after the primary's API server stopped".into()),
         }
     }
-    for k in &inj.kills {
+    // Each kill is followed by a run (a Job created in either cluster) before the next kill.
+    let mut after_kill = 0;
+    for (i, k) in inj.kills.iter().enumerate() {
+        let until = inj.kills.get(i + 1).copied().unwrap_or(Timestamp::MAX);
         let next = obs
             .jobs
             .iter()
             .filter(|j| j.job.ran)
-            .filter_map(|j| j.created)
-            .filter(|c| c > k)
+            .filter_map(|j| j.job.created)
+            .filter(|c| c > k && *c < until)
             .min();
-        if let Some(c) = next {
-            row.failovers.push(c.duration_since(*k).unsigned_abs());
+        match next {
+            Some(c) => {
+                after_kill += 1;
+                obs.takeovers.push(c.duration_since(*k).unsigned_abs());
+            }
+            None => inj.details.push(format!(
+                "no run was created after the kill at {k} before the next kill or the check"
+            )),
         }
+    }
+    if !inj.kills.is_empty() {
+        obs.proofs.push(Proof::new(
+            after_kill == inj.kills.len(),
+            format!(
+                "a run followed {after_kill} of the {} kills (each before the next kill)",
+                inj.kills.len()
+            ),
+        ));
     }
     if let Some((a, b)) = inj.skewed {
         let mine = obs
@@ -717,8 +823,25 @@ fn after_the_fact(
             .iter()
             .filter(|j| j.cluster == EAST && j.job.ran && a <= j.job.period && j.job.period <= b)
             .count();
-        row.notes.push(format!(
-            "the skewed standby ran {mine} period(s) of its window (the primary was up throughout)"
+        // The standby was up and deciding: it recorded periods of its window as the primary's.
+        let decided = obs
+            .due
+            .iter()
+            .filter(|p| a <= **p && **p <= b)
+            .filter(|p| {
+                obs.clusters.iter().any(|c| {
+                    c.cluster == EAST
+                        && c.recorded.iter().any(|r| {
+                            r.reason == CLAIMED_ELSEWHERE && r.first <= **p && **p <= r.last
+                        })
+                })
+            })
+            .count();
+        obs.proofs.push(Proof::new(
+            decided > 0,
+            format!(
+                "the skewed standby decided {decided} period(s) of its window ClaimedElsewhere and ran {mine} (the primary was up throughout)"
+            ),
         ));
     }
 }
@@ -729,19 +852,35 @@ async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected>
     let mut inj = Injected::default();
     match fault {
         DrFault::PrimaryApiserverStop => {
-            // Long enough for a takeover of a claim in flight at the stop (bound 6 s, standby 3 s).
-            let window = window.max(Duration::from_secs(12));
+            let window = window.max(STOP_WINDOW);
+            let port = evidence::kubeconfig_server(&w.second.kubeconfig)
+                .as_deref()
+                .and_then(evidence::url_port)
+                .context("no API server port in the second cluster's kubeconfig")?;
+            let before = evidence::cluster_pid(Some(crate::multicluster::SECOND), "kube-apiserver");
+            let probe = PortProbe::start(port);
             inj.stopped_at = Some(Timestamp::now());
+            inj.from = inj.stopped_at;
             w.second.apiserver("stop").await?;
             w.run_for(window).await?;
             w.second.apiserver("start").await?;
+            let (probes, refused) = probe.finish().await;
+            let after = evidence::cluster_pid(Some(crate::multicluster::SECOND), "kube-apiserver");
+            inj.proofs.extend(evidence::restart_proofs(&Restart {
+                component: "the primary's kube-apiserver".to_string(),
+                before: before.map(|p| format!("pid {p}")),
+                after: after.map(|p| format!("pid {p}")),
+                old_alive_after: before
+                    .is_some_and(|p| Some(p) != after && evidence::process_alive(p)),
+                port,
+                probes,
+                refused,
+            }));
         }
         DrFault::PrimaryControllerPause => pause_primary(w, window, &mut inj).await?,
         DrFault::BothActiveKill => {
-            let kills = match mode {
-                Mode::Short => 2,
-                Mode::Full => 6,
-            };
+            let kills = kills(mode);
+            let mut killed = 0;
             for i in 0..kills {
                 let side = if i % 2 == 0 { EAST } else { WEST };
                 w.wait("both controllers running", Duration::from_secs(60), |w| {
@@ -756,10 +895,33 @@ async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected>
                     + SignedDuration::from_millis(150);
                 w.run_for(next.duration_since(now).unsigned_abs()).await?;
                 inj.kills.push(Timestamp::now());
-                let s = if side == EAST { &w.east } else { &w.west };
+                inj.from.get_or_insert_with(Timestamp::now);
+                let s = if side == EAST {
+                    &mut w.east
+                } else {
+                    &mut w.west
+                };
+                let idx = s.idx.context("no controller started")?;
                 s.signal("KILL").await?;
-                w.run_for(window / kills).await?;
+                // Reaped within a few seconds; its status says how it ended.
+                let end = Instant::now() + Duration::from_secs(5);
+                let by_kill = loop {
+                    use std::os::unix::process::ExitStatusExt as _;
+                    match s.env.controller_exit(idx)? {
+                        Some(st) => break st.signal() == Some(9),
+                        None if Instant::now() < end => {
+                            tokio::time::sleep(Duration::from_millis(50)).await
+                        }
+                        None => break false,
+                    }
+                };
+                killed += by_kill as usize;
+                w.run_for(window / kills as u32).await?;
             }
+            inj.proofs.push(Proof::new(
+                killed == kills,
+                format!("{killed} of the {kills} controllers killed ended by SIGKILL"),
+            ));
         }
         DrFault::ClockSkew => {
             w.east.envs = crate::skewed_clock("+40s")?;
@@ -772,8 +934,19 @@ async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected>
             })
             .await?;
             let a = Timestamp::now();
+            inj.from = Some(a);
             w.run_for(window).await?;
             inj.skewed = Some((a, Timestamp::now()));
+            let log = w
+                .east
+                .idx
+                .map(|i| w.east.env.controller_log(i))
+                .unwrap_or_default();
+            inj.proofs.push(evidence::skew_proof(
+                "east's controller",
+                40,
+                evidence::log_clock_offset(&log, w.east.started),
+            ));
             w.east.envs.clear();
             w.east.signal("TERM").await?;
         }
@@ -799,6 +972,11 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
     )
     .await?;
     let t0 = Instant::now();
+    inj.from = Some(Timestamp::now());
+    inj.proofs.push(Proof::new(
+        w.west.stopped(),
+        "the primary's controller stopped (state T) at its failpoint right after its database claim",
+    ));
     // Restarts from now on run without the failpoint.
     w.west.envs.clear();
     let pending = w
@@ -824,7 +1002,13 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
         })
         .await;
     match took_over {
-        Ok(()) => inj.takeovers.push(t0.elapsed()),
+        Ok(()) => {
+            inj.takeovers.push(t0.elapsed());
+            inj.proofs.push(Proof::new(
+                true,
+                format!("the standby took period {period} over from the frozen primary"),
+            ));
+        }
         Err(e) => inj
             .details
             .push(format!("no takeover of period {period}: {e:#}")),
@@ -870,10 +1054,114 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
         WriteResult::Refused => inj.notes.push(format!(
             "a write with the frozen primary's token {token} was refused by the fence"
         )),
-        WriteResult::Accepted { .. } => {} // Counted as a stale write accepted.
+        // Counted as a stale write accepted, or rejected.
+        WriteResult::Accepted { .. } | WriteResult::Rejected { .. } => {}
         WriteResult::Unavailable => inj
             .details
             .push("the database never answered the frozen primary's write".into()),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn ran(cluster: &str, period: i64, created_ms: i64) -> ClusterJob {
+        ClusterJob {
+            cluster: cluster.into(),
+            job: JobSeen {
+                uid: format!("u-{period}"),
+                name: format!("dr-{period}"),
+                period: t(period),
+                token: Some(period as u64),
+                ran: true,
+                removed: true,
+                events_only: false,
+                created: Some(t(0) + SignedDuration::from_millis(created_ms)),
+                ended: None,
+                unreleased: false,
+            },
+        }
+    }
+
+    #[test]
+    fn each_kill_must_be_followed_by_a_run_before_the_next() {
+        let mut obs = DrObservations {
+            jobs: vec![ran(EAST, 2, 2_300), ran(WEST, 4, 4_200)],
+            ..DrObservations::default()
+        };
+        // Kills at 1.15 s and 5.15 s: a run after the first (at 2.3 s), none after the second.
+        let mut inj = Injected {
+            kills: vec![
+                t(1) + SignedDuration::from_millis(150),
+                t(5) + SignedDuration::from_millis(150),
+            ],
+            ..Injected::default()
+        };
+        after_the_fact(DrFault::BothActiveKill, &mut obs, &mut inj);
+        assert_eq!(obs.takeovers.len(), 1);
+        assert!(
+            obs.proofs
+                .iter()
+                .any(|p| !p.held && p.what.contains("1 of the 2 kills"))
+        );
+        assert!(
+            inj.details
+                .iter()
+                .any(|d| d.contains("no run was created after the kill"))
+        );
+        // One run after both kills counts once only: for the second.
+        let mut obs = DrObservations {
+            jobs: vec![ran(EAST, 6, 6_200)],
+            ..DrObservations::default()
+        };
+        let mut inj = Injected {
+            kills: vec![t(1), t(5)],
+            ..Injected::default()
+        };
+        after_the_fact(DrFault::BothActiveKill, &mut obs, &mut inj);
+        assert!(
+            obs.proofs
+                .iter()
+                .any(|p| !p.held && p.what.contains("1 of the 2 kills"))
+        );
+    }
+
+    #[test]
+    fn the_skewed_standby_must_have_decided_periods_of_its_window() {
+        let mut obs = DrObservations {
+            due: vec![t(2), t(4)],
+            clusters: vec![ClusterRecord {
+                cluster: EAST.into(),
+                decided_through: Some(t(4)),
+                recorded: vec![],
+            }],
+            ..DrObservations::default()
+        };
+        let skewed = || Injected {
+            skewed: Some((t(1), t(5))),
+            ..Injected::default()
+        };
+        // Standing by but deciding nothing of its window: not shown to be active.
+        let mut idle = obs.clone();
+        after_the_fact(DrFault::ClockSkew, &mut idle, &mut skewed());
+        assert!(
+            idle.proofs
+                .iter()
+                .any(|p| !p.held && p.what.contains("decided 0 period(s)"))
+        );
+        obs.clusters[0].recorded.push(Recorded {
+            first: t(2),
+            last: t(4),
+            outcome: "Deduplicated".into(),
+            reason: CLAIMED_ELSEWHERE.into(),
+        });
+        after_the_fact(DrFault::ClockSkew, &mut obs, &mut skewed());
+        assert!(obs.proofs.iter().all(|p| p.held), "{:?}", obs.proofs);
+    }
 }

@@ -1,8 +1,9 @@
 //! The checker of the two-cluster (`dr-*`) scenarios: pure functions from what both clusters'
 //! API servers and the shared claims table showed to one row of the chaos table. The job is one
 //! (one `jobKey`) across clusters, so its Jobs are counted per period across both API servers:
-//! the single-cluster checks of [`super::check::evaluate`] run over the union, and the
-//! cross-cluster ones (the claim names the cluster that ran, no Job before its instant) here.
+//! the single-cluster checks of [`super::check::evaluate`] run over the union (among them: no run
+//! without a claim row, no Job before its instant), and the cross-cluster ones (the claim names
+//! the cluster that ran, tokens in order across clusters) here.
 //!
 //! A period recorded `ClaimedElsewhere` by one cluster says only that another cluster has it; it
 //! explains no missing run. A due period with no Job in either cluster must be recorded by some
@@ -20,7 +21,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::check::{
-    Claim, JobSeen, Observations, Recorded, Row, SjObservation, Write, evaluate_tokens,
+    Claim, CommittedAttempt, Expect, FaultWindow, JobSeen, Observations, Proof, Recorded, Row,
+    SjObservation, Write, evaluate_tokens,
 };
 
 /// The reason that only points at another cluster.
@@ -39,9 +41,9 @@ pub struct ClusterClaim {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterJob {
     pub cluster: String,
+    /// With its `created` (`metadata.creationTimestamp`, the API server's clock) when the watch
+    /// saw it.
     pub job: JobSeen,
-    /// `metadata.creationTimestamp` (the API server's clock), when the watch saw it.
-    pub created: Option<Timestamp>,
 }
 
 /// What one cluster's SingletonJob recorded.
@@ -69,11 +71,24 @@ pub struct DrObservations {
     pub watch_relists: u64,
     pub watch_errors: u64,
     pub events_only: Vec<String>,
+    /// The schedule's interval.
+    pub interval: Duration,
+    /// When the fault was on, when the check read all this, and the row's settle time (see
+    /// [`Observations`]).
+    pub fault: Option<FaultWindow>,
+    pub checked_at: Option<Timestamp>,
+    pub settle: Duration,
+    /// Committed attempts of the workload (None: n/a).
+    pub attempts: Option<Vec<CommittedAttempt>>,
+    /// Evidence that the fault fired.
+    pub proofs: Vec<Proof>,
 }
 
-/// The single-cluster view of the union: one SingletonJob whose Jobs are those of every
-/// cluster, whose decisions count only where they explain a missing run, and which is decided
-/// through a period only once every cluster is.
+/// The single-cluster view of the union: one SingletonJob (with a backstop: every run needs its
+/// claim row) whose Jobs are those of every cluster, whose decisions count only where they
+/// explain a missing run, and which is decided through a period only once every cluster that
+/// has decided anything is (a cluster without `decidedThrough` no longer makes every period
+/// pending: pending is bounded by the check's time anyway).
 pub fn merged(obs: &DrObservations) -> Observations {
     let recorded = obs
         .clusters
@@ -82,15 +97,12 @@ pub fn merged(obs: &DrObservations) -> Observations {
         .filter(|r| r.reason != CLAIMED_ELSEWHERE)
         .cloned()
         .collect();
-    let decided_through = obs
-        .clusters
-        .iter()
-        .map(|c| c.decided_through)
-        .min()
-        .flatten();
+    let decided_through = obs.clusters.iter().filter_map(|c| c.decided_through).min();
     Observations {
         sjs: vec![SjObservation {
             key: obs.key.clone(),
+            backstop: true,
+            interval: obs.interval,
             due: obs.due.clone(),
             decided_through,
             claims: obs
@@ -105,22 +117,32 @@ pub fn merged(obs: &DrObservations) -> Observations {
             recorded,
         }],
         writes: obs.writes.clone(),
+        attempts: obs.attempts.clone(),
         failovers: obs.takeovers.clone(),
         hung: Vec::new(),
         watch_relists: obs.watch_relists,
         watch_errors: obs.watch_errors,
         events_only: obs.events_only.clone(),
+        unattributed: Vec::new(),
+        fault: obs.fault,
+        checked_at: obs.checked_at,
+        settle: obs.settle,
+        proofs: obs.proofs.clone(),
     }
 }
 
 /// The row: the common checks over both clusters' Jobs, then the cross-cluster ones.
-pub fn evaluate_dr(scenario: &str, fault_window: Duration, obs: &DrObservations) -> Row {
-    let mut row = evaluate_tokens(scenario, fault_window, &merged(obs), false);
+pub fn evaluate_dr(
+    scenario: &str,
+    fault_window: Duration,
+    expect: &Expect,
+    obs: &DrObservations,
+) -> Row {
+    let mut row = evaluate_tokens(scenario, fault_window, expect, &merged(obs), false);
     let out_of_order = per_cluster_token_order(obs);
     row.non_monotonic += out_of_order.len() as u64;
     row.details.extend(out_of_order);
     row.details.extend(claim_cluster_mismatches(obs));
-    row.details.extend(early_jobs(obs));
     row.notes.push(split(obs));
     if let Some(why) = not_run_reasons(obs) {
         row.notes.push(why);
@@ -185,7 +207,8 @@ pub fn cross_cluster_inversions(obs: &DrObservations) -> Vec<String> {
 }
 
 /// Periods whose one Job that ran is in a cluster other than the one its claim row names (or
-/// whose claim row is unconfirmed or missing): the claims table must say who ran each period.
+/// whose claim row is unconfirmed): the claims table must say who ran each period. (A missing
+/// claim row is a run without a claim, counted by the common check.)
 pub fn claim_cluster_mismatches(obs: &DrObservations) -> Vec<String> {
     let claims: BTreeMap<Timestamp, &ClusterClaim> =
         obs.claims.iter().map(|c| (c.period, c)).collect();
@@ -200,32 +223,10 @@ pub fn claim_cluster_mismatches(obs: &DrObservations) -> Vec<String> {
                 "{} period {period} ran in {cluster}, but its claim row names {} (token {}, confirmed {})",
                 obs.key, c.cluster, c.token, c.confirmed
             )),
-            None => out.push(format!(
-                "{} period {period} ran in {cluster} without a claim row",
-                obs.key
-            )),
+            None => {}
         }
     }
     out
-}
-
-/// Jobs that ran and were created before their period's instant by the API server's clock: a
-/// skewed cluster starting a run early.
-pub fn early_jobs(obs: &DrObservations) -> Vec<String> {
-    obs.jobs
-        .iter()
-        .filter(|j| j.job.ran && j.created.is_some_and(|c| c < j.job.period))
-        .map(|j| {
-            format!(
-                "{} period {} started early in {}: Job {} created {}",
-                obs.key,
-                j.job.period,
-                j.cluster,
-                j.job.name,
-                j.created.map_or(String::new(), |c| c.to_string())
-            )
-        })
-        .collect()
 }
 
 /// Period -> the clusters in which a Job of it ran (one entry per Job uid).
@@ -303,12 +304,12 @@ pub fn first_run_in(
         .iter()
         .filter(|j| j.cluster == cluster && j.job.ran && j.job.period > since)
         .min_by_key(|j| j.job.period)
-        .map(|j| (j.job.period, j.created))
+        .map(|j| (j.job.period, j.job.created))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::check::{Expect, WriteResult};
+    use super::super::check::WriteResult;
     use super::*;
 
     fn t(s: i64) -> Timestamp {
@@ -326,8 +327,10 @@ mod tests {
                 ran: true,
                 removed: true,
                 events_only: false,
+                created: Some(period + jiff::SignedDuration::from_millis(300)),
+                ended: Some(period + jiff::SignedDuration::from_millis(1300)),
+                unreleased: false,
             },
-            created: Some(period + jiff::SignedDuration::from_millis(300)),
         }
     }
 
@@ -370,6 +373,18 @@ mod tests {
                     recorded: vec![],
                 },
             ],
+            interval: Duration::from_secs(2),
+            fault: Some(FaultWindow {
+                from: t(3),
+                to: t(7),
+                recovered: Some(t(7)),
+            }),
+            checked_at: Some(t(14)),
+            settle: Duration::from_secs(3),
+            proofs: vec![Proof::new(
+                true,
+                "the primary's API server refused connections",
+            )],
             ..DrObservations::default()
         };
         for i in 0..=5 {
@@ -393,14 +408,26 @@ mod tests {
         obs
     }
 
+    fn expect() -> Expect {
+        Expect {
+            reasons: &["Superseded", "DeadlineExceeded"],
+            min_due_in_fault: 1,
+            ..Expect::default()
+        }
+    }
+
+    fn evaluate(obs: &DrObservations) -> Row {
+        evaluate_dr("dr-test", Duration::ZERO, &expect(), obs)
+    }
+
     fn violations(obs: &DrObservations) -> Vec<String> {
-        evaluate_dr("dr-test", Duration::ZERO, obs).violations(Expect::default())
+        evaluate(obs).violations(expect())
     }
 
     #[test]
     fn one_run_per_period_across_clusters_passes() {
         let obs = healthy();
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!((row.due, row.started, row.jobs_per_period_max), (6, 6, 1));
         assert!(violations(&obs).is_empty(), "{:?}", violations(&obs));
         assert!(row.notes.iter().any(|n| n.contains(
@@ -413,7 +440,7 @@ mod tests {
         let mut obs = healthy();
         // West ran period 6 too, with its own (lower) token: two Jobs across the API servers.
         obs.jobs.push(job("west", t(6), 30, "uid-west-again"));
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!(row.jobs_per_period_max, 2);
         let v = violations(&obs);
         assert!(
@@ -429,7 +456,7 @@ mod tests {
         // West confirmed period 2 and never created its Job; east says ClaimedElsewhere.
         obs.jobs.retain(|j| j.job.period != t(2));
         obs.writes.retain(|w| w.period != t(2));
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!((row.lost, row.started), (1, 5));
         assert!(
             violations(&obs)
@@ -443,7 +470,7 @@ mod tests {
             outcome: "Missed".into(),
             reason: "DeadlineExceeded".into(),
         });
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!((row.lost, row.recorded), (0, 1));
         assert!(
             row.notes
@@ -461,8 +488,20 @@ mod tests {
         obs.jobs.retain(|j| j.job.period != t(10));
         obs.writes.retain(|w| w.period != t(10));
         obs.clusters[0].decided_through = Some(t(8));
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!((row.pending, row.lost), (1, 0));
+    }
+
+    #[test]
+    fn a_cluster_without_decided_through_no_longer_makes_every_period_pending() {
+        // West ran nothing for period 4 and recorded nothing; east never set decidedThrough.
+        // Before, min() over the clusters was None and every period counted as pending.
+        let mut obs = healthy();
+        obs.jobs.retain(|j| j.job.period != t(4));
+        obs.writes.retain(|w| w.period != t(4));
+        obs.clusters[0].decided_through = None;
+        let row = evaluate(&obs);
+        assert_eq!((row.pending, row.lost), (0, 1));
     }
 
     #[test]
@@ -494,10 +533,11 @@ mod tests {
     #[test]
     fn a_job_created_before_its_instant_fails() {
         let mut obs = healthy();
-        obs.jobs[4].created = Some(t(8) - jiff::SignedDuration::from_secs(40));
+        obs.jobs[4].job.created = Some(t(8) - jiff::SignedDuration::from_secs(40));
         let v = violations(&obs);
         assert!(
-            v.iter().any(|d| d.contains("started early in east")),
+            v.iter()
+                .any(|d| d.contains("period 2027-01-15T08:00:08Z started early")),
             "{v:?}"
         );
     }
@@ -509,7 +549,7 @@ mod tests {
         obs.claims[4].token = 25;
         obs.jobs[4].job.token = Some(25);
         obs.writes.clear();
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!(row.non_monotonic, 1, "{row:?}");
         let v = violations(&obs);
         assert!(
@@ -527,7 +567,7 @@ mod tests {
         obs.claims[4].cluster = "west".into();
         obs.jobs[4].cluster = "west".into();
         obs.writes.clear();
-        let row = evaluate_dr("dr-test", Duration::ZERO, &obs);
+        let row = evaluate(&obs);
         assert_eq!(row.non_monotonic, 1, "{row:?}");
         let v = violations(&obs);
         assert!(

@@ -8,16 +8,19 @@
 pub mod check;
 pub mod dr;
 pub mod dr_check;
+pub mod evidence;
 pub mod real;
 pub mod world;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use jiff::{SignedDuration, Timestamp};
+use singleton::decide::reason;
 
-use check::{Expect, Row};
+use check::{Expect, FaultWindow, Proof, Row};
+use evidence::{PortProbe, Restart, StateSampler};
 use world::{SjDef, World, cluster, default_sjs};
 
 /// How long each phase lasts.
@@ -60,6 +63,91 @@ impl Mode {
             Mode::Full => Duration::from_secs(10),
         }
     }
+
+    /// How long apiserver-restart and etcd-restart keep their component stopped: the short form
+    /// too keeps it down long enough for periods of both default schedules to fall due.
+    fn outage(self) -> Duration {
+        match self {
+            Mode::Short => Duration::from_secs(4),
+            Mode::Full => self.window(),
+        }
+    }
+
+    /// leader-sigkill's kills.
+    fn kills(self) -> usize {
+        match self {
+            Mode::Short => 2,
+            Mode::Full => 5,
+        }
+    }
+
+    /// rolling-sigterm's rounds (each replica once per round).
+    fn rolling_rounds(self) -> usize {
+        match self {
+            Mode::Short => 1,
+            Mode::Full => 3,
+        }
+    }
+
+    /// status-wipe's rounds (a handover every second one).
+    fn wipe_rounds(self) -> usize {
+        match self {
+            Mode::Short => 2,
+            Mode::Full => 6,
+        }
+    }
+}
+
+/// The kwok rows' leader election ([`crate::FAST_ELECTION`]): lease duration and retry period.
+const LEASE: Duration = Duration::from_secs(4);
+const RETRY: Duration = Duration::from_millis(500);
+/// On top of lease + retry: the takeover's API round trips and the suite's Lease polling (20 ms)
+/// on two loaded cores. docs/reliability.md: "failover within lease + retry".
+const FAILOVER_SLACK: Duration = Duration::from_millis(1500);
+/// A graceful (SIGTERM) handover: "sub-second failover" (docs/reliability.md).
+const HANDOVER_MAX: Duration = Duration::from_secs(1);
+/// replace-hung-tx's least fault window: a claim stuck behind the lock can pass its 6 s
+/// deadline (lock timeout 5 s, then a retry).
+const HUNG_WINDOW: Duration = Duration::from_secs(16);
+
+/// Reasons any outage or failover explains: catch-up after it (`catchUp: Latest` supersedes the
+/// periods it missed; `catchUp: All` records those past their starting deadline).
+pub(crate) const CATCH_UP: &[&str] = &[reason::SUPERSEDED, reason::DEADLINE_EXCEEDED];
+/// The API server or etcd down: also a claimed period whose Job could not be created by its
+/// deadline.
+const API_DOWN: &[&str] = &[
+    reason::SUPERSEDED,
+    reason::DEADLINE_EXCEEDED,
+    reason::JOB_NOT_CREATED,
+];
+/// PostgreSQL down under `lock.purpose: Correctness`: also periods that could not be claimed.
+const DB_DOWN: &[&str] = &[
+    reason::SUPERSEDED,
+    reason::DEADLINE_EXCEEDED,
+    reason::BACKSTOP_UNAVAILABLE,
+];
+/// A transaction hung on the fence row: also a claim that waited for it past its deadline.
+const FENCE_HUNG: &[&str] = &[
+    reason::SUPERSEDED,
+    reason::DEADLINE_EXCEEDED,
+    reason::FENCE_HELD,
+];
+/// burst-pause: every SingletonJob of the burst must run its one period.
+const NOTHING: &[&str] = &[];
+
+/// How many instants of `sjs`' schedules a window of `planned` always holds, wherever it falls:
+/// at least `floor(planned / interval)` each.
+fn min_due(planned: Duration, sjs: &[SjDef]) -> u64 {
+    sjs.iter()
+        .map(|sj| {
+            let interval = sj.interval();
+            if interval.is_zero() {
+                0
+            } else {
+                (planned.as_millis() / interval.as_millis()) as u64
+            }
+        })
+        .sum()
 }
 
 /// One fault type per scenario.
@@ -167,21 +255,56 @@ impl Fault {
         )
     }
 
-    /// What the scenario must show beyond the common checks.
-    pub fn expect(self) -> Expect {
+    /// What the scenario must show beyond the common checks, in `mode`: the reasons its fault
+    /// may make the controller record a period, how many periods must fall due while it is on
+    /// (what its planned duration guarantees for its schedules), the failover bound the
+    /// documentation promises (docs/reliability.md) and how many failovers it causes.
+    pub fn expect(self, mode: Mode) -> Expect {
         if let Fault::Dr(d) = self {
-            return d.expect();
+            return d.expect(mode);
         }
+        if self.on_real_node() {
+            return real::expect(self, mode);
+        }
+        let lease = Some(LEASE + RETRY + FAILOVER_SLACK);
+        let (reasons, failover_max, min_failovers) = match self {
+            Fault::LeaderSigstop | Fault::Partition => (CATCH_UP, lease, 1),
+            Fault::LeaderSigkill => (CATCH_UP, lease, mode.kills()),
+            Fault::RollingSigterm => (CATCH_UP, Some(HANDOVER_MAX), mode.rolling_rounds()),
+            Fault::ApiserverRestart | Fault::EtcdPause | Fault::EtcdRestart => (API_DOWN, None, 0),
+            Fault::PostgresStop => (DB_DOWN, None, 0),
+            Fault::ClockAhead | Fault::ClockBehind => (CATCH_UP, None, 1),
+            Fault::ReplacePause => (CATCH_UP, None, 0),
+            Fault::BurstPause => (NOTHING, None, 1),
+            Fault::ReplaceHungTx => (FENCE_HUNG, None, 0),
+            Fault::StatusWipe => (CATCH_UP, None, mode.wipe_rounds() / 2),
+            _ => (CATCH_UP, None, 0),
+        };
         Expect {
             // The workload holds tokens past a newer run: it must see refusals.
-            pause: matches!(
-                self,
-                Fault::LeaderSigstop | Fault::ReplacePause | Fault::RealWorkloadFreeze
-            ),
+            pause: matches!(self, Fault::LeaderSigstop | Fault::ReplacePause),
             // A hung transaction is ended by the Replace (its Job deleted, its pod dead), so the
             // claim never waits out the backstop's lock timeout.
             no_backstop_missed: self == Fault::ReplaceHungTx,
             hung_replace: self == Fault::ReplaceHungTx,
+            reasons,
+            min_due_in_fault: min_due(self.planned(mode), &self.sjs()),
+            failover_max,
+            min_failovers,
+        }
+    }
+
+    /// The least time the fault is on, as the harness injects it in `mode` (zero where the fault
+    /// takes as long as it takes).
+    fn planned(self, mode: Mode) -> Duration {
+        let window = mode.window();
+        match self {
+            Fault::LeaderSigkill => (window / mode.kills() as u32) * mode.kills() as u32,
+            Fault::RollingSigterm | Fault::BurstPause => Duration::ZERO,
+            Fault::ApiserverRestart | Fault::EtcdRestart => mode.outage(),
+            Fault::ReplaceHungTx => window.max(HUNG_WINDOW),
+            Fault::StatusWipe => (window / mode.wipe_rounds() as u32) * mode.wipe_rounds() as u32,
+            _ => window,
         }
     }
 
@@ -231,6 +354,17 @@ pub struct Outcome {
     pub took: Duration,
 }
 
+/// What injecting a fault measured: the failovers it caused, the evidence that it fired, notes
+/// for the reader, and when the fault itself began (after any preparation, such as handing the
+/// Lease to the replica to be faulted).
+#[derive(Default)]
+struct Injected {
+    failovers: Vec<Duration>,
+    proofs: Vec<Proof>,
+    notes: Vec<String>,
+    from: Option<Timestamp>,
+}
+
 /// Runs one scenario end to end.
 pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     if let Fault::Dr(d) = fault {
@@ -256,8 +390,8 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     let from = Timestamp::now();
     w.run_for(mode.steady()).await?;
 
-    let fault_began = Instant::now();
-    let failovers = match inject(&mut w, fault, mode).await {
+    let injecting = Timestamp::now();
+    let inj = match inject(&mut w, fault, mode).await {
         Ok(f) => f,
         Err(e) => {
             // Leave the cluster whole for the next scenario (and the other tests).
@@ -265,11 +399,11 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
             return Err(e.context(format!("injecting {}", fault.name())));
         }
     };
-    let fault_window = fault_began.elapsed();
     let healed = Timestamp::now();
+    let fault_from = inj.from.unwrap_or(injecting);
     // Not recovering is a finding, not an abort: the row still shows what happened.
     let mut unrecovered = None;
-    if let Err(e) = w
+    let recovered = match w
         .wait(
             "every SingletonJob running again after the fault",
             Duration::from_secs(120),
@@ -277,17 +411,57 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
         )
         .await
     {
-        eprintln!("chaos: {}: {e:#}", fault.name());
-        unrecovered =
-            Some("not every SingletonJob ran again within 120 s of the fault".to_string());
-    }
+        Ok(()) => Some(Timestamp::now()),
+        Err(e) => {
+            eprintln!("chaos: {}: {e:#}", fault.name());
+            unrecovered =
+                Some("not every SingletonJob ran again within 120 s of the fault".to_string());
+            None
+        }
+    };
     w.run_for(mode.settle()).await?;
     // Periods due up to 4 s ago have had time to be decided.
     let to = Timestamp::now() - SignedDuration::from_secs(4);
-    let obs = w.observe(from, to, failovers).await?;
-    let mut row = check::evaluate(fault.name(), fault_window, &obs);
+    let mut obs = w.observe(from, to).await?;
+    obs.failovers = inj.failovers;
+    obs.fault = Some(FaultWindow {
+        from: fault_from,
+        to: healed,
+        recovered,
+    });
+    obs.settle = mode.settle();
+    obs.proofs = inj.proofs;
+    obs.proofs.extend(workload_proofs(fault, &obs));
+    let expect = fault.expect(mode);
+    let fault_window = healed.duration_since(fault_from).unsigned_abs();
+    let mut row = check::evaluate(fault.name(), fault_window, &expect, &obs);
+    row.notes.extend(inj.notes);
     row.details.extend(unrecovered);
-    finish(&w, row, fault.expect(), began).await
+    finish(&w, row, expect, began).await
+}
+
+/// The evidence the workload itself gives of a row's fault: writes held past a newer run (the
+/// paused client), transactions hung holding the fence row.
+fn workload_proofs(fault: Fault, obs: &check::Observations) -> Vec<Proof> {
+    match fault {
+        Fault::LeaderSigstop | Fault::ReplacePause => {
+            let held = obs.writes.iter().filter(|w| w.held).count();
+            vec![Proof::new(
+                held > 0,
+                format!(
+                    "the paused workload wrote {held} time(s) with a token held past a newer run"
+                ),
+            )]
+        }
+        Fault::ReplaceHungTx => vec![Proof::new(
+            !obs.hung.is_empty(),
+            format!(
+                "{} workload transaction(s) hung holding the fence row",
+                obs.hung.len()
+            ),
+        )],
+        _ => Vec::new(),
+    }
 }
 
 /// The row's verdict; on failure, what the cluster and the watch last showed.
@@ -319,6 +493,12 @@ impl Outcome {
 /// the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its lease
 /// while another replica completes the burst and pruning removes the Jobs, then SIGCONT. A
 /// resumed leader that sends what it had in flight (a Job create) re-creates a pruned run.
+///
+/// Its preconditions are proofs the row requires, not notes: the pause came in the middle of the
+/// burst, the burst was completed and pruned while the leader was paused, the leader was still
+/// stopped when it was resumed, and it exited after (so whatever it had in flight was sent
+/// before the check). Its fault window runs from the burst's instant (the pause interrupts the
+/// runs of that instant) to the resume.
 async fn run_burst(mode: Mode) -> Result<Outcome> {
     let began = Instant::now();
     let lease_wait = Duration::from_secs(60);
@@ -384,16 +564,14 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
             w.dump().await
         ),
     };
+    let idx = w.process(leader);
     w.signal(leader, "STOP").await?;
     let t0 = Instant::now();
     let at_pause = w.observer.jobs().iter().filter(|j| of_burst(j)).count();
-    let mut notes = vec![format!(
-        "leader paused with {at_pause} of the burst's {BURST_SJS} Jobs created"
+    let mut proofs = vec![Proof::new(
+        at_pause < BURST_SJS,
+        format!("the leader was paused with {at_pause} of the burst's {BURST_SJS} Jobs created"),
     )];
-    if at_pause >= BURST_SJS {
-        w.signal(leader, "CONT").await?;
-        anyhow::bail!("the burst was complete before the leader could be paused");
-    }
     let (_, took) = match w.wait_leader(Some(leader), t0, lease_wait).await {
         Ok(l) => l,
         Err(e) => {
@@ -421,44 +599,59 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
             },
         )
         .await?;
-    if !done {
-        let jobs = w.observer.jobs();
-        let left = jobs
-            .iter()
-            .filter(|j| of_burst(j) && j.deleted.is_none())
-            .count();
-        notes.push(format!(
-            "after 150 s the burst was not complete and pruned ({left} of its Jobs left); resumed anyway"
-        ));
-    }
+    let left = w
+        .observer
+        .jobs()
+        .iter()
+        .filter(|j| of_burst(j) && j.deleted.is_none())
+        .count();
+    proofs.push(Proof::new(
+        done,
+        format!(
+            "while the leader was paused another replica completed the burst and pruning removed its Jobs ({left} left)"
+        ),
+    ));
     w.run_for(mode.window().saturating_sub(t0.elapsed()))
         .await?;
-    let idx = w.process(leader);
+    let still = w.process(leader) == idx && w.env.controller_stopped(idx);
+    proofs.push(Proof::new(
+        still,
+        format!("the paused leader (process {idx}) was still stopped when it was resumed"),
+    ));
     w.signal(leader, "CONT").await?;
+    let resumed = Timestamp::now();
     let fault_window = t0.elapsed();
     // The resumed leader finds its Lease lost and exits; whatever it had in flight is sent by then.
-    if w.wait("the resumed leader's exit", Duration::from_secs(30), |w| {
-        Box::pin(async move { Ok(w.exited(leader, idx).then_some(())) })
-    })
-    .await
-    .is_err()
-    {
-        notes.push("the resumed leader had not exited 30 s after SIGCONT".to_string());
-    }
+    let exited = w
+        .wait("the resumed leader's exit", Duration::from_secs(30), |w| {
+            Box::pin(async move { Ok(w.exited(leader, idx).then_some(())) })
+        })
+        .await
+        .is_ok();
+    proofs.push(Proof::new(
+        exited,
+        "the resumed leader exited within 30 s (what it had in flight was sent before the check)",
+    ));
     w.run_for(mode.settle()).await?;
-    let obs = w
-        .observe(at - SignedDuration::from_secs(1), at, failovers)
-        .await?;
-    let mut row = check::evaluate(Fault::BurstPause.name(), fault_window, &obs);
-    row.notes.extend(notes);
-    finish(&w, row, Fault::BurstPause.expect(), began).await
+    let mut obs = w.observe(at - SignedDuration::from_secs(1), at).await?;
+    obs.failovers = failovers;
+    obs.fault = Some(FaultWindow {
+        from: at,
+        to: resumed,
+        recovered: None,
+    });
+    obs.settle = mode.settle();
+    obs.proofs = proofs;
+    let expect = Fault::BurstPause.expect(mode);
+    let row = check::evaluate(Fault::BurstPause.name(), fault_window, &expect, &obs);
+    finish(&w, row, expect, began).await
 }
 
-/// Injects `fault`, lets it heal; the failover times it measured.
-async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>> {
+/// Injects `fault`, lets it heal; the failover times and the evidence it measured.
+async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
     let window = mode.window();
     let lease_wait = Duration::from_secs(60);
-    let mut failovers = Vec::new();
+    let mut inj = Injected::default();
     match fault {
         Fault::Dr(_) => anyhow::bail!("two-cluster scenarios run their own course (dr::run)"),
         Fault::LeaderSigstop => {
@@ -466,81 +659,156 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
                 w.pause_workload(&sj.name, true);
             }
             let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
+            let idx = w.process(leader);
             w.signal(leader, "STOP").await?;
+            inj.from = Some(Timestamp::now());
             let t0 = Instant::now();
             let (_, took) = w.wait_leader(Some(leader), t0, lease_wait).await?;
-            failovers.push(took);
+            inj.failovers.push(took);
+            let at_takeover = w.env.controller_stopped(idx);
             w.run_for(window.saturating_sub(t0.elapsed())).await?;
+            let at_end = w.process(leader) == idx && w.env.controller_stopped(idx);
+            inj.proofs.push(Proof::new(
+                at_takeover && at_end,
+                format!(
+                    "the leader (process {idx}) was seen stopped at the takeover ({at_takeover}) and at the end of the window ({at_end})"
+                ),
+            ));
             w.signal(leader, "CONT").await?;
             for sj in w.sjs.clone() {
                 w.pause_workload(&sj.name, false);
             }
         }
         Fault::LeaderSigkill => {
-            let kills = match mode {
-                Mode::Short => 2,
-                Mode::Full => 5,
-            };
-            for _ in 0..kills {
+            let kills = mode.kills();
+            let mut killed = Vec::new();
+            for k in 0..kills {
                 w.wait_running(lease_wait).await?;
                 let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
+                let idx = w.process(leader);
                 w.signal(leader, "KILL").await?;
+                if k == 0 {
+                    inj.from = Some(Timestamp::now());
+                }
                 let t0 = Instant::now();
                 let (_, took) = w.wait_leader(Some(leader), t0, lease_wait).await?;
-                failovers.push(took);
-                w.run_for(window / kills).await?;
+                inj.failovers.push(took);
+                killed.push(idx);
+                w.run_for(window / kills as u32).await?;
             }
+            let by_kill = killed
+                .iter()
+                .filter(|idx| {
+                    use std::os::unix::process::ExitStatusExt as _;
+                    matches!(w.env.controller_exit(**idx), Ok(Some(s)) if s.signal() == Some(9))
+                })
+                .count();
+            inj.proofs.push(Proof::new(
+                by_kill == kills,
+                format!("{by_kill} of the {kills} leaders killed ended by SIGKILL"),
+            ));
         }
         Fault::RollingSigterm => {
-            let rounds = match mode {
-                Mode::Short => 1,
-                Mode::Full => 3,
-            };
-            for _ in 0..rounds {
+            let mut termed = Vec::new();
+            inj.from = Some(Timestamp::now());
+            for _ in 0..mode.rolling_rounds() {
                 for slot in 0..world::REPLICAS {
                     w.wait_running(lease_wait).await?;
                     let leading = w.leader().await? == Some(slot);
+                    termed.push(w.process(slot));
                     w.signal(slot, "TERM").await?;
                     if leading {
                         let (_, took) = w
                             .wait_leader(Some(slot), Instant::now(), lease_wait)
                             .await?;
-                        failovers.push(took);
+                        inj.failovers.push(took);
                     }
                 }
             }
             w.wait_running(lease_wait).await?;
+            let exited = termed
+                .iter()
+                .filter(|idx| matches!(w.env.controller_exit(**idx), Ok(Some(_))))
+                .count();
+            inj.proofs.push(Proof::new(
+                exited == termed.len(),
+                format!(
+                    "{exited} of the {} replicas sent SIGTERM exited and were restarted",
+                    termed.len()
+                ),
+            ));
         }
         Fault::ApiserverRestart | Fault::EtcdRestart => {
-            let component = if fault == Fault::EtcdRestart {
-                "etcd"
+            let (component, port) = if fault == Fault::EtcdRestart {
+                ("etcd", etcd_port())
             } else {
-                "kube-apiserver"
+                (
+                    "kube-apiserver",
+                    evidence::url_port(&world::api_server()?)
+                        .context("no port in the API server's URL")?,
+                )
             };
-            match mode {
-                Mode::Short => cluster("restart", component).await?,
-                Mode::Full => {
-                    cluster("stop", component).await?;
-                    w.run_for(window).await?;
-                    cluster("start", component).await?;
-                }
-            }
+            let before = evidence::cluster_pid(None, component);
+            let probe = PortProbe::start(port);
+            inj.from = Some(Timestamp::now());
+            cluster("stop", component).await?;
+            w.run_for(mode.outage()).await?;
+            cluster("start", component).await?;
+            let (probes, refused) = probe.finish().await;
+            let after = evidence::cluster_pid(None, component);
+            inj.proofs.extend(evidence::restart_proofs(&Restart {
+                component: component.to_string(),
+                before: before.map(|p| format!("pid {p}")),
+                after: after.map(|p| format!("pid {p}")),
+                old_alive_after: before
+                    .is_some_and(|p| Some(p) != after && evidence::process_alive(p)),
+                port,
+                probes,
+                refused,
+            }));
         }
         Fault::EtcdPause => {
+            let pid = evidence::cluster_pid(None, "etcd");
             cluster("pause", "etcd").await?;
+            inj.from = Some(Timestamp::now());
+            let sampler = pid.map(StateSampler::start);
             w.run_for(window).await?;
+            let (samples, stopped) = match sampler {
+                Some(s) => s.finish().await,
+                None => (0, 0),
+            };
             cluster("resume", "etcd").await?;
+            let what = pid.map_or("etcd (no live pid before the pause)".to_string(), |p| {
+                format!("etcd (pid {p})")
+            });
+            inj.proofs
+                .push(evidence::pause_proof(&what, samples, stopped));
         }
         Fault::PostgresStop => {
+            let before = postmaster_started().await;
+            let port = crate::database_port()?;
+            let probe = PortProbe::start(port);
+            inj.from = Some(Timestamp::now());
             cluster("stop", "postgres").await?;
             w.run_for(window).await?;
             cluster("start", "postgres").await?;
+            let (probes, refused) = probe.finish().await;
+            let after = postmaster_started().await;
+            inj.proofs.extend(evidence::restart_proofs(&Restart {
+                component: "postgres".to_string(),
+                before: before.map(|t| format!("postmaster started {t}")),
+                after: after.map(|t| format!("postmaster started {t}")),
+                old_alive_after: false,
+                port,
+                probes,
+                refused,
+            }));
         }
         Fault::ClockAhead | Fault::ClockBehind => {
-            let offset = if fault == Fault::ClockAhead {
-                "+40s"
+            let (offset, secs) = if fault == Fault::ClockAhead {
+                ("+40s", 40)
             } else {
-                "-40s"
+                ("-40s", -40)
             };
             let (leader, _) = w.wait_leader(None, Instant::now(), lease_wait).await?;
             let slot = (leader + 1) % world::REPLICAS;
@@ -550,13 +818,23 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             if !w.make_leader(slot, 8).await? {
                 anyhow::bail!("the skewed replica never took the Lease");
             }
-            w.run_for(window).await?;
+            inj.from = Some(Timestamp::now());
+            let (samples, held) = w.run_for_leading(slot, window).await?;
+            let (started, log) = w.started_log(slot);
+            let replica = format!("replica {slot}");
+            inj.proofs.push(evidence::skew_proof(
+                &replica,
+                secs,
+                evidence::log_clock_offset(&log, started),
+            ));
+            inj.proofs
+                .push(evidence::lease_kept_proof(&replica, samples, held));
             // Heal: the replica restarts with the right clock.
             w.replace_replica(slot, Vec::new()).await?;
             let (_, took) = w
                 .wait_leader(Some(slot), Instant::now(), lease_wait)
                 .await?;
-            failovers.push(took);
+            inj.failovers.push(took);
             w.wait_running(lease_wait).await?;
         }
         Fault::Partition => {
@@ -566,9 +844,17 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             if let Some(p) = &w.proxy {
                 p.stall();
             }
+            inj.from = Some(Timestamp::now());
             let t0 = Instant::now();
-            let (_, took) = w.wait_leader(Some(0), t0, lease_wait).await?;
-            failovers.push(took);
+            let (other, took) = w.wait_leader(Some(0), t0, lease_wait).await?;
+            inj.failovers.push(took);
+            inj.proofs.push(Proof::new(
+                true,
+                format!(
+                    "replica 0 led through the proxy when it stalled; replica {other} took the Lease {:.1} s later",
+                    took.as_secs_f64()
+                ),
+            ));
             w.run_for(window.saturating_sub(t0.elapsed())).await?;
             if let Some(p) = &w.proxy {
                 p.up();
@@ -576,6 +862,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
         }
         Fault::ReplacePause => {
             w.pause_workload("swap", true);
+            inj.from = Some(Timestamp::now());
             w.run_for(window).await?;
             w.pause_workload("swap", false);
         }
@@ -583,36 +870,38 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             // Long enough in the short form too for a claim stuck behind the lock to pass its
             // 6 s deadline (lock timeout 5 s, then a retry).
             w.hang_workload("hang", true);
-            w.run_for(window.max(Duration::from_secs(16))).await?;
+            inj.from = Some(Timestamp::now());
+            w.run_for(window.max(HUNG_WINDOW)).await?;
             w.hang_workload("hang", false);
             w.release_hung();
         }
         Fault::StatusWipe => {
-            let rounds = match mode {
-                Mode::Short => 2,
-                Mode::Full => 6,
-            };
+            let rounds = mode.wipe_rounds();
             let newest_ran = |jobs: &[crate::observer::JobRecord], sj: &str| {
                 jobs.iter()
                     .filter(|j| j.ran && j.sj.as_deref() == Some(sj))
                     .max_by_key(|j| j.period)
                     .cloned()
             };
+            inj.from = Some(Timestamp::now());
+            let (mut pruned, mut running, mut wiped) = (0, 0, 0);
             for round_no in 0..rounds {
                 let round = Instant::now();
                 // `wipe`: when its newest run's Job is already pruned, so that no Job is left to
-                // show its token or period. Waited for at most 10 s, then wiped anyway.
-                w.wait_jobs(Duration::from_secs(10), Duration::from_millis(20), |jobs| {
-                    newest_ran(jobs, "wipe").is_some_and(|j| j.deleted.is_some())
-                })
-                .await?;
-                w.wipe_status("wipe").await?;
+                // show its token or period (waited for at most 10 s).
+                pruned += w
+                    .wait_jobs(Duration::from_secs(10), Duration::from_millis(20), |jobs| {
+                        newest_ran(jobs, "wipe").is_some_and(|j| j.deleted.is_some())
+                    })
+                    .await? as usize;
+                wiped += w.wipe_status("wipe").await? as usize;
                 // `kept`: while a run is active.
-                w.wait_jobs(Duration::from_secs(10), Duration::from_millis(20), |jobs| {
-                    newest_ran(jobs, "kept").is_some_and(|j| !j.finished && j.deleted.is_none())
-                })
-                .await?;
-                w.wipe_status("kept").await?;
+                running += w
+                    .wait_jobs(Duration::from_secs(10), Duration::from_millis(20), |jobs| {
+                        newest_ran(jobs, "kept").is_some_and(|j| !j.finished && j.deleted.is_none())
+                    })
+                    .await? as usize;
+                wiped += w.wipe_status("kept").await? as usize;
                 // Every other round the Lease changes hands right after the wipes, so that a
                 // replica with no memory of its own confirms reads the wiped status first.
                 if round_no % 2 == 1 {
@@ -621,11 +910,24 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
                     let (_, took) = w
                         .wait_leader(Some(leader), Instant::now(), lease_wait)
                         .await?;
-                    failovers.push(took);
+                    inj.failovers.push(took);
                 }
-                w.run_for((window / rounds).saturating_sub(round.elapsed()))
+                w.run_for((window / rounds as u32).saturating_sub(round.elapsed()))
                     .await?;
             }
+            inj.proofs.push(Proof::new(
+                wiped == 2 * rounds,
+                format!(
+                    "{wiped} of {} status wipes took (the API server's answer kept no token, cursor or history)",
+                    2 * rounds
+                ),
+            ));
+            inj.proofs.push(Proof::new(
+                pruned == rounds && running == rounds,
+                format!(
+                    "`wipe` wiped after its newest Job was pruned in {pruned} of {rounds} rounds, `kept` while a run was active in {running} of {rounds}"
+                ),
+            ));
         }
         Fault::BurstPause => anyhow::bail!("burst-pause runs its own course (run_burst)"),
         Fault::RealLeaderFreeze
@@ -635,7 +937,37 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Vec<Duration>
             anyhow::bail!("{} runs on the real node (real::run)", fault.name())
         }
     }
-    Ok(failovers)
+    Ok(inj)
+}
+
+/// etcd's client port, as `hack/cluster.sh` reads it.
+fn etcd_port() -> u16 {
+    std::env::var("SINGLETON_ETCD_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(32379)
+}
+
+/// When PostgreSQL's postmaster started (changes with each restart), if it answers within 30 s.
+async fn postmaster_started() -> Option<Timestamp> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = async {
+            let db = crate::pg().await?;
+            let t: Timestamp = db
+                .query_one("SELECT pg_postmaster_start_time()", &[])
+                .await?
+                .get(0);
+            anyhow::Ok(t)
+        };
+        if let Ok(Ok(t)) = tokio::time::timeout(Duration::from_secs(5), got).await {
+            return Some(t);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Best effort: every component the suite may have stopped or paused runs again.

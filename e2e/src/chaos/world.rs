@@ -1,8 +1,9 @@
 //! The world a chaos scenario runs in: a namespace, three controller replicas with leader election
 //! (restarted when they exit, as a Deployment's pods would be), SingletonJobs with seconds-level
 //! schedules and (most of them) the PostgreSQL backstop, an outside observer of the Jobs
-//! ([`crate::observer`]), and a workload that performs a fenced write with each run's token.
-//! Afterwards [`World::observe`] reads the external truth for the checker.
+//! ([`crate::observer`]), and a workload that performs a fenced write with each run's token (as
+//! an attempt of its own when the backstop registers attempts). Afterwards [`World::observe`]
+//! reads the external truth for the checker.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -22,7 +23,8 @@ use singleton::api::{Outcome, SingletonJob};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::check::{
-    Claim, HungEnd, HungTx, JobSeen, Observations, Recorded, SjObservation, Write, WriteResult,
+    Claim, CommittedAttempt, HungEnd, HungTx, JobSeen, Observations, Recorded, SjObservation,
+    Write, WriteResult,
 };
 use crate::commands::repo_root;
 use crate::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
@@ -88,6 +90,13 @@ impl SjDef {
         self
     }
 
+    /// The time between two instants of its schedule.
+    pub fn interval(&self) -> Duration {
+        singleton::schedule::Schedule::parse(&self.schedule, None, Default::default())
+            .map(|s| schedule_interval(&s, Timestamp::now()))
+            .unwrap_or(Duration::ZERO)
+    }
+
     /// `concurrencyPolicy: Forbid` (the default): a new period waits for the active run.
     pub fn forbid(&self) -> bool {
         !self.extra.contains("concurrencyPolicy")
@@ -127,13 +136,24 @@ struct Slot {
     idx: usize,
     envs: Vec<(String, String)>,
     restart_at: Option<Instant>,
+    /// When its process was started (real time).
+    started: Timestamp,
+}
+
+/// A run whose write the pausing workload holds back: its pod started (and registered its
+/// attempt) when the run started, and writes once a newer run has started.
+struct HeldRun {
+    period: Timestamp,
+    token: u64,
+    attempt: Option<String>,
+    registered: Option<tokio::task::JoinHandle<Result<(), WriteResult>>>,
 }
 
 /// The workload's shared state.
 struct Workload {
     writes: Mutex<Vec<Write>>,
-    /// Per SingletonJob key: the run whose write is held back (period, token).
-    held: Mutex<BTreeMap<String, (Timestamp, u64)>>,
+    /// Per SingletonJob key: the run whose write is held back.
+    held: Mutex<BTreeMap<String, HeldRun>>,
     /// SingletonJob names whose workload pauses (holds each token until a newer run started).
     pausing: Mutex<HashSet<String>>,
     /// SingletonJob names whose workload hangs inside its fenced transaction.
@@ -146,6 +166,13 @@ struct Workload {
     /// same moment would exhaust PostgreSQL's 100 and starve the controllers' backstops.
     connections: Semaphore,
     stopped: AtomicBool,
+    /// SingletonJob names with a backstop: only their runs have a fence (a job without one gets
+    /// SF003, never issued), so only they write.
+    fenced: Mutex<HashSet<String>>,
+    /// The backstop registers attempts (`<p>attempt`, schema 5): each simulated pod registers
+    /// as attempt `sim-<Job uid>` and writes with the 3-argument fence, recording its attempt.
+    /// Otherwise the 2-argument fence and no attempts (the columns show n/a).
+    attempts: AtomicBool,
 }
 
 impl Default for Workload {
@@ -160,6 +187,8 @@ impl Default for Workload {
             in_flight: Default::default(),
             connections: Semaphore::new(16),
             stopped: AtomicBool::new(false),
+            fenced: Mutex::default(),
+            attempts: AtomicBool::new(false),
         }
     }
 }
@@ -245,11 +274,13 @@ impl World {
                 let kc = proxied_kubeconfig(&world.env, p.port)?;
                 envs.push(("KUBECONFIG".to_string(), kc.display().to_string()));
             }
+            let started = Timestamp::now();
             let idx = world.env.start_controller_with_env(&envs, &elect()).await?;
             world.slots.push(Slot {
                 idx,
                 envs,
                 restart_at: None,
+                started,
             });
         }
         Ok(world)
@@ -274,6 +305,8 @@ impl World {
             .buffer_unordered(16)
             .try_collect::<Vec<()>>()
             .await?;
+        lock(&self.workload.fenced)
+            .extend(sjs.iter().filter(|s| s.backstop).map(|s| s.name.clone()));
         self.sjs.extend(sjs);
         // The schema (and singleton_fence) exists once a backstop is ready; then the workload's
         // table.
@@ -310,13 +343,9 @@ impl World {
         .await?;
         if let Some(rx) = self.seen.take() {
             let db = crate::pg().await?;
-            db.batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {p}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
-                 period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, \
-                 at timestamptz NOT NULL DEFAULT clock_timestamp())",
-                p = self.prefix
-            ))
-            .await?;
+            create_writes_table(&db, &self.prefix).await?;
+            let attempts = has_attempts(&db, &self.prefix).await?;
+            self.workload.attempts.store(attempts, Ordering::SeqCst);
             self.dispatcher = Some(tokio::spawn(dispatch(
                 rx,
                 self.workload.clone(),
@@ -338,6 +367,7 @@ impl World {
                 None => self.slots[s].restart_at = Some(Instant::now() + Duration::from_secs(1)),
                 Some(at) if Instant::now() >= at => {
                     let envs = self.slots[s].envs.clone();
+                    self.slots[s].started = Timestamp::now();
                     self.slots[s].idx = self.env.start_controller_with_env(&envs, &elect()).await?;
                     self.slots[s].restart_at = None;
                 }
@@ -355,6 +385,30 @@ impl World {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
+    }
+
+    /// [`World::run_for`], sampling the Lease every 250 ms: (samples, samples in which `slot`
+    /// held it). A sample whose read failed counts as not held.
+    pub async fn run_for_leading(&mut self, slot: usize, d: Duration) -> Result<(u64, u64)> {
+        let end = Instant::now() + d;
+        let (mut samples, mut held) = (0, 0);
+        while Instant::now() < end {
+            self.tick().await?;
+            samples += 1;
+            if matches!(self.leader().await, Ok(Some(l)) if l == slot) {
+                held += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok((samples, held))
+    }
+
+    /// When the process now filling `slot` was started (real time), and its log so far.
+    pub fn started_log(&self, slot: usize) -> (Timestamp, String) {
+        (
+            self.slots[slot].started,
+            self.env.controller_log(self.slots[slot].idx),
+        )
     }
 
     /// Polls `check` (supervising the replicas meanwhile) until it returns Some; fails after
@@ -533,8 +587,11 @@ impl World {
     /// Wipes the status of SingletonJob `sj` as a user would: `kubectl edit --subresource=status`
     /// with an editor that replaces the status by `{}`. kubectl sends the difference as a merge
     /// patch of the status subresource without a resourceVersion, so it lands whatever the
-    /// controller wrote meanwhile.
-    pub async fn wipe_status(&self, sj: &str) -> Result<()> {
+    /// controller wrote meanwhile. Whether it wiped anything: the object kubectl printed (the
+    /// API server's answer to the patch) has a status with nothing the controller remembers
+    /// (`wiped`), and kubectl did not say "Edit cancelled" (nothing to change: the status was
+    /// empty already, so nothing was wiped).
+    pub async fn wipe_status(&self, sj: &str) -> Result<bool> {
         let editor = self.env.log_dir().join("wipe-status.sh");
         // kubectl prints JSON with 4-space indents and the keys in order, so the status is the
         // last top-level object: from `    "status": {` to the next line `    }`.
@@ -567,11 +624,18 @@ impl World {
                 out.status
             );
         }
-        Ok(())
+        if stderr.contains("Edit cancelled") {
+            return Ok(false);
+        }
+        let printed: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("kubectl edit printed no object for {sj}"))?;
+        Ok(wiped(printed.get("status")))
     }
 
     /// Has every SingletonJob started a run (a Job with a period, seen running) after `t`, or
-    /// (Forbid) does it have an active run it waits for (kwok may leave a pod unfinished)?
+    /// (Forbid) does it wait for an active run (kwok may leave a pod unfinished)? The active run
+    /// counts only if the watch saw its Job allowed to run and still there, not on the word of
+    /// `status.active` alone.
     pub async fn recovered_since(&self, t: Timestamp) -> Result<bool> {
         let jobs = self.observer.jobs();
         for sj in &self.sjs {
@@ -580,9 +644,13 @@ impl World {
                     && j.sj.as_deref() == Some(sj.name.as_str())
                     && j.period.is_some_and(|p| p > t)
             });
-            let waiting = !ran_since && {
+            let waiting = !ran_since && sj.forbid() && {
                 let s = self.env.get_sj(&sj.name).await?.status.unwrap_or_default();
-                !s.active.is_empty() && sj.forbid()
+                s.active.iter().any(|a| {
+                    jobs.iter().any(|j| {
+                        j.name == a.job_name && j.ran && !j.finished && j.deleted.is_none()
+                    })
+                })
             };
             if !ran_since && !waiting {
                 return Ok(false);
@@ -592,22 +660,21 @@ impl World {
     }
 
     /// Ends the fault's hung transactions, stops the workload (after its in-flight writes, at most
-    /// 60 s) and reads the external truth for periods due in (`from`, `to`].
-    pub async fn observe(
-        &mut self,
-        from: Timestamp,
-        to: Timestamp,
-        failovers: Vec<Duration>,
-    ) -> Result<Observations> {
+    /// 60 s) and reads the external truth for periods due in (`from`, `to`], with the time of the
+    /// check. What the harness knows itself (failovers, fault window, proofs, settle time) the
+    /// caller adds.
+    pub async fn observe(&mut self, from: Timestamp, to: Timestamp) -> Result<Observations> {
         self.release_hung();
         let end = Instant::now() + Duration::from_secs(60);
         while self.workload.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < end {
             self.run_for(Duration::from_millis(200)).await?;
         }
         self.workload.stopped.store(true, Ordering::SeqCst);
-        let claims = match self.sjs.iter().any(|s| s.backstop) {
-            true => claims_in(&crate::pg().await?, &self.prefix).await?,
-            false => HashMap::new(),
+        let db = crate::pg().await?;
+
+        let attempts = match self.workload.attempts.load(Ordering::SeqCst) {
+            true => Some(committed_attempts(&db, &self.prefix).await?),
+            false => None,
         };
         // The replicas still run: give the watch a moment to catch up with the Jobs the job
         // controller's Events report (see [`observe_sjs`]).
@@ -623,16 +690,26 @@ impl World {
             .iter()
             .map(|d| (d.name.clone(), d.schedule.clone()))
             .collect();
-        let (out, events_only) =
-            observe_sjs(&self.env, &self.observer, &defs, claims, from, to).await?;
+        let checked_at = Timestamp::now();
+        let backstopped = self.sjs.iter().any(|s| s.backstop);
+        let read_claims = async {
+            match backstopped {
+                true => claims_in(&db, &self.prefix).await,
+                false => Ok(HashMap::new()),
+            }
+        };
+        let seen = observe_sjs(&self.env, &self.observer, &defs, read_claims, from, to).await?;
         Ok(Observations {
-            sjs: out,
+            sjs: seen.sjs,
             writes: lock(&self.workload.writes).clone(),
-            failovers,
+            attempts,
             hung: lock(&self.workload.hung).clone(),
             watch_relists: self.observer.relists(),
             watch_errors: self.observer.errors(),
-            events_only,
+            events_only: seen.events_only,
+            unattributed: seen.unattributed,
+            checked_at: Some(checked_at),
+            ..Observations::default()
         })
     }
 
@@ -674,19 +751,34 @@ pub async fn claims_in(
     Ok(claims)
 }
 
+/// What [`observe_sjs`] found.
+pub struct SjsSeen {
+    pub sjs: Vec<SjObservation>,
+    /// Jobs known from the job controller's Events only.
+    pub events_only: Vec<String>,
+    /// Jobs labelled as runs without their SingletonJob or period annotation.
+    pub unattributed: Vec<String>,
+}
+
 /// The external truth about the SingletonJobs `defs` (name, schedule) for periods due in
 /// (`from`, `to`]: the Jobs as `observer` saw them, corrected by the job controller's Events (a
 /// Job the watch never saw, in a relist gap, is added; one it never saw resumed but that acted on
-/// pods ran), the outcomes recorded in Events and `status.history`, and `claims` (the backstop's
-/// rows, by job key). Also the Jobs known from Events only.
+/// pods ran), the outcomes recorded in Events and `status.history`, and the claims `read_claims`
+/// gives (the backstop's rows, by job key; each SingletonJob's are those under the key the
+/// controller files them under, `spec.backstop.jobKey` or `namespace/name`). Also the Jobs known
+/// from Events only, and those the checker cannot attribute.
+///
+/// The claims are read last, after the Jobs and Events: every Job seen then had its claim
+/// committed before it was created, so the claims read after include it. Read first, a run that
+/// started in between would look like a run without a claim.
 pub async fn observe_sjs(
     env: &Env,
     observer: &Observer,
     defs: &[(String, String)],
-    mut claims: HashMap<String, Vec<Claim>>,
+    read_claims: impl Future<Output = Result<HashMap<String, Vec<Claim>>>>,
     from: Timestamp,
     to: Timestamp,
-) -> Result<(Vec<SjObservation>, Vec<String>)> {
+) -> Result<SjsSeen> {
     let sjs: HashMap<String, SingletonJob> = env
         .sjs()
         .list(&ListParams::default())
@@ -698,12 +790,15 @@ pub async fn observe_sjs(
     let events = env.events().list(&ListParams::default()).await?.items;
     let reported = job_controller_runs(&events);
     let records = observer.jobs();
+    let mut claims = read_claims.await?;
 
     // The watch's Jobs, corrected by the job controller's Events: a Job the watch never saw
     // (a relist gap) is added, one it never saw resumed but that acted on pods ran.
     let mut jobs: BTreeMap<String, (String, JobSeen)> = BTreeMap::new();
+    let mut unattributed = Vec::new();
     for r in &records {
         let (Some(sj), Some(period)) = (r.sj.clone(), r.period) else {
+            unattributed.push(format!("{} (uid {})", r.name, r.uid));
             continue;
         };
         let seen = JobSeen {
@@ -714,6 +809,9 @@ pub async fn observe_sjs(
             ran: r.ran,
             removed: r.deleted.is_some(),
             events_only: false,
+            created: r.created,
+            ended: r.finished_at.or(r.deleted),
+            unreleased: r.ran_unreleased,
         };
         jobs.insert(r.uid.clone(), (sj, seen));
     }
@@ -738,6 +836,9 @@ pub async fn observe_sjs(
                     // The Events outlive it; the list of the watch did not have it.
                     removed: true,
                     events_only: true,
+                    created: None,
+                    ended: None,
+                    unreleased: false,
                 };
                 jobs.insert(uid, (sj.to_string(), seen));
             }
@@ -753,10 +854,11 @@ pub async fn observe_sjs(
         let sj = sjs
             .get(name)
             .with_context(|| format!("SingletonJob {name} is gone"))?;
-        let key = sj.key();
+        let key = sj.backstop_key();
         let status = sj.status.clone().unwrap_or_default();
         let schedule = singleton::schedule::Schedule::parse(schedule, None, Default::default())?;
         let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
+        let interval = schedule_interval(&schedule, from);
         let mut recorded: Vec<Recorded> = events
             .iter()
             .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
@@ -774,11 +876,8 @@ pub async fn observe_sjs(
                 .history
                 .iter()
                 .filter(|h| {
-                    h.job_name.is_none()
-                        && matches!(
-                            h.outcome,
-                            Outcome::Missed | Outcome::Skipped | Outcome::Deduplicated
-                        )
+                    // Every outcome recorded without a Job; the checker accepts only some.
+                    h.job_name.is_none() && !matches!(h.outcome, Outcome::Running)
                 })
                 .map(|h| Recorded {
                     first: h.period.0,
@@ -791,12 +890,100 @@ pub async fn observe_sjs(
             claims: claims.remove(&key).unwrap_or_default(),
             jobs: by_sj.remove(name).unwrap_or_default(),
             key,
+            backstop: sj.spec.backstop.is_some(),
+            interval,
             due,
             decided_through: status.decided_through.map(|t| t.0),
             recorded,
         });
     }
-    Ok((out, events_only))
+    Ok(SjsSeen {
+        sjs: out,
+        events_only,
+        unattributed,
+    })
+}
+
+/// The time between the first two instants of `schedule` after `t` (the chaos schedules are
+/// regular).
+pub fn schedule_interval(schedule: &singleton::schedule::Schedule, t: Timestamp) -> Duration {
+    let mut it = schedule.iter_after(t);
+    match (it.next(), it.next()) {
+        (Some(a), Some(b)) => b.duration_since(a).unsigned_abs(),
+        _ => Duration::ZERO,
+    }
+}
+
+/// The simulated workload's table of committed writes (one row per accepted fenced write, with
+/// the attempt that wrote it when attempts are registered).
+pub(super) async fn create_writes_table(db: &tokio_postgres::Client, prefix: &str) -> Result<()> {
+    db.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {prefix}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
+         period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, attempt text, \
+         at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Whether the backstop under `prefix` registers attempts: `<p>attempt(text, bigint, text)`
+/// exists (schema 5). Before it, workloads use the 2-argument fence and attempts are n/a.
+pub async fn has_attempts(db: &tokio_postgres::Client, prefix: &str) -> Result<bool> {
+    Ok(db
+        .query_one(
+            "SELECT to_regprocedure($1) IS NOT NULL",
+            &[&format!("{prefix}attempt(text,bigint,text)")],
+        )
+        .await?
+        .get(0))
+}
+
+/// The simulated workload's committed attempts: its committed writes that name an attempt,
+/// with the attempt's registration (`<p>attempts`: order and time) when there is one.
+pub async fn committed_attempts(
+    db: &tokio_postgres::Client,
+    prefix: &str,
+) -> Result<Vec<CommittedAttempt>> {
+    let rows = db
+        .query(
+            &format!(
+                "SELECT w.job, w.period, w.token, w.attempt, a.seq::bigint, a.registered_at, w.at \
+                 FROM {prefix}chaos_writes w LEFT JOIN {prefix}attempts a \
+                   ON a.job = w.job AND a.token = w.token AND a.attempt = w.attempt \
+                 WHERE w.attempt IS NOT NULL"
+            ),
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| CommittedAttempt {
+            job: r.get(0),
+            period: r.get(1),
+            token: r.get::<_, i64>(2) as u64,
+            attempt: r.get(3),
+            seq: r.get(4),
+            registered_at: r.get(5),
+            committed_at: r.get(6),
+        })
+        .collect())
+}
+
+/// Whether a SingletonJob's status holds nothing of the controller's memory: no token (the
+/// CRD's default `fencingToken: 0` and `activeCount: 0` come back at once), no cursor, no history,
+/// no active run.
+fn wiped(status: Option<&serde_json::Value>) -> bool {
+    let Some(st) = status else { return true };
+    let zero = |k: &str| st.get(k).is_none_or(|v| v.as_u64() == Some(0));
+    let empty = |k: &str| {
+        st.get(k)
+            .is_none_or(|v| v.is_null() || v.as_array().is_some_and(|a| a.is_empty()))
+    };
+    zero("fencingToken")
+        && zero("activeCount")
+        && st.get("decidedThrough").is_none_or(|v| v.is_null())
+        && empty("history")
+        && empty("active")
 }
 
 /// A proxy on loopback to the API server of the current kubeconfig.
@@ -816,7 +1003,7 @@ fn kubeconfig_path() -> Result<PathBuf> {
         .context("KUBECONFIG is unset: run `eval \"$(make -s env)\"`")
 }
 
-fn api_server() -> Result<String> {
+pub(super) fn api_server() -> Result<String> {
     let text = std::fs::read_to_string(kubeconfig_path()?)?;
     text.lines()
         .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_string))
@@ -834,9 +1021,10 @@ fn proxied_kubeconfig(env: &Env, port: u16) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The workload: what the observer sees of runs becomes pods' work. A run seen allowed to run
-/// performs its fenced write (or holds it, or hangs in it); a Job seen gone kills its hung
-/// transaction, as a deleted Job's pod dies with its connection.
+/// The workload: what the observer sees of runs becomes pods' work. A run (of a SingletonJob
+/// with a backstop: only those have a fence) seen allowed to run performs its fenced write (or
+/// holds it, or hangs in it); a Job seen gone kills its hung transaction, as a deleted Job's pod
+/// dies with its connection.
 async fn dispatch(
     mut seen: mpsc::UnboundedReceiver<Seen>,
     w: Arc<Workload>,
@@ -854,10 +1042,14 @@ async fn dispatch(
                 period,
                 token,
             } => {
+                if !lock(&w.fenced).contains(&sj) {
+                    continue;
+                }
+                let attempt = w.attempts.load(Ordering::SeqCst).then(|| attempt_id(&uid));
                 if lock(&w.hanging).contains(&sj) {
-                    spawn_hang(&w, &prefix, &format!("{ns}/{sj}"), uid, token);
+                    spawn_hang(&w, &prefix, &format!("{ns}/{sj}"), uid, token, attempt);
                 } else {
-                    on_new_run(&w, &prefix, &ns, &sj, period, token);
+                    on_new_run(&w, &prefix, &ns, &sj, period, token, attempt);
                 }
             }
             Seen::Gone { uid } => {
@@ -869,37 +1061,90 @@ async fn dispatch(
     }
 }
 
-/// A new run of `sj` was seen: write with its token now, or hold it (pausing workload). A run
-/// held before is written now, late: a newer run has started, so its write must be refused.
-fn on_new_run(w: &Arc<Workload>, prefix: &str, ns: &str, sj: &str, period: Timestamp, token: u64) {
+/// The attempt id of the simulated pod of the Job with `uid` (one pod per Job).
+pub(super) fn attempt_id(uid: &str) -> String {
+    format!("sim-{uid}")
+}
+
+/// A new run of `sj` was seen: its pod starts (registering its attempt) and writes with its token
+/// now, or holds the write (pausing workload). A run held before is written now, late: a newer run
+/// has started, so its write must be refused.
+fn on_new_run(
+    w: &Arc<Workload>,
+    prefix: &str,
+    ns: &str,
+    sj: &str,
+    period: Timestamp,
+    token: u64,
+    attempt: Option<String>,
+) {
     let key = format!("{ns}/{sj}");
     let pausing = lock(&w.pausing).contains(sj);
-    let earlier = {
-        let mut held = lock(&w.held);
-        if pausing {
-            held.insert(key.clone(), (period, token))
-        } else {
-            held.remove(&key)
-        }
+    let earlier = if pausing {
+        let registered = attempt
+            .clone()
+            .map(|a| spawn_register(w, prefix, &key, token, a));
+        lock(&w.held).insert(
+            key.clone(),
+            HeldRun {
+                period,
+                token,
+                attempt: attempt.clone(),
+                registered,
+            },
+        )
+    } else {
+        lock(&w.held).remove(&key)
     };
-    if let Some((p, t)) = earlier
-        && t < token
+    if let Some(h) = earlier
+        && h.token < token
     {
-        spawn_write(w, prefix, &key, p, t, true);
+        spawn_write(
+            w,
+            prefix,
+            &key,
+            h.period,
+            h.token,
+            true,
+            h.attempt,
+            h.registered,
+        );
     }
     if !pausing {
-        spawn_write(w, prefix, &key, period, token, false);
+        spawn_write(w, prefix, &key, period, token, false, attempt, None);
     }
+}
+
+/// The pod of a held run registers its attempt at its start.
+fn spawn_register(
+    w: &Arc<Workload>,
+    prefix: &str,
+    key: &str,
+    token: u64,
+    attempt: String,
+) -> tokio::task::JoinHandle<Result<(), WriteResult>> {
+    let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
+    tokio::spawn(async move {
+        let _permit = w.connections.acquire().await;
+        register_with_retry(&prefix, &key, token, &attempt).await
+    })
 }
 
 /// The run with `token` hangs in its transaction holding the fence row until its Job (`uid`) is
 /// seen gone or the fault is healed.
-fn spawn_hang(w: &Arc<Workload>, prefix: &str, key: &str, uid: String, token: u64) {
+fn spawn_hang(
+    w: &Arc<Workload>,
+    prefix: &str,
+    key: &str,
+    uid: String,
+    token: u64,
+    attempt: Option<String>,
+) {
     let (kill, killed) = oneshot::channel();
     lock(&w.hung_open).insert(uid, kill);
     let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
     tokio::spawn(async move {
-        let end = hang(&prefix, &key, token, killed).await;
+        let end = hang(&prefix, &key, token, attempt.as_deref(), killed).await;
         lock(&w.hung).push(HungTx {
             job: key,
             token,
@@ -912,8 +1157,20 @@ async fn hang(
     prefix: &str,
     key: &str,
     token: u64,
+    attempt: Option<&str>,
     mut killed: oneshot::Receiver<HungEnd>,
 ) -> HungEnd {
+    if let Some(a) = attempt {
+        let registered = tokio::select! {
+            r = register_with_retry(prefix, key, token, a) => r,
+            end = &mut killed => return end.unwrap_or(HungEnd::Healed),
+        };
+        match registered {
+            Ok(()) => {}
+            Err(WriteResult::Refused) => return HungEnd::Refused,
+            Err(other) => return HungEnd::Failed(format!("registering attempt {a}: {other:?}")),
+        }
+    }
     let connected = match database_url() {
         Ok(url) => tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
@@ -929,19 +1186,29 @@ async fn hang(
         Ok(tx) => tx,
         Err(e) => return HungEnd::Failed(e.to_string()),
     };
-    let fence = format!("SELECT {prefix}fence($1, $2)");
     let token_i = token as i64;
-    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[&key, &token_i];
-    let fenced = tokio::select! {
-        r = tx.query(&fence, params) => r,
-        end = &mut killed => return end.unwrap_or(HungEnd::Healed),
+    let fenced = match attempt {
+        Some(a) => {
+            let fence = format!("SELECT {prefix}fence($1, $2, $3)");
+            let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[&key, &token_i, &a];
+            tokio::select! {
+                r = tx.query(&fence, params) => r,
+                end = &mut killed => return end.unwrap_or(HungEnd::Healed),
+            }
+        }
+        None => {
+            let fence = format!("SELECT {prefix}fence($1, $2)");
+            let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[&key, &token_i];
+            tokio::select! {
+                r = tx.query(&fence, params) => r,
+                end = &mut killed => return end.unwrap_or(HungEnd::Healed),
+            }
+        }
     };
     if let Err(e) = fenced {
-        let code = e.code().map(|c| c.code().to_string());
-        return if matches!(code.as_deref(), Some("SF001" | "40001")) {
-            HungEnd::Refused
-        } else {
-            HungEnd::Failed(e.to_string())
+        return match classify(&e) {
+            Some(WriteResult::Refused) => HungEnd::Refused,
+            _ => HungEnd::Failed(e.to_string()),
         };
     }
     // Holding the fence row's lock, as a workload stuck mid-transaction does.
@@ -953,6 +1220,7 @@ async fn hang(
     end
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn_write(
     w: &Arc<Workload>,
     prefix: &str,
@@ -960,14 +1228,28 @@ fn spawn_write(
     period: Timestamp,
     token: u64,
     held: bool,
+    attempt: Option<String>,
+    registered: Option<tokio::task::JoinHandle<Result<(), WriteResult>>>,
 ) {
     let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
     w.in_flight.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
-        let result = {
-            // Never closed: acquiring cannot fail.
-            let _permit = w.connections.acquire().await;
-            write_with_retry(&prefix, &key, period, token, held).await
+        // A held run registered when its pod started; a fresh one registers now.
+        let registered = match (registered, &attempt) {
+            (Some(h), _) => h.await.unwrap_or(Err(WriteResult::Unavailable)),
+            (None, Some(a)) => {
+                let _permit = w.connections.acquire().await;
+                register_with_retry(&prefix, &key, token, a).await
+            }
+            (None, None) => Ok(()),
+        };
+        let result = match registered {
+            Ok(()) => {
+                // Never closed: acquiring cannot fail.
+                let _permit = w.connections.acquire().await;
+                write_with_retry(&prefix, &key, period, token, held, attempt.as_deref()).await
+            }
+            Err(r) => r,
         };
         lock(&w.writes).push(Write {
             job: key,
@@ -980,30 +1262,82 @@ fn spawn_write(
     });
 }
 
-/// The workload's transaction: `singleton_fence` first, then its write. Retried while the database
-/// is unreachable (at most 90 s); a refusal is final.
+/// What a fence error says: a stale token or superseded attempt (SF001, SF004: refused), another
+/// refusal of the fence (SF002 not permitted, SF003 never issued: rejected), or None for anything
+/// else (the database unreachable, a serialization failure): retried.
+pub(super) fn classify(e: &tokio_postgres::Error) -> Option<WriteResult> {
+    classify_sqlstate(e.code()?.code())
+}
+
+fn classify_sqlstate(code: &str) -> Option<WriteResult> {
+    match code {
+        "SF001" | "SF004" => Some(WriteResult::Refused),
+        c if c.starts_with("SF") => Some(WriteResult::Rejected {
+            sqlstate: c.as_bytes().try_into().unwrap_or(*b"SF???"),
+        }),
+        _ => None,
+    }
+}
+
+/// Runs `op` until it gives a result, retrying while the database is unreachable (each try
+/// bounded by 10 s, at most 90 s in all): then [`WriteResult::Unavailable`].
+async fn with_retry<T, F, Fut>(mut op: F) -> std::result::Result<T, WriteResult>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<std::result::Result<T, WriteResult>>>,
+{
+    let end = Instant::now() + Duration::from_secs(90);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), op()).await {
+            Ok(Ok(r)) => return r,
+            Ok(Err(_)) | Err(_) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            _ => return Err(WriteResult::Unavailable),
+        }
+    }
+}
+
+/// A pod's registration of its attempt (`<p>attempt(job, token, attempt)`, autocommit), retried
+/// while the database is unreachable; a refusal is final.
+pub(super) async fn register_with_retry(
+    prefix: &str,
+    key: &str,
+    token: u64,
+    attempt: &str,
+) -> std::result::Result<(), WriteResult> {
+    with_retry(|| async move {
+        let client = crate::pg().await?;
+        match client
+            .query(
+                &format!("SELECT {prefix}attempt($1, $2, $3)"),
+                &[&key, &(token as i64), &attempt],
+            )
+            .await
+        {
+            Ok(_) => Ok(Ok(())),
+            Err(e) => match classify(&e) {
+                Some(r) => Ok(Err(r)),
+                None => Err(e.into()),
+            },
+        }
+    })
+    .await
+}
+
+/// The workload's transaction: the fence first (with the attempt when there is one), then its
+/// write. Retried while the database is unreachable (at most 90 s); a refusal is final.
 pub(super) async fn write_with_retry(
     prefix: &str,
     key: &str,
     period: Timestamp,
     token: u64,
     held: bool,
+    attempt: Option<&str>,
 ) -> WriteResult {
-    let end = Instant::now() + Duration::from_secs(90);
-    loop {
-        match tokio::time::timeout(
-            Duration::from_secs(10),
-            fenced_write(prefix, key, period, token, held),
-        )
+    with_retry(|| fenced_write(prefix, key, period, token, held, attempt))
         .await
-        {
-            Ok(Ok(r)) => return r,
-            Ok(Err(_)) | Err(_) if Instant::now() < end => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            _ => return WriteResult::Unavailable,
-        }
-    }
+        .unwrap_or_else(|r| r)
 }
 
 async fn fenced_write(
@@ -1012,33 +1346,41 @@ async fn fenced_write(
     period: Timestamp,
     token: u64,
     held: bool,
-) -> Result<WriteResult> {
+    attempt: Option<&str>,
+) -> Result<std::result::Result<WriteResult, WriteResult>> {
     let mut client = crate::pg().await?;
     let tx = client.transaction().await?;
-    if let Err(e) = tx
-        .query(
-            &format!("SELECT {prefix}fence($1, $2)"),
-            &[&key, &(token as i64)],
-        )
-        .await
-    {
-        let code = e.code().map(|c| c.code().to_string());
-        if matches!(code.as_deref(), Some("SF001" | "40001")) {
-            return Ok(WriteResult::Refused);
+    let token_i = token as i64;
+    let fenced = match attempt {
+        Some(a) => {
+            tx.query(
+                &format!("SELECT {prefix}fence($1, $2, $3)"),
+                &[&key, &token_i, &a],
+            )
+            .await
         }
-        return Err(e.into());
+        None => {
+            tx.query(&format!("SELECT {prefix}fence($1, $2)"), &[&key, &token_i])
+                .await
+        }
+    };
+    if let Err(e) = fenced {
+        return match classify(&e) {
+            Some(r) => Ok(Ok(r)),
+            None => Err(e.into()),
+        };
     }
     let seq: i64 = tx
         .query_one(
             &format!(
-                "INSERT INTO {prefix}chaos_writes (job, period, token, held) VALUES ($1, $2, $3, $4) RETURNING id"
+                "INSERT INTO {prefix}chaos_writes (job, period, token, held, attempt) VALUES ($1, $2, $3, $4, $5) RETURNING id"
             ),
-            &[&key, &period, &(token as i64), &held],
+            &[&key, &period, &token_i, &held, &attempt],
         )
         .await?
         .get(0);
     tx.commit().await?;
-    Ok(WriteResult::Accepted { seq })
+    Ok(Ok(WriteResult::Accepted { seq }))
 }
 
 /// A check of a world, polled by [`poll_until`]: `Some` once what is waited for holds.
@@ -1085,5 +1427,37 @@ pub async fn poll_until<W: Polled, T>(
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wiped_status_keeps_only_the_defaults() {
+        let v = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert!(wiped(None));
+        assert!(wiped(Some(&v(r#"{"activeCount":0,"fencingToken":0}"#))));
+        assert!(!wiped(Some(&v(r#"{"activeCount":0,"fencingToken":5}"#))));
+        assert!(!wiped(Some(&v(
+            r#"{"fencingToken":0,"decidedThrough":"2026-12-05T02:26:28Z"}"#
+        ))));
+        assert!(!wiped(Some(&v(r#"{"history":[{"period":"x"}]}"#))));
+    }
+
+    #[test]
+    fn fence_errors_are_told_apart() {
+        assert_eq!(classify_sqlstate("SF001"), Some(WriteResult::Refused));
+        assert_eq!(classify_sqlstate("SF004"), Some(WriteResult::Refused));
+        assert_eq!(
+            classify_sqlstate("SF003"),
+            Some(WriteResult::Rejected {
+                sqlstate: *b"SF003"
+            })
+        );
+        // A serialization failure or a connection error is retried, never counted as a refusal.
+        assert_eq!(classify_sqlstate("40001"), None);
+        assert_eq!(classify_sqlstate("08006"), None);
     }
 }
