@@ -9,10 +9,15 @@
 # line: a fresh build must match it before it enters the cache, and a cached binary is checked
 # against it every time it is about to be used (a corrupted or replaced cache entry is refused).
 #
-# Usage: hack/build-tools.sh [tool ...]        build (or verify) these tools (default: all)
+# Usage: hack/build-tools.sh [tool ...]        build (or verify) these tools (default: all); a
+#                                              tool:bin,... hashes only those binaries of the tool
+#                                              (hack/lib.sh need_tool: what the caller will run)
 #        hack/build-tools.sh pin tool ...      after bumping a version in hack/versions.sh:
 #                                              regenerate hack/tools/<tool>/, build, record hashes
 #        hack/build-tools.sh verify [tool ...] check cached binaries only (no build)
+#
+# Scripts do not call this directly for a tool they run: they call need_tool (hack/lib.sh) or
+# hack/tool.sh, which call this and put the tool on PATH.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=SCRIPTDIR/versions.sh
@@ -21,6 +26,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
+command -v go >/dev/null 2>&1 \
+  || die "go is missing: Go >= 1.26 is a prerequisite (README.md, Prerequisites)"
 
 # quiet <cmd...>: hides the chatter of a successful step, shows it all when the step fails.
 quiet() {
@@ -54,11 +61,15 @@ expected() {
 
 # check <dir> <name...>: every binary matches its committed hash (or, with another toolchain than
 # the one the hashes were made with, the hash recorded when it was built). Returns 1 on mismatch.
+# With ONLY set (tool:bin,... on the command line) only those binaries are hashed: the ones the
+# caller is about to run (kubectl alone need not cost the hashing of kube-apiserver).
+ONLY=
 check() {
   local dir=$1 rel f want got; shift
   for f in "$@"; do
     rel=$(basename "$dir")/$f
     [ -x "$dir/$f" ] || return 1
+    [ -z "$ONLY" ] || [[ ",$ONLY," == *",$f,"* ]] || continue
     got=$(sha256sum "$dir/$f" | cut -d' ' -f1)
     want=$(expected "$rel")
     [ -n "$want" ] || want=$(awk -v f="$f" '$2 == f { print $1 }' "$dir/.sha256" 2>/dev/null)
@@ -130,7 +141,8 @@ fresh_module() { # fresh_module <tool> <module path>
 }
 
 build_k8s() {
-  local dest=$TOOLS_DIR/kubernetes-$K8S_VERSION bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local dest bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  dest=$(tool_dir kubernetes)
   ready "$dest" "${bins[@]}" && return 0
   log "building kubernetes $K8S_VERSION (cold: tens of minutes on 2 cores)"
   local work; work=$(newwork k8s); WORKDIRS+=("$work")
@@ -178,7 +190,7 @@ GO
 # ldflags as the control plane, but its own module (hack/tools/kubelet) so its extra dependencies
 # (cadvisor, CRI streaming, ...) never move the control plane's pinned build.
 build_kubelet() {
-  local dest=$TOOLS_DIR/kubelet-$K8S_VERSION
+  local dest; dest=$(tool_dir kubelet)
   ready "$dest" kubelet && return 0
   log "building kubelet $K8S_VERSION (cold: about 10 minutes on 2 cores)"
   local work; work=$(newwork kubelet); WORKDIRS+=("$work")
@@ -210,7 +222,8 @@ build_kubelet() {
 # The real node's container runtime: containerd, its runc shim and ctr (image import), from the
 # containerd/v2 module. btrfs (cgo) is left out: the node uses the overlayfs snapshotter.
 build_containerd() {
-  local dest=$TOOLS_DIR/containerd-$CONTAINERD_VERSION bins=(containerd containerd-shim-runc-v2 ctr)
+  local dest bins=(containerd containerd-shim-runc-v2 ctr)
+  dest=$(tool_dir containerd)
   ready "$dest" "${bins[@]}" && return 0
   log "building containerd $CONTAINERD_VERSION (cold: about 5 minutes on 2 cores)"
   local work; work=$(newwork containerd); WORKDIRS+=("$work")
@@ -233,7 +246,7 @@ build_containerd() {
 }
 
 build_etcd() {
-  local dest=$TOOLS_DIR/etcd-$ETCD_VERSION
+  local dest; dest=$(tool_dir etcd)
   ready "$dest" etcd && return 0
   log "building etcd $ETCD_VERSION"
   local work; work=$(newwork etcd); WORKDIRS+=("$work")
@@ -265,7 +278,7 @@ GO
 
 build_simple() { # build_simple <name> <module> <version> <package> [extra ldflags]
   local name=$1 module=$2 version=$3 pkg=$4 ldextra=${5:-}
-  local dest=$TOOLS_DIR/$name-$version
+  local dest; dest=$(tool_dir "$name")
   ready "$dest" "$name" && return 0
   log "building $name $version"
   local work; work=$(newwork "$name"); WORKDIRS+=("$work")
@@ -287,7 +300,7 @@ build_simple() { # build_simple <name> <module> <version> <package> [extra ldfla
 # each checked against the registry's checksum. Not reproducible across machines like the Go
 # tools, so it is checked against the hash recorded when it was built, not a committed one.
 build_cargo_deny() {
-  local dest=$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION
+  local dest; dest=$(tool_dir cargo-deny)
   ready "$dest" cargo-deny && return 0
   [ "$MODE" != pin ] || die "cargo-deny is pinned by its version and Cargo.lock; nothing to pin"
   log "building cargo-deny $CARGO_DENY_VERSION (cold: about 5 minutes on 2 cores)"
@@ -303,7 +316,7 @@ build_cargo_deny() {
 # Take kwokctl's defaults from the same module version (node "fast" init + heartbeat-with-lease, pod
 # "fast" ready/complete/delete) so they can never drift from the binary that interprets them.
 kwok_stages() {
-  local dest=$TOOLS_DIR/kwok-$KWOK_VERSION/stages.yaml
+  local dest; dest=$(tool_dir kwok)/stages.yaml
   [ -s "$dest" ] && return 0
   local dir f
   dir=$(cd "$TOOLS_DIR" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
@@ -317,11 +330,13 @@ kwok_stages() {
 
 mkdir -p "$TOOLS_DIR"
 case ${1:-} in
-  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool)" ;;
+  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool shfmt)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny shfmt)
 for t in "${tools[@]}"; do
+  ONLY=
+  if [[ $t == *:* ]]; then ONLY=${t#*:}; t=${t%%:*}; fi
   case $t in
     kubernetes) build_k8s ;;
     kubelet) build_kubelet ;;
@@ -341,6 +356,8 @@ for t in "${tools[@]}"; do
       github.com/prometheus/prometheus/cmd/promtool \
       "-X github.com/prometheus/common/version.Version=$((m / 100)).$((m % 100)).${PROMTOOL_VERSION##*.}" ;;
     cargo-deny) build_cargo_deny ;;
+    # The shell parser of the tool-use check (hack/tool-uses-test.sh): its syntax tree as JSON.
+    shfmt) build_simple shfmt mvdan.cc/sh/v3 "$SHFMT_VERSION" mvdan.cc/sh/v3/cmd/shfmt ;;
     *) log "unknown tool $t"; exit 2 ;;
   esac
 done
