@@ -1,5 +1,7 @@
 # Developer entry points. Each target is a thin wrapper over hack/*.sh or cargo, so a developer and CI
 # (.ci/run = `make test`) run the same steps. Variables can be overridden: `make e2e E2E_THREADS=1`.
+# A recipe gets a tool as the scripts do (need_tool in hack/lib.sh): `helm=$$(hack/tool.sh helm)`
+# prints the path of a verified helm, building it first on a fresh machine.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 # One shell per recipe, so traps and variables span the whole recipe (e2e's teardown needs that).
@@ -10,8 +12,6 @@ CARGO ?= cargo
 E2E_THREADS ?= 4
 CRD_FILE ?= crds/singletonjob.yaml
 CALENDAR_CRD_FILE ?= crds/singletoncalendar.yaml
-KUBECTL ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/kubernetes-$$K8S_VERSION/kubectl")
-HELM ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/helm-$$HELM_VERSION/helm")
 CHART_DIR ?= charts/singleton-controller
 # The chart's copy of the CRD (a chart cannot read files outside itself): `make crds` writes it,
 # `make chart` fails when it differs from $(CRD_FILE).
@@ -22,7 +22,7 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 .PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
+	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
 	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only) and PostgreSQL (no-op when already up)'
 	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
 	echo 'make image    build the controller and billing-workload images with buildah (no Docker) and import them into the real node'
@@ -90,18 +90,18 @@ lint:
 	done
 
 chart:
-	# A fresh machine has no helm yet: build it (a no-op when cached).
-	hack/build-tools.sh helm
+	# A fresh machine has no helm yet: hack/tool.sh builds it (a hash check when cached).
+	helm=$$(hack/tool.sh helm)
 	for pair in $(CRD_FILE):$(CHART_CRD) $(CALENDAR_CRD_FILE):$(CHART_CALENDAR_CRD); do
 	  if ! diff -u --label "$${pair%%:*}" --label "$${pair#*:}" "$${pair%%:*}" "$${pair#*:}"; then
 	    echo "$${pair#*:} differs from $${pair%%:*}: run 'make crds' (it writes both)" >&2
 	    exit 1
 	  fi
 	done
-	"$(HELM)" lint --strict $(CHART_DIR)
-	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true \
+	"$$helm" lint --strict $(CHART_DIR)
+	"$$helm" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true \
 	  --set networkPolicy.enabled=true --set 'networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}' --set metrics.tlsSecret=metrics-tls
-	HELM="$(HELM)" $(CARGO) test -p e2e --test chart_render
+	HELM=$$helm $(CARGO) test -p e2e --test chart_render
 
 # The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).
 unit:
@@ -121,14 +121,18 @@ if [ -n "$$started" ]; then hack/cluster.sh up; fi
 $(CARGO) build -p singleton-controller --bins --features failpoints
 # The images the real node's tests run (tests/real_node.rs), when the real node runs.
 if hack/node.sh status >/dev/null 2>&1; then hack/image.sh; fi
-eval "$$(hack/cluster.sh env)"
+env=$$(hack/cluster.sh env)
+eval "$$env"
 export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
-export KUBECTL="$(KUBECTL)" HELM="$(HELM)"
-"$(KUBECTL)" apply --server-side -f crds/
-"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
+# The tests run these (e2e/src/commands.rs), the chart's tests helm.
+KUBECTL=$$(hack/tool.sh kubectl)
+HELM=$$(hack/tool.sh helm)
+export KUBECTL HELM
+"$$KUBECTL" apply --server-side -f crds/
+"$$KUBECTL" wait --for=condition=Established --timeout=60s -f crds/
 # Each test deletes its namespace; this catches those a crashed test left behind. The second
 # control plane the multi-cluster tests start (e2e/src/multicluster.rs) is stopped in any case.
-trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 
 e2e:

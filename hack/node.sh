@@ -57,37 +57,34 @@ PIDS=$NODE_STATE/pids
 LOGS=$NODE_STATE/logs
 HOST_BEFORE=$NODE_STATE/host-before
 KUBELET_ROOT=$NODE_STATE/kubelet
-CONTAINERD_DIR=$TOOLS_DIR/containerd-$CONTAINERD_VERSION
-KUBELET_BIN=$TOOLS_DIR/kubelet-$K8S_VERSION/kubelet
-K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
 SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward)
 HOST_DIRS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni)
 
-kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
+# Each wrapper obtains its tool (hack/lib.sh need_tool: built and hash-checked on first use in a
+# process, a string match after that).
+kubectl() { need_tool kubectl; command kubectl --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
 # ctr, without the deprecation warning containerd prints on every call on a cgroup v1 host.
-ctr() { "$CONTAINERD_DIR/ctr" --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2); }
+ctr() {
+  need_tool ctr
+  command ctr --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2)
+}
 # crictl, the CRI client an operator uses on a node (the chaos suite kills containers with it);
 # no /etc/crictl.yaml: the endpoint is given here.
 crictl() {
-  "$TOOLS_DIR/crictl-$CRICTL_VERSION/crictl" --runtime-endpoint "unix://$SOCK" \
+  need_tool crictl
+  command crictl --runtime-endpoint "unix://$SOCK" \
     --image-endpoint "unix://$SOCK" --timeout 10s "$@" 2> >(grep -v 'msg="Config .* does not exist' >&2)
 }
 pidfile() { echo "$PIDS/$1.pid"; }
 logfile() { echo "$LOGS/$1.log"; }
 
 ensure_host_tools() {
-  ensure_cmd runc runc
-  ensure_cmd buildah buildah
-  ensure_cmd iptables iptables
-  ensure_cmd gcc gcc
+  need_tool runc buildah iptables ip6tables gcc ip sysctl pgrep openssl cni-bridge \
+    kubelet containerd containerd-shim-runc-v2 ctr crictl kubectl
   # The pause binary is linked statically: glibc's static archive comes with libc6-dev.
-  if [ "$(gcc -print-file-name=libc.a)" = libc.a ]; then
-    log "libc.a missing: installing Debian package libc6-dev"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libc6-dev >/dev/null
-  fi
-  [ -x /usr/lib/cni/bridge ] || ensure_cmd /usr/lib/cni/bridge containernetworking-plugins
-  "$REPO/hack/build-tools.sh" kubelet containerd crictl
+  ensure_deb libc6-dev have_static_libc
 }
+have_static_libc() { [ "$(gcc -print-file-name=libc.a)" != libc.a ]; }
 
 # --- the host, before and after ----------------------------------------------------------------------
 chains() { # chains <iptables|ip6tables>: "table chain" for every chain there is
@@ -302,15 +299,17 @@ start_containerd() {
   write_containerd_config
   log "starting containerd $CONTAINERD_VERSION ($SOCK)"
   : > "$(logfile containerd)"
-  # The shim is looked up on PATH.
-  PATH=$CONTAINERD_DIR:$PATH start_daemon "$(pidfile containerd)" "$(logfile containerd)" \
-    "$CONTAINERD_DIR/containerd" --config "$NODE_STATE/containerd.toml"
+  # The shim is looked up on PATH (need_tool put it there).
+  need_tool containerd-shim-runc-v2
+  local bin; bin=$(tool_path containerd)
+  start_daemon "$(pidfile containerd)" "$(logfile containerd)" "$bin" --config "$NODE_STATE/containerd.toml"
   WAIT_PIDFILE=$(pidfile containerd) wait_for "containerd" 60 "$(logfile containerd)" containerd_ready
 }
 
 # --- images ----------------------------------------------------------------------------------------
 # buildah keeps its storage under our state dir (not /var/lib/containers).
 buildah_() {
+  need_tool buildah
   buildah --root "$NODE_STATE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs "$@"
 }
 
@@ -385,6 +384,8 @@ EOF
 
 node_ready() {
   local s
+  # have_tool: `status` on a machine that never built kubectl says "not Ready", building nothing.
+  have_tool kubectl || { echo "kubectl not built yet"; return 1; }
   s=$(kubectl get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)
   [ "$s" = True ] || { echo "node $NODE_NAME Ready=${s:-<unset>}"; return 1; }
 }
@@ -396,7 +397,8 @@ start_kubelet() {
   mkdir -p "$KUBELET_ROOT" "$NODE_STATE/pod-logs"
   log "starting kubelet $K8S_VERSION as node $NODE_NAME"
   : > "$(logfile kubelet)"
-  start_daemon "$(pidfile kubelet)" "$(logfile kubelet)" "$KUBELET_BIN" \
+  local bin; bin=$(tool_path kubelet)
+  start_daemon "$(pidfile kubelet)" "$(logfile kubelet)" "$bin" \
     --config="$NODE_STATE/kubelet.yaml" --kubeconfig="$NODE_STATE/kubelet.kubeconfig" \
     --root-dir="$KUBELET_ROOT" --hostname-override="$NODE_NAME" --node-ip="$GATEWAY" \
     --node-labels=singleton.dev/node=real --v=1
@@ -476,7 +478,7 @@ cmd_down() {
   rm -rf "$RUN" "$KUBELET_ROOT" "$NODE_STATE/containerd" "$NODE_STATE/pod-logs" "$NODE_STATE/cni" \
     "$NODE_STATE/buildah" "$NODE_STATE/opt" "$PIDS"
   # The API object goes with the cluster (cluster.sh down wipes etcd); delete it when the API lives on.
-  [ -s "$CLUSTER/kubeconfig" ] && kubectl delete node "$NODE_NAME" --ignore-not-found --request-timeout=5s >/dev/null 2>&1 || true
+  [ -s "$CLUSTER/kubeconfig" ] && have_tool kubectl && kubectl delete node "$NODE_NAME" --ignore-not-found --request-timeout=5s >/dev/null 2>&1 || true
   log "node down, host restored"
 }
 
@@ -500,6 +502,6 @@ case ${1:-} in
   build-image) [ $# = 6 ] || die "usage: $0 build-image <ref> <rootfs> <entrypoint json> <user> <out>"
     mkdir -p "$NODE_STATE" "$RUN"; shift; build_image "$@" ;;
   ctr) shift; ctr "$@" ;;
-  crictl) shift; "$REPO/hack/build-tools.sh" crictl; crictl "$@" ;;
+  crictl) shift; crictl "$@" ;;
   *) sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
