@@ -1,7 +1,8 @@
 # Developer entry points. Each target is a thin wrapper over hack/*.sh or cargo, so a developer and CI
 # (.ci/run = `make test`) run the same steps. Variables can be overridden: `make e2e E2E_THREADS=1`.
 # A recipe gets a tool as the scripts do (need_tool in hack/lib.sh): `helm=$$(hack/tool.sh helm)`
-# prints the path of a verified helm, building it first on a fresh machine.
+# prints the path of a verified helm, building it first on a fresh machine; hack/tool-uses-test.sh
+# (make lint) fails on a recipe or script that runs a tool it did not obtain.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 # One shell per recipe, so traps and variables span the whole recipe (e2e's teardown needs that).
@@ -29,7 +30,7 @@ help:
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, cargo deny, clippy, rustdoc links, the image context, the CRD drift check and the alert rules (promtool)'
+	echo 'make lint     rustfmt, cargo deny, clippy, rustdoc links, the image context, the CRD drift check, the alert rules (promtool) and that every tool a script runs is obtained first'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
@@ -71,6 +72,8 @@ crds:
 
 lint:
 	$(CARGO) fmt --all -- --check
+	# Every tool the scripts, this Makefile and .ci/run run is obtained first (builds shfmt).
+	hack/tool-uses-test.sh
 	# Dependencies: licenses, duplicate versions, sources (offline); advisories where reachable.
 	hack/deny.sh
 	# The cached Go-built tools match the hashes committed in hack/tools/SHA256SUMS.
