@@ -10,7 +10,8 @@
 #   down    stop exactly the processes `up` started and delete the cluster and database state.
 #   status  say what runs; exit 0 only if everything is healthy.
 #   env     print `export KUBECONFIG=...`, `export DATABASE_URL=...` and `export PATH=...` (the
-#           project's kubectl and helm, and target/debug with kubectl-singleton) for eval.
+#           project's kubectl and helm, built if missing, and target/debug then target/release,
+#           with kubectl-singleton) for eval.
 #   stop|start|restart|pause|resume COMPONENT: fault injection (the chaos suite, `make chaos`) on a
 #           running cluster, keeping its state. COMPONENT: etcd, kube-apiserver or postgres (stop,
 #           start, restart only). pause is SIGSTOP, resume SIGCONT. Idempotent: stopping what is
@@ -407,7 +408,7 @@ cmd_env() {
   helm=$(tool_path helm)
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
   echo "export DATABASE_URL=$(pg url)"
-  echo "export PATH=\"$(dirname "$kubectl"):$(dirname "$helm"):$CARGO_TARGET/debug:\$PATH\""
+  echo "export PATH=\"$(dirname "$kubectl"):$(dirname "$helm"):$CARGO_TARGET/debug:$CARGO_TARGET/release:\$PATH\""
 }
 
 # stop|start|restart|pause|resume COMPONENT, reusing the pid files of `up`.

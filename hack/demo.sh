@@ -109,8 +109,10 @@ else
   log "controller running for namespace $NS (pid $(cut -d' ' -f1 "$PIDFILE")), log: ${LOGFILE#"$REPO"/}"
   kubectl apply -n "$NS" -f "$MANIFEST"
 fi
-# The plugin `kubectl singleton` (target/debug, on PATH through the environment above).
-need_tool kubectl-singleton
+# The plugin `kubectl singleton`. With the real node, from the release build the images just
+# made: a debug build would compile every dependency again (minutes on a fresh machine). Either
+# is on PATH for `eval "$(make -s env)"` (target/debug, then target/release).
+if [ -n "$REAL" ]; then need_tool --release kubectl-singleton; else need_tool kubectl-singleton; fi
 
 # A paced display for a person to watch, not a readiness wait.
 seconds=${DEMO_SECONDS:-60} interval=${DEMO_INTERVAL:-10}
