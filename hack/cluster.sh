@@ -70,7 +70,7 @@ pg() {
   fi
 }
 
-kubectl() { need_tool kubectl; command kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+kubectl() { need_tool kubectl || return 1; command kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 ensure_tools() {

@@ -71,7 +71,7 @@ cluster() {
     SINGLETON_APISERVER_PORT=${p[2]} SINGLETON_KCM_PORT=${p[3]} SINGLETON_SCHEDULER_PORT=${p[4]} \
     hack/cluster.sh "$@"
 }
-kc() { local name=$1; shift; need_tool kubectl; command kubectl --kubeconfig "$REPO/.cache/cluster-$name/kubeconfig" "$@"; }
+kc() { local name=$1; shift; need_tool kubectl || return 1; command kubectl --kubeconfig "$REPO/.cache/cluster-$name/kubeconfig" "$@"; }
 # The controller's pidfile where `hack/cluster.sh down` looks for a demo's controller, so a
 # cluster stopped by hand never leaves it running against a dead API server.
 pidfile() { echo "$REPO/.cache/demo-$1/controller.pid"; }
@@ -93,7 +93,7 @@ fi
 # --- set-up ----------------------------------------------------------------------------------------
 db_url() { hack/postgres.sh url; }
 # sql [psql options] <<< QUERY: from stdin, where psql interpolates :'key' and other -v variables.
-sql() { need_tool psql; psql "$(db_url)" -XAtq -v ON_ERROR_STOP=1 -v key="$KEY" "$@"; }
+sql() { need_tool psql || return 1; psql "$(db_url)" -XAtq -v ON_ERROR_STOP=1 -v key="$KEY" "$@"; }
 now() { date +%s; }
 hms() { date -u -d "@$1" +%T; }
 phase() { echo; echo "=== $(date -u +%T) UTC  $*"; }

@@ -37,6 +37,9 @@ ensure_deb() {
 #                       PATH. Said once per process (exported: child scripts do not hash it again).
 #   tool_path [--release] <name>  the same, printing the path (make: `hack/tool.sh <name>`)
 #   have_tool <name>    verified and on PATH if already there, building nothing (for `status`)
+# Each returns non-zero on a failure rather than relying on errexit, which bash turns off inside
+# `if`, `&&`, `||` and $(...): a binary that fails its hash check is never marked obtained. So a
+# wrapper says `need_tool kubectl || return 1`.
 # hack/tool-uses-test.sh (make lint) fails when a script, the Makefile or .ci/run runs a program
 # before obtaining it this way, builds a tool's path by hand, or runs a program TOOLS does not list
 # that is not in every Debian install. So a new tool is added here, then obtained where it is used.
@@ -134,20 +137,21 @@ _tool() {
   case $mode:$kind in
     verified:build) ;;
     have:build) [ -x "$TOOL_PATH" ] && "$REPO/hack/build-tools.sh" verify "$what:$name" 2>/dev/null || return 1 ;;
-    need:build) "$REPO/hack/build-tools.sh" "$what:$name" ;;
+    need:build) "$REPO/hack/build-tools.sh" "$what:$name" || return 1 ;;
     have:deb) [ -x "$TOOL_PATH" ] || return 1 ;;
     need:deb | verified:deb)
-      if [ -n "$extra" ]; then ensure_deb "$what" test -x "$extra"; else ensure_cmd "$name" "$what"; fi
+      if [ -n "$extra" ]; then ensure_deb "$what" test -x "$extra" || return 1
+      else ensure_cmd "$name" "$what" || return 1; fi
       TOOL_PATH=${extra:-$(command -v "$name")} ;;
     have:cargo) [ -x "$TOOL_PATH" ] || return 1 ;;
     need:cargo | verified:cargo)
       if [ -x "$TOOL_PATH" ]; then
         # Up to date, or an incremental rebuild: quiet.
-        (cd "$REPO" && cargo build -q --locked "${flags[@]}" -p "$what" --bin "$name")
+        (cd "$REPO" && cargo build -q --locked "${flags[@]}" -p "$what" --bin "$name") || return 1
       else
         local t0=$SECONDS
         log "building $name (Rust, $dir profile): usually $(cargo_usual "$dir") on 2 cores from nothing, seconds once built; cargo's progress follows"
-        (cd "$REPO" && cargo build --locked "${flags[@]}" -p "$what" --bin "$name")
+        (cd "$REPO" && cargo build --locked "${flags[@]}" -p "$what" --bin "$name") || return 1
         log "built $name in $((SECONDS - t0))s"
       fi ;;
   esac
@@ -168,13 +172,13 @@ need_tool() {
     read -r kind what rest <<< "$(tool_from "$t")"
     [ "$kind" != build ] || batch+=("$what:$t")
   done
-  [ ${#batch[@]} -eq 0 ] || "$REPO/hack/build-tools.sh" "${batch[@]}"
-  for t in "$@"; do _tool verified "$t" $profile; done
+  [ ${#batch[@]} -eq 0 ] || "$REPO/hack/build-tools.sh" "${batch[@]}" || return 1
+  for t in "$@"; do _tool verified "$t" $profile || return 1; done
 }
 tool_path() {
   local profile=
   [ "${1:-}" != --release ] || { profile=release; shift; }
-  _tool need "$1" $profile
+  _tool need "$1" $profile || return 1
   echo "$TOOL_PATH"
 }
 have_tool() { local t; for t in "$@"; do _tool have "$t" 2>/dev/null || return 1; done; }
@@ -222,7 +226,7 @@ start_daemon() {
 # group_alive <pgid>: some member of the process group still runs. Zombies do not count: our daemons
 # are orphans whose reaper (PID 1) may take seconds to collect them, and `kill -0` sees zombies.
 group_alive() {
-  need_tool ps
+  need_tool ps || return 2
   ps -e -o pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { found = 1 } END { exit !found }'
 }
 

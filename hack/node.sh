@@ -62,16 +62,16 @@ HOST_DIRS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /v
 
 # Each wrapper obtains its tool (hack/lib.sh need_tool: built and hash-checked on first use in a
 # process, a string match after that).
-kubectl() { need_tool kubectl; command kubectl --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
+kubectl() { need_tool kubectl || return 1; command kubectl --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
 # ctr, without the deprecation warning containerd prints on every call on a cgroup v1 host.
 ctr() {
-  need_tool ctr
+  need_tool ctr || return 1
   command ctr --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2)
 }
 # crictl, the CRI client an operator uses on a node (the chaos suite kills containers with it);
 # no /etc/crictl.yaml: the endpoint is given here.
 crictl() {
-  need_tool crictl
+  need_tool crictl || return 1
   command crictl --runtime-endpoint "unix://$SOCK" \
     --image-endpoint "unix://$SOCK" --timeout 10s "$@" 2> >(grep -v 'msg="Config .* does not exist' >&2)
 }
@@ -309,7 +309,7 @@ start_containerd() {
 # --- images ----------------------------------------------------------------------------------------
 # buildah keeps its storage under our state dir (not /var/lib/containers).
 buildah_() {
-  need_tool buildah
+  need_tool buildah || return 1
   buildah --root "$NODE_STATE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs "$@"
 }
 

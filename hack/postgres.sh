@@ -28,12 +28,13 @@ newest_bin() { printf '%s\n' /usr/lib/postgresql/*/bin | { grep -v '\*' || true;
 pg_bin() {
   local d
   d=$(newest_bin)
+  # Called as $(pg_bin), where errexit is off: each step says when it fails.
   if [ -z "$d" ] || [ ! -x "$d/initdb" ]; then
-    ensure_deb postgresql have_initdb
+    ensure_deb postgresql have_initdb || return 1
     d=$(newest_bin)
   fi
   # The client beside the server (the package brings it): psql_q runs it.
-  need_tool psql
+  need_tool psql || return 1
   echo "$d"
 }
 
