@@ -34,7 +34,8 @@ ensure_deb() {
 #   need_tool [--release] <name>...  build it (the Go tools and cargo-deny: hack/build-tools.sh, from
 #                       the pinned modules, hash-checked against hack/tools/SHA256SUMS; this workspace's
 #                       binaries: cargo) or install it (Debian) when missing, verify it, put it on
-#                       PATH. Said once per process (exported: child scripts do not hash it again).
+#                       PATH. Done once per process (remembered in the environment: the scripts
+#                       it starts do not hash it again).
 #   tool_path [--release] <name>  the same, printing the path (make: `hack/tool.sh <name>`)
 #   have_tool <name>    verified and on PATH if already there, building nothing (for `status`)
 # Each returns non-zero on a failure rather than relying on errexit, which bash turns off inside
@@ -100,7 +101,7 @@ if [ "${SINGLETON_TOOLS_FOR:-}" != "$TOOLS_DIR|$CARGO_TARGET" ]; then SINGLETON_
 export SINGLETON_TOOLS_FOR="$TOOLS_DIR|$CARGO_TARGET" SINGLETON_TOOLS_HAVE=${SINGLETON_TOOLS_HAVE:-}
 
 # known <name> [release]: obtained already (SINGLETON_TOOLS_HAVE): sets TOOL_PATH, puts it on
-# PATH. No subshell: wrappers (kubectl() { need_tool kubectl; ... }) call it at every use.
+# PATH. No subshell: wrappers (kubectl() { need_tool kubectl || return 1; ... }) call it at every use.
 known() {
   local p=" $SINGLETON_TOOLS_HAVE " key=$1${2:+@$2}
   [[ $p == *" $key="* ]] || return 1
