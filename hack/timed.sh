@@ -62,7 +62,7 @@ parse() {
     row "$t0" "$1" "$2" "$stage${stage:+/}$suite"
     suite=""
   }
-  while IFS= read -r line; do
+  while IFS= read -r line || [ -n "$line" ]; do
     printf '%s\n' "$line"
     now=$EPOCHREALTIME
     if [ "$suites" = 1 ]; then
