@@ -44,13 +44,14 @@ newwork() { mktemp -d "$TOOLS_DIR/.$1-work.XXXX"; }
 # --- progress ---------------------------------------------------------------------------------------
 # usual <tool>: how long its build usually takes on this project's 2-core machine with Go's build
 # and module caches empty, in the order `make demo` builds them (each reusing what the earlier ones
-# compiled). Measured: README.md, "Measured".
+# compiled). Measured there while other builds shared the cores (README.md, "Measured"), so an idle
+# machine is faster.
 usual() {
   case $1 in
     etcd) echo "~1 min" ;;
-    kubernetes) echo "~16 min" ;;
-    kwok) echo "~3 min" ;;
-    kubelet) echo "~5 min" ;;
+    kubernetes) echo "~17 min" ;;
+    kwok) echo "~5 min" ;;
+    kubelet) echo "~4 min" ;;
     containerd) echo "~2 min" ;;
     crictl) echo "~2 min" ;;
     helm) echo "~5 min" ;;
@@ -65,7 +66,7 @@ fmt_secs() { if [ "$1" -ge 60 ]; then printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)
 # building <tool> <version>: announces a build and starts its clock; built <tool>: its time.
 building() {
   BUILD_T0=$SECONDS BUILD_UNITS=
-  log "building $1 $2: usually $(usual "$1") on 2 cores from nothing, less with Go's build cache warm (progress every minute)"
+  log "building $1 $2: usually $(usual "$1") on 2 cores from nothing, less with Go's build cache warm; progress every minute"
 }
 built() { log "built $1 in $(fmt_secs $((SECONDS - BUILD_T0)))${BUILD_UNITS:+ ($BUILD_UNITS)}"; }
 
