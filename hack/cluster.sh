@@ -26,6 +26,10 @@
 #      lifecycle controller may run: `up` then creates default/default and lifts the node's
 #      not-ready taint itself. `up` records them in .cache/cluster/extra-args, so
 #      a caller can tell how a running cluster was started.
+#      `--node-monitor-grace-period=20s` makes a node whose kubelet is frozen (hack/node.sh
+#      freeze-kubelet) NotReady after 21-24 s instead of 45-55 s, and was stable under CPU load;
+#      but a control-plane outage longer than about 20 s (the chaos suite's full form pauses etcd
+#      for 30 s) then turns every node NotReady for about 5 s, so it is not the default.
 #      SINGLETON_CLUSTER_NAME: a second (third, ...) control plane beside the default one, for
 #      multi-cluster tests (docs/multi-cluster.md): its state lives in .cache/cluster-NAME, it
 #      needs its own ports (the SINGLETON_*_PORT above), and it has no PostgreSQL of its own: it
@@ -271,7 +275,9 @@ start_all() {
     --leader-elect=false
   # kwok plays kubelet for nodes annotated kwok.x-k8s.io/node=fake only (a real node, should one
   # join, is left alone). The stages are kwokctl's defaults: pods become Running at once, pods owned
-  # by a Job then Succeeded at once; the node keeps Ready through a Lease renewed by kwok.
+  # by a Job then Succeeded at once; the node keeps Ready through a Lease renewed by kwok, every
+  # 5 s (a quarter of its 20 s duration), like the real nodes' kubelets (hack/node.sh). The KCM
+  # marks a node NotReady --node-monitor-grace-period (50 s) after the last renewal it saw.
   # KWOK_WORKDIR keeps it from reading a user's ~/.kwok/kwok.yaml. It opens no port: no --node-port
   # or --server-address, so no kubelet API (logs/exec) is served.
   mkdir -p "$STATE/kwok"
@@ -279,7 +285,7 @@ start_all() {
   KWOK_WORKDIR=$STATE/kwok start kwok "$kwok" \
     --kubeconfig="$KUBECONFIG_FILE" --config="$(dirname "$kwok")/stages.yaml" \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --node-lease-duration-seconds=40 --node-ip=127.0.0.1
+    --node-lease-duration-seconds=20 --node-ip=127.0.0.1
 
   kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1

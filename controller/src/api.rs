@@ -177,6 +177,15 @@ pub fn reflow(text: &str) -> String {
     validation = Rule::new("has(self.schedule) != has(self.schedules)")
         .message("set exactly one of schedule and schedules")
 )]
+#[x_kube(
+    validation = Rule::new(concat!(
+        "(has(self.lock) && has(self.lock.purpose) && self.lock.purpose == 'Efficiency') || !has(self.jobTemplate.spec) || (",
+        "(!has(self.jobTemplate.spec.parallelism) || self.jobTemplate.spec.parallelism <= 1) && ",
+        "(!has(self.jobTemplate.spec.completions) || self.jobTemplate.spec.completions <= 1) && ",
+        "(!has(self.jobTemplate.spec.podReplacementPolicy) || self.jobTemplate.spec.podReplacementPolicy == 'Failed'))"
+    ))
+    .message("under lock.purpose: Correctness a run is one process at a time: jobTemplate.spec.parallelism and completions must be 1 (or unset) and podReplacementPolicy Failed (or unset); use lock.purpose: Efficiency for runs of several pods")
+)]
 pub struct SingletonJobSpec {
     /// When runs are due: standard 5-field cron (`minute hour day-of-month month day-of-week`),
     /// read as Kubernetes CronJob reads it, 6 fields with leading seconds, a macro (`@hourly`,
@@ -317,9 +326,14 @@ pub struct SingletonJobSpec {
     pub backstop: Option<BackstopSpec>,
 
     /// The Job created for each period, as in CronJob. Every container receives the environment
-    /// variables SINGLETON_JOB, SINGLETON_PERIOD, SINGLETON_FENCING_TOKEN and
-    /// SINGLETON_IDEMPOTENCY_KEY. `ttlSecondsAfterFinished` is not honoured: finished Jobs are pruned
-    /// by the history limits, so that a Job is never gone before its outcome is recorded.
+    /// variables SINGLETON_JOB, SINGLETON_PERIOD, SINGLETON_FENCING_TOKEN,
+    /// SINGLETON_IDEMPOTENCY_KEY and SINGLETON_ATTEMPT (the pod's uid). `ttlSecondsAfterFinished` is
+    /// not honoured: finished Jobs are pruned by the history limits, so that a Job is never gone
+    /// before its outcome is recorded. A run is one process at a time: the Job gets
+    /// `podReplacementPolicy: Failed` (no replacement pod while the previous one still
+    /// terminates), and under `lock.purpose: Correctness` `parallelism` and `completions` above 1
+    /// are refused. With `spec.suspend: true` (a queue such as Kueue admits the Job) the queue
+    /// label `kueue.x-k8s.io/queue-name` is added only once the run's claim is confirmed.
     #[schemars(schema_with = "job_template_schema")]
     pub job_template: JobTemplate,
 }
@@ -485,11 +499,24 @@ fn is_default<T: Default + PartialEq>(t: &T) -> bool {
 
 /// The pod template is validated by the API server when each Job is created (and by a dry run at
 /// reconcile time); embedding the full PodSpec schema would make the CRD several hundred KiB.
+/// The three fields the one-process rule reads are declared (typed), so that the rule on the
+/// spec can refuse them at apply time; everything else is kept as written.
 fn job_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "description": "A batch/v1 JobTemplateSpec (metadata and spec of the Job to create per period).",
         "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "spec": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "properties": {
+                    "parallelism": {"type": "integer", "format": "int32"},
+                    "completions": {"type": "integer", "format": "int32"},
+                    "podReplacementPolicy": {"type": "string"},
+                },
+            },
+        },
     })
 }
 
@@ -696,6 +723,13 @@ pub struct SingletonJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule_fingerprint: Option<String>,
 
+    /// Where the last schedule or exclusions edit restarted the schedule: with `exclusions.action:
+    /// NextAllowedDay`, a period at or before it that falls on an excluded day is not moved to a
+    /// later day, because it was decided (run, or recorded) under the rules before the edit;
+    /// moving it would run its business period again, or fire it retroactively.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shifts_after: Option<Time>,
+
     /// A period claimed (token issued) whose Job is not yet known to exist. Whoever acts next
     /// creates that Job, with the same name and token, before doing anything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -746,6 +780,24 @@ pub struct SingletonJobStatus {
     /// started without its claim under `lock.purpose: Efficiency`), so backfill refuses them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claims_recorded: Option<Box<ClaimsRecorded>>,
+
+    /// Periods decided without a Job while the backstop stopped answering in the middle of their
+    /// claim, so that the claim row may exist although no Job ran. Once the backstop answers,
+    /// each such row is withdrawn and its token retired, so the claims table never says that a
+    /// period ran when it did not (a backfill can then run it). At most 100 are kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub unsettled_claims: Vec<UnsettledClaim>,
+}
+
+/// A claim whose backstop row may exist although its period was decided without a Job (see
+/// [`SingletonJobStatus::unsettled_claims`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnsettledClaim {
+    pub period: MicroTime,
+    #[schemars(schema_with = "token_schema")]
+    pub token: u64,
 }
 
 /// See [`SingletonJobStatus::claims_recorded`].
@@ -1048,6 +1100,13 @@ impl SingletonJob {
             .as_ref()
             .and_then(|b| b.job_key.clone())
             .unwrap_or_else(|| self.key())
+    }
+
+    /// How far after `period`'s instant its run starts within `jitterSeconds`: derived from the
+    /// backstop's job key and the period, so every replica and restart picks the same offset,
+    /// and so do two clusters' SingletonJobs of one `jobKey` under different names (F8).
+    pub fn jitter(&self, period: jiff::Timestamp) -> jiff::SignedDuration {
+        crate::schedule::jitter(&self.backstop_key(), period, self.spec.jitter_window())
     }
 
     pub fn key(&self) -> String {

@@ -76,6 +76,23 @@ pub enum Error {
     #[error("backstop: {0}")]
     Backstop(String),
 
+    /// A run decided as never started has an attempt registered in the backstop: its Job did
+    /// run (another replica completed the claim). Its token is not retired and nothing is
+    /// recorded; the replica that knows the run records it.
+    #[error(
+        "the run of job {job} with fencing token {token} has started (attempt {attempt} registered): it is not decided as never run"
+    )]
+    RunStarted {
+        job: String,
+        token: u64,
+        attempt: String,
+    },
+
+    /// Without a backstop to fence it, a replaced run's Job (and so its pods) still exists: the
+    /// new run waits for it to be gone (G5). Retried.
+    #[error("waiting for the replaced run's Job {0} to be gone before the new run starts")]
+    Stopping(String),
+
     /// Multi-cluster standby: the period is not this cluster's to claim until the database's
     /// clock reaches `until` (`spec.backstop.standbyDelaySeconds`). Retried then.
     #[error("standby: period not claimable here before {until} (database time)")]
@@ -101,6 +118,8 @@ impl Error {
             Error::StaleToken { .. } => "StaleToken",
             Error::BackstopConfig(_) => "BackstopConfig",
             Error::Backstop(_) => "Backstop",
+            Error::RunStarted { .. } => "RunStarted",
+            Error::Stopping(_) => "Stopping",
             Error::StandbyWaiting { .. } => "StandbyWaiting",
         }
     }

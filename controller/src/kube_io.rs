@@ -156,25 +156,69 @@ pub enum Resumed {
     Gone,
 }
 
-/// Lets the Job `name` run its pods, but only if it is still the object with `uid` and still
-/// suspended: a JSON patch whose `test`s make the API server refuse it for any other Job of that
-/// name, and make a second resume change nothing (so it is told apart from the first).
-pub async fn resume_job(ctx: &Context, ns: &str, name: &str, uid: &str) -> Result<Resumed> {
+/// How a confirmed run's Job is let run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release<'a> {
+    /// The controller resumes it (`spec.suspend: false`).
+    Resume,
+    /// A queue resumes it (a queue-managed template, Kueue): the controller adds the queue's
+    /// label (`kueue.x-k8s.io/queue-name`, withheld at create), and the queue admits it.
+    Queue(Option<&'a str>),
+}
+
+/// Lets the Job `name` run its pods (or be admitted by its queue), but only if it is still the
+/// object with `uid` and still suspended: a JSON patch whose `test`s make the API server refuse it
+/// for any other Job of that name, and make a second resume change nothing (so it is told apart
+/// from the first). The same patch marks it `singleton.dev/released` with the run's token: a Job
+/// of ours running without that mark was started by someone else (issue 31).
+pub async fn resume_job(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    token: u64,
+    release: Release<'_>,
+    active_deadline: Option<i64>,
+) -> Result<Resumed> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let ops = serde_json::json!([
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "test", "path": "/spec/suspend", "value": true},
-        {"op": "replace", "path": "/spec/suspend", "value": false},
-    ]);
+    let mut ops = vec![
+        serde_json::json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+        serde_json::json!({"op": "test", "path": "/spec/suspend", "value": true}),
+        serde_json::json!({"op": "add", "path": pointer("/metadata/annotations", crate::naming::ANNOTATION_RELEASED), "value": token.to_string()}),
+    ];
+    match release {
+        Release::Resume => ops.push(serde_json::json!({"op": "replace", "path": "/spec/suspend", "value": false})),
+        // The Job's labels exist (the controller's own are set at create).
+        Release::Queue(Some(queue)) => ops.push(serde_json::json!({"op": "add", "path": pointer("/metadata/labels", crate::naming::LABEL_KUEUE_QUEUE), "value": queue})),
+        Release::Queue(None) => {}
+    }
+    // Counted by Kubernetes from the resume: set from the deadline's distance now (F10a).
+    if let Some(seconds) = active_deadline {
+        ops.push(serde_json::json!({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": seconds}));
+    }
     let point = Some(failpoint::RESUME);
     Ok(
-        match guarded_patch(ctx, jobs.resource_url(), name, ops, Lane::Create, point).await? {
+        match guarded_patch(
+            ctx,
+            jobs.resource_url(),
+            name,
+            serde_json::Value::Array(ops),
+            Lane::Create,
+            point,
+        )
+        .await?
+        {
             Patched::Done => Resumed::Yes,
             Patched::Gone => Resumed::Gone,
             // Another object of that name, or resumed already.
             Patched::TestFailed => Resumed::Already,
         },
     )
+}
+
+/// A JSON pointer to `key` under `parent` (RFC 6901: `~` and `/` escaped).
+fn pointer(parent: &str, key: &str) -> String {
+    format!("{parent}/{}", key.replace('~', "~0").replace('/', "~1"))
 }
 
 /// Sets `spec.suspend: true` on the SingletonJob (`suspendAfterConsecutiveFailures`), only if its
@@ -227,12 +271,19 @@ async fn guarded_patch(
         Ok(_) => Ok(Patched::Done),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Patched::Gone),
         Err(kube::Error::Api(s))
-            if matches!(s.code, 409 | 422 | 400) && s.message.contains("test") =>
+            if matches!(s.code, 409 | 422 | 400) && test_failed(&s.message) =>
         {
             Ok(Patched::TestFailed)
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether the API server's message says a JSON patch `test` failed (json-patch's "testing value
+/// /path failed: test failed"), and not, say, a webhook's denial that mentions a test (F10a: such
+/// a denial was read as "resumed already" and the run silently never started).
+fn test_failed(message: &str) -> bool {
+    message.contains("test failed") || message.contains("testing value")
 }
 
 /// Deletes the Job `name` only if it is still the object with `uid` (never a later one of that

@@ -13,6 +13,20 @@ pub const ENV_JOB: &str = "SINGLETON_JOB";
 pub const ENV_PERIOD: &str = "SINGLETON_PERIOD";
 pub const ENV_TOKEN: &str = "SINGLETON_FENCING_TOKEN";
 pub const ENV_IDEMPOTENCY_KEY: &str = "SINGLETON_IDEMPOTENCY_KEY";
+/// The attempt's id: its pod's uid (downward API), so the fence can tell the pods of one run
+/// apart (`<p>attempt()`, docs/fencing.md).
+pub const ENV_ATTEMPT: &str = "SINGLETON_ATTEMPT";
+
+/// Set by the controller's resume (or queue release) of a run's Job, in the same patch that lets
+/// it run, after its claim is confirmed: a Job of ours unsuspended without it was started by
+/// someone else (a webhook, a queue, a person) and is stopped (issue 31). Its value is the token.
+pub const ANNOTATION_RELEASED: &str = "singleton.dev/released";
+/// [`ANNOTATION_RELEASED`]'s value on a Job not released yet (created suspended).
+pub const NOT_RELEASED: &str = "false";
+
+/// Kueue's queue label: on a queue-managed template it is withheld at create and added by the
+/// release after the confirm, so the queue admits only confirmed runs.
+pub const LABEL_KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
 
 /// Job names become the `job-name` label of pods, limited to 63 characters.
 const MAX_NAME: usize = 63;

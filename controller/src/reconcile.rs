@@ -65,7 +65,9 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if let Some(behind) = observe::behind(&status, &owned) {
         return Box::pin(raise_to_jobs(&ctx, &sj, status, behind, now)).await;
     }
-    Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned)).await?;
+    if Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned, &db)).await? {
+        return Ok(Action::await_change());
+    }
 
     let seen = Seen {
         clock,
@@ -159,6 +161,11 @@ async fn first(ctx: &Arc<Context>, sj: &SingletonJob, db: &Availability) -> Resu
     if let Some(req) = ops::pending(sj, OperationKind::BreakLock) {
         return operate::break_lock(ctx, sj, req, db).await.map(Some);
     }
+    if let Some(b) = db.ready()
+        && Box::pin(run::decided::settle(ctx, sj, b)).await?
+    {
+        return Ok(Some(Action::await_change()));
+    }
     let Some(claim) = sj.status.as_ref().and_then(|s| s.pending_claim.clone()) else {
         return Ok(None);
     };
@@ -221,11 +228,34 @@ async fn decide_and_act(
         // Nothing will change until the spec does.
         return Ok(Action::await_change());
     };
+    // An edit of the schedule or its excluded days moves no period decided before it (F9).
+    let fp = decide::fingerprint_with(&sj.spec, &schedule);
+    let floor = decide::shift_floor(
+        &fp,
+        status.schedule_fingerprint.as_deref(),
+        status.decided_through.as_ref().map(|t| t.0),
+        status.shifts_after.as_ref().map(|t| t.0),
+        now,
+    );
+    status.shifts_after = floor.map(Into::into);
+    let schedule = schedule.with_shift_floor(floor);
     let template = Box::pin(judge_template(ctx, sj, &mut status, now)).await?;
     let states = Box::pin(observe::runs::active_job_states(ctx, sj, &status.active)).await?;
     let blocked = blocked(sj, &seen.clock, &template, &seen.db);
     let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
-    let plan = plan(sj, &schedule, &status, now, created, blocked, &states);
+    // G3, F3: no outcome without its token's retirement (Correctness, backstop unavailable).
+    let hold =
+        matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
+    // A finished run held is recorded at the backstop's next probe: look again then.
+    let holding = hold && states.values().any(|s| *s != JobState::Active);
+    let held;
+    let states = if hold {
+        held = decide::hold_outcomes(&states);
+        &held
+    } else {
+        &states
+    };
+    let plan = plan(sj, &schedule, &status, now, created, blocked, states);
     let decided = Decided {
         schedule,
         template,
@@ -234,7 +264,7 @@ async fn decide_and_act(
         plan,
     };
 
-    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, &states)).await?;
+    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
     let operating = ops::in_progress(&status.operations);
     let plan = &decided.plan;
@@ -251,6 +281,10 @@ async fn decide_and_act(
     let hold = backstop_wait(&decided, &seen);
     let wake = plan.wake_at.map(|at| until(now, at));
     let wake = wake.map(|w| w.max(hold));
+    let wake = match holding {
+        true => Some(wake.map_or(hold, |w| w.min(hold)).max(HELD_RETRY)),
+        false => wake,
+    };
     if !hold.is_zero()
         && started.is_none()
         && !operating
@@ -286,11 +320,11 @@ async fn record(
     if let Some(b) = db.ready()
         && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
     {
+        ctx.gate.check()?;
         Box::pin(run::retire(sj, b, token)).await?;
     }
     let new_entries = record::apply_plan(&sj.spec, status, plan, states, now);
-    let (key, window) = (sj.key(), sj.spec.jitter_window());
-    let jitter = |t| crate::schedule::jitter(&key, t, window);
+    let jitter = |t| sj.jitter(t);
     let next = record::next_times(status, &decided.schedule, jitter, now);
     crate::metrics::global().next_run(sj, next);
     let facts = Facts {
@@ -318,8 +352,11 @@ async fn record(
             )
             .await;
     }
-    if let Some(b) = db.ready() {
-        record::mark_claims_recorded(status, b.target_id(), decided.created, now);
+    if let Some(b) = db.ready()
+        && record::claims_recorded_stale(status, &b.target_id())
+    {
+        let fence = Box::pin(b.fence(&sj.backstop_key())).await?;
+        record::mark_claims_recorded(status, b.target_id(), fence, decided.created, now);
     } else if matches!(db, Availability::NotConfigured) {
         status.claims_recorded = None;
     }
@@ -488,7 +525,9 @@ fn plan(
     blocked: Option<Waiting>,
     states: &HashMap<String, JobState>,
 ) -> Plan {
-    let key = sj.key();
+    // The period's jitter follows the backstop's job key, as the idempotency key does: two
+    // clusters' SingletonJobs of one jobKey (different names) pick the same offset (F8).
+    let key = sj.backstop_key();
     let obs = Observed {
         now,
         key: &key,
@@ -617,6 +656,9 @@ async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Resu
     }
     Ok(())
 }
+
+/// The shortest wait before a run whose outcome is held (F3) is looked at again.
+const HELD_RETRY: Duration = Duration::from_secs(1);
 
 /// Time from `now` until `at`, rounded up to the millisecond so a timer never fires before `at`.
 fn until(now: Timestamp, at: Timestamp) -> Duration {

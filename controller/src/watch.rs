@@ -46,6 +46,10 @@ fn error_policy(sj: Arc<SingletonJob>, err: &Error, _ctx: Arc<Context>) -> Actio
             tracing::info!(sj = %sj.key(), %why, "waiting for the backstop's fence row");
             Action::requeue(Duration::from_secs(1))
         }
+        Error::Stopping(why) => {
+            tracing::info!(sj = %sj.key(), %why, "waiting for a replaced run to stop");
+            Action::requeue(Duration::from_secs(1))
+        }
         // A standby's turn comes by the database's clock; our clock only paces the retry.
         Error::StandbyWaiting { until } => {
             let wait = until.duration_since(jiff::Timestamp::now());

@@ -3,22 +3,34 @@
 //! # The world
 //!
 //! The API server's SingletonJob (its status, with a resourceVersion), its Job store (every Job
-//! ever created, in creation order: a Job's uid is its index there; a Job is suspended or was
-//! resumed, live or deleted, finished or not; a live Job holds its period's deterministic name, a
-//! deleted one frees it), the backstop (claim rows UNIQUE(period), the fence, and the highest
-//! retired token), a clock that makes [`PERIODS`] periods fall due, and [`ACTORS`] controller
-//! replicas. Status records per period Running(token) once a run is confirmed, Done(token) once
-//! its outcome is recorded (finished, Job gone, or Replaced), Missed, Deduplicated or
-//! ForeignJob; `active` and a claim's `replaces` are sets of Job uids.
+//! ever created, in creation order: a Job's uid is its index there; a Job is suspended, resumed
+//! by the controller, or unsuspended by someone else, live or deleted, finished or not; a live
+//! Job holds its period's deterministic name, a deleted one frees it), the backstop (claim rows
+//! UNIQUE(period), the fence, the highest retired token and the newest registered attempt), a
+//! clock that makes [`PERIODS`] periods fall due, and [`ACTORS`] controller replicas. Status
+//! records per period Running(token) once a run is confirmed, Done(token) once its outcome is
+//! recorded (finished, Job gone, or Replaced), Failed(token) once a Job someone else started
+//! was stopped, Missed, Deduplicated or ForeignJob; `active` and a claim's `replaces` are sets
+//! of Job uids.
+//!
+//! With [`Config::pods`], the pods of the Jobs that run (issue 31): each is one attempt of its
+//! run, at most [`MAX_PODS`] per Job, with its phase as Kubernetes sees it (running,
+//! terminating, terminal) and whether its process still runs (it may, while terminating and,
+//! on a partitioned node, after a force delete). The controller's resume marks the Job
+//! `released`; a Job unsuspended by anyone else has no mark (observable).
 //!
 //! # The protocol (each numbered step is one atomic transition of one actor)
 //!
-//! 1. Read status (and the Jobs) and decide (catchUp Latest). A pending claim is completed (on to
-//!    4). Else a run in `active` whose Job is still suspended is resumed (on to 9: a confirm whose
-//!    resume was lost). Else runs whose Job finished or is gone are recorded as Done, their
-//!    tokens retired in the backstop first (a step of its own, before the status write), and the
-//!    newest due period is claimed (Forbid waits while a run is active; Replace replaces the
-//!    active runs) or the records are written alone.
+//! 1. Read status (and the Jobs) and decide (catchUp Latest). First, a Job the status's claims
+//!    know (the pending claim's period and token, or a uid in `active`) that runs without the
+//!    `released` mark is stopped (StartedBeforeConfirm): its token retired in the backstop, the
+//!    Job deleted by uid, then a CAS on the read resourceVersion clearing the claim that knew it
+//!    and deciding its period Failed (three steps, in that order). Else a pending claim is
+//!    completed (on to 4). Else a run in `active` whose Job is still suspended is resumed (on to
+//!    9: a confirm whose resume was lost). Else runs whose Job finished or is gone are recorded
+//!    as Done, their tokens retired in the backstop first (a step of its own, before the status
+//!    write), and the newest due period is claimed (Forbid waits while a run is active; Replace
+//!    replaces the active runs) or the records are written alone.
 //! 2. Token = max(status token, fence) + 1.
 //! 3. Claim: compare-and-swap (CAS) on the read resourceVersion writing `pending`, the token and
 //!    the decided cursor. 409: back to idle.
@@ -31,16 +43,23 @@
 //! 7. Create the Job suspended. Its name taken by a live Job: same token, adopt it; another token,
 //!    delete it (by uid, a step of its own, then create again) if it is suspended and step 5's
 //!    status knows it not (neither the pending claim's period and token nor a uid in `active`),
-//!    else record ForeignJob (CAS).
+//!    else record ForeignJob (CAS). A Job that comes back from create not suspended (a mutating
+//!    webhook cleared `suspend`) is stopped as in step 1 (JobNotSuspended): token retired, Job
+//!    deleted, period decided Failed by a CAS on step 5's resourceVersion.
 //! 8. Confirm: CAS on step 5's resourceVersion moving the claim to `active` with the Job's uid (and
 //!    the replaced runs out, as Done). 409: re-read; this uid in `active` goes on to 9, else the
 //!    Job (which never ran) is deleted by uid.
-//! 9. Resume the Job by uid: a deleted uid is a 404, a resumed one stays as it is.
+//! 9. Resume the Job by uid, a patch that tests uid and `suspend == true` and sets `suspend:
+//!    false` and the `released` mark at once: a deleted uid is a 404, a resumed one stays as it
+//!    is, one someone else unsuspended fails the test and is left to the stop.
 //!
 //! The sweeper is a round of its own, in the controller's order: read status, then list the Jobs
 //! (the reconcile gets its SingletonJob, then looks at the Job cache), then delete (by uid) a
-//! listed suspended Job that status does not know and whose token is not above the status's (a
-//! newer claim's Job, created after the read, is not unknown).
+//! listed Job the controller did not release (suspended, or unsuspended by someone else), not
+//! finished, that status does not know and whose token is not above the status's (a newer
+//! claim's Job, created after the read, is not unknown); or stop, as in step 1, a listed Job
+//! that the status read knows and someone else unsuspended (its write CAS on that read's
+//! resourceVersion).
 //!
 //! Only the leader begins a round (step 1, or the sweeper's); a round begun goes on whoever
 //! leads now: a leader paused past its lease (or a request stalled in a TCP buffer) resumes with
@@ -55,25 +74,72 @@
 //! ([`Config::foreign_row`]), which is what a period is Deduplicated against. Without it, once a
 //! foreign Job (token 0: an earlier incarnation's, a user's) appears under a period's name,
 //! suspended or running ([`Config::foreign`]), which is what step 7's other-token branches meet.
+//! With [`Config::external`], once, someone other than the controller (a person, a GitOps tool,
+//! a queue) unsuspends any live suspended Job, or step 7's create comes back not suspended.
 //!
-//! Every Job that was ever resumed may make one fenced write at any later time, also after it
-//! finished or was deleted (a zombie pod). No transition is needed for it: a write changes
-//! nothing in the world (a run's token is never above the fence, which the G5 invariant checks),
-//! so the invariants ask in every state whether `singleton_fence(t)` (t >= fence and t >
-//! retired) would accept it.
+//! With pods, the Job controller, the kubelet and the workload ([`pod_steps`]) replace "a
+//! resumed Job finishes". The Job controller creates a pod for a live, unfinished Job that was
+//! unsuspended (by anyone) when none of its pods is active by [`Replacement`]: `Failed` (what
+//! the controller sets) counts running and terminating pods, `TerminatingOrFailed`
+//! (Kubernetes' default) only running ones; with its pods used up and none active, the Job
+//! fails (backoff limit). A running pod is deleted or evicted (terminating, its process runs
+//! on), fails, or succeeds (its Job finishes). A terminating pod ends (its grace period over:
+//! terminal, its process gone) or, with [`Pods::partition`], is force-deleted (or removed by
+//! PodGC) while its process runs on a partitioned node: terminal to Kubernetes, not to the
+//! database. A deleted Job's running pods are terminating. With [`Workload::Attempts`] a pod
+//! whose process runs registers once (`<p>attempt(job, token, attempt)`): it becomes the
+//! backstop's newest attempt. A registration and each fenced transaction serialise on the fence
+//! row's lock, so each is one atomic step.
+//!
+//! Without pods, every Job that was ever resumed may make one fenced write at any later time,
+//! also after it finished or was deleted (a zombie pod). With pods, every pod whose process
+//! runs may (also a terminating one, and one force-deleted on a partition), and nothing else.
+//! No transition is needed for a write: it changes nothing in the world (a run's token is never
+//! above the fence, which the G5 invariant checks), so the invariants ask in every state whether
+//! the fence would accept it: `singleton_fence(t)` (t >= fence and t > retired), and with pods
+//! per [`Workload`]: `<p>fence(job, token, attempt)` also asks that the pod be the newest
+//! registered attempt of its token, `<p>fence(job, token)` that no attempt of the token
+//! registered (none does in that workload).
 //!
 //! # Invariants (checked in every state; a violation comes with a shortest trace to it)
 //!
-//! [`Inv`]: G1 over Job uids (at most one Job of a period was ever resumed; a suspended Job
-//! created and deleted never ran); a token's Job is resumed at most once, and never once its
-//! token was retired; G3 (tokens of the Jobs that ran increase in creation order; over every
-//! Job created it does not hold, [`Cov::CreatedOutOfOrder`]); fencing (a write is refused once a
+//! [`Inv`]: G1 over Job uids (at most one Job of a period was ever resumed by the controller; a
+//! suspended Job created and deleted never ran); a token's Job is resumed at most once, and
+//! never once its token's outcome was recorded; G3 (tokens of the Jobs that ran increase in
+//! creation order; over every Job created it does not hold, [`Cov::CreatedOutOfOrder`]);
+//! fencing, over every Job that ran, also one someone else started (a write is refused once a
 //! Job with a newer token exists, and once its own run's outcome was recorded: the equal-token
 //! case); G5 (never two runs at once, under Forbid and, because the old Job is deleted before
 //! the new one is resumed, under Replace; the fence reaches a run's token before it runs); G2
 //! (with no claim pending every decided period has a run or an outcome; no confirmed run is
 //! deleted by the controller before it ran; at quiescence every period is decided and no
 //! confirmed run is left suspended).
+//!
+//! With pods, G1 within a run (attempts are ordered by when they began: their registration
+//! with [`Workload::Attempts`], their creation with [`Workload::TokenOnly`]): no attempt's write
+//! is accepted once an attempt of its token began after it ([`Inv::AttemptsOverlap`]), and no
+//! two attempts of a token could both have a write accepted at once
+//! ([`Inv::TwoAttemptsWrite`]). With the attempt fence both hold for either replacement policy,
+//! also with a force delete on a partition. With the token-only fence they hold only with
+//! `Failed` and no partition; `TerminatingOrFailed` (a replacement beside a terminating pod
+//! whose process runs) and `Failed` with a force delete on a partition (Kubernetes sees the old
+//! pod terminal, its process runs on) let two attempts of one run write: F1, the reason the
+//! attempt fence exists, shown by `token_only_fence_lets_two_attempts_write`.
+//!
+//! With external resumers, only the controller starts a run, as far as the design can have it:
+//! a Job someone else unsuspends may run pods and have writes accepted before the controller
+//! sees it, and after (its stop retires its token in a later step than the read that found
+//! it); from the retirement on, nothing of it is accepted, and nothing once its period is
+//! decided (the fencing invariants above, over it too). What is guaranteed: fenced writes of
+//! no two Jobs of one period are accepted, at any two moments ([`Inv::ExternallyStarted`]), and
+//! such a Job, once confirmed, is never recorded as the period's run while it is still there
+//! ([`Inv::ExternalAdopted`]: it is stopped, its period Failed). What is not: a stop that
+//! retired its token and deleted a pending claim's Job but did not get to write the decision
+//! (a crash, a 409, lost leadership) leaves the claim pending, and its completion creates and
+//! resumes the period's Job again with the retired token ([`Cov::ResumedRetired`], reached):
+//! none of its writes passes the fence, but it runs, and the period is recorded by its outcome
+//! rather than Failed. The stop retires before it deletes for that reason: deleting first lets
+//! the completion's Job write beside the stopped one ([`Broken::DeleteBeforeRetire`]).
 //!
 //! # Bounds
 //!
@@ -83,12 +149,22 @@
 //! the fewest with a stale actor racing a current one. Steps are atomic and an actor keeps what
 //! it read, so the second actor can be in any stage with any resourceVersion it once read, and a
 //! crashed actor's claim is completed by the next reader; a third actor only adds stale actors
-//! side by side. Set [`ACTORS`] to 3 to check that: every configuration holds, in 36 million
-//! states and nine minutes of a debug build (at most 7 Jobs), against 0.7 million states and
-//! seconds with two. The fence rises at most once and one foreign row or Job appears at most
-//! once. Jobs are bounded by what the protocol creates (at most [`MAX_JOBS`], asserted; 5 are
-//! reached). The visited set holds each state in a canonical form ([`canon`]): resourceVersions
-//! as current or stale, actors in order.
+//! side by side. Set [`ACTORS`] to 3 to check that: every configuration without pods holds, in
+//! 36 million states and nine minutes of a debug build (at most 7 Jobs), against 0.7 million
+//! states and seconds with two. The fence rises at most once and one foreign row or Job appears
+//! at most once. Jobs are bounded by what the protocol creates (at most [`MAX_JOBS`], asserted;
+//! 5 are reached). The visited set holds each state in a canonical form ([`canon`]):
+//! resourceVersions as current or stale, actors in order.
+//!
+//! Pods: two per Job, the fewest with a replacement beside an older pod. Nothing of a Job whose
+//! token is fenced out (below the fence, or retired; both only rise) can pass the fence again,
+//! and the controller does not look at pods, so in the canonical form such a Job keeps no pods
+//! (it may still finish) and the newest attempt is dropped when it is one of its; the attempts'
+//! order is numbered without gaps, and a deleted Job's finished flag is dropped. External
+//! resumers: one external start (either kind) in an execution; two were checked once (1.7 and
+//! 2.7 million states under Forbid and Replace, no partition: every invariant holds, at most 6
+//! Jobs). Configurations with pods leave out the earlier incarnation's claim row, and those with
+//! external resumers also the fence's rise by itself (see [`pods`]).
 //!
 //! The broken variants ([`Broken`]) show that the checker is not vacuous: each one is caught,
 //! with a shortest trace, and each invariant catches at least one of them.
@@ -106,6 +182,8 @@ const ACTORS: usize = 2;
 const MAX_JOBS: usize = 8;
 /// The actors' names in traces (one more, "C", with three actors).
 const NAMES: [&str; ACTORS] = ["A", "B"];
+/// Pods (attempts) per Job, with pods modelled: the Job's backoff limit in the model.
+const MAX_PODS: usize = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Policy {
@@ -146,6 +224,47 @@ enum Broken {
     /// is above the status's (it read status before listing the Jobs, as the controller does, so
     /// a newer claim's Job can be in the list: only the token bound tells it apart).
     SweepUnbounded,
+    /// `<p>fence(job, token, attempt)` accepts any registered attempt of the token, not only the
+    /// newest.
+    NoAttemptCheck,
+    /// The controller neither looks at a Job's `released` mark nor at what create returns: a Job
+    /// someone else unsuspended is confirmed, recorded and left running like its own.
+    IgnoreExternalResume,
+    /// A Job started outside the controller is deleted and its period decided Failed, but its
+    /// token is not retired.
+    StopWithoutRetire,
+    /// A Job that comes back from create not suspended is deleted first, its token retired
+    /// after (then its period decided Failed).
+    DeleteBeforeRetire,
+}
+
+/// When the Job controller creates a replacement pod: the Job's `podReplacementPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Replacement {
+    /// Only once the previous pod is terminal: what the controller sets on every Job.
+    Failed,
+    /// As soon as the previous pod is terminating (deleted, evicted): Kubernetes' default.
+    TerminatingOrFailed,
+}
+
+/// What the workload's fenced transactions call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    /// Registers each attempt once at its start (`<p>attempt(job, token, attempt)`) and fences
+    /// with `<p>fence(job, token, attempt)`: the billing example.
+    Attempts,
+    /// Never registers; fences with `<p>fence(job, token)` (token-level only).
+    TokenOnly,
+}
+
+/// The pods of the Jobs that run, and the workload in them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pods {
+    replacement: Replacement,
+    workload: Workload,
+    /// A terminating pod may be force-deleted (or removed by PodGC) while its process still runs
+    /// on a partitioned node: Kubernetes sees it terminal, the process writes on.
+    partition: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -163,6 +282,13 @@ struct Config {
     /// With the backstop: an earlier incarnation's claim row (token 0) for a period may appear
     /// once.
     foreign_row: bool,
+    /// The pods of the Jobs that run (attempts), the Job's replacement policy and the workload's
+    /// fence. None: a Job that ran may write at any later time (one zombie pod, token-level).
+    pods: Option<Pods>,
+    /// With pods: once, someone other than the controller unsuspends a suspended Job (a person,
+    /// a GitOps tool, a queue), or a mutating webhook makes a Job come back from create not
+    /// suspended.
+    external: bool,
     broken: Broken,
 }
 
@@ -191,10 +317,24 @@ enum Inv {
     G2Lost,
     /// G2 at quiescence: every period decided and no confirmed run left suspended.
     G2Quiet,
+    /// G1 within a run: a write of an attempt is accepted although an attempt of the same token
+    /// began after it (registered, with [`Workload::Attempts`]; was created, with
+    /// [`Workload::TokenOnly`]).
+    AttemptsOverlap,
+    /// G1 within a run: two attempts (pods whose process runs) of one token could both have a
+    /// write accepted now: not "at most one attempt at a time".
+    TwoAttemptsWrite,
+    /// Only the controller starts a run: fenced writes of two different Jobs of one period were
+    /// accepted (at any two moments).
+    ExternallyStarted,
+    /// Only the controller starts a run: the status records as done the run of a confirmed Job
+    /// that someone else unsuspended while that Job is still there (it was adopted as the
+    /// period's run instead of being stopped: deleted, its period decided Failed).
+    ExternalAdopted,
 }
 
 impl Inv {
-    const ALL: [Inv; 11] = [
+    const ALL: [Inv; 15] = [
         Inv::G1,
         Inv::TokenRanTwice,
         Inv::RetiredRan,
@@ -206,6 +346,10 @@ impl Inv {
         Inv::G2Decided,
         Inv::G2Lost,
         Inv::G2Quiet,
+        Inv::AttemptsOverlap,
+        Inv::TwoAttemptsWrite,
+        Inv::ExternallyStarted,
+        Inv::ExternalAdopted,
     ];
 
     fn bit(self) -> u16 {
@@ -227,6 +371,12 @@ impl Inv {
             Inv::G2Decided => "G2: a decided period has neither a run nor a recorded outcome",
             Inv::G2Lost => "G2: a confirmed run's Job was deleted before it ran",
             Inv::G2Quiet => "G2: quiescent with a period undecided or a confirmed run not resumed",
+            Inv::AttemptsOverlap => {
+                "G1: an attempt's write accepted after a newer attempt of its run began"
+            }
+            Inv::TwoAttemptsWrite => "G1: two attempts of one run could both write at once",
+            Inv::ExternallyStarted => "G1: writes of two Jobs of one period were accepted",
+            Inv::ExternalAdopted => "G1: a Job someone else started recorded as the period's run",
         }
     }
 }
@@ -265,10 +415,30 @@ enum Cov {
     /// A Job was created with a token not above every earlier Job's: G3 holds over the Jobs
     /// that ran, not over every Job created.
     CreatedOutOfOrder,
+    /// A pod was created while an earlier pod of its Job was terminating, its process running.
+    ReplacedWhileTerminating,
+    /// A pod's process runs although Kubernetes sees it terminal (force delete on a partition).
+    ZombiePod,
+    /// Two pods of one Job ran at once.
+    TwoPodsAlive,
+    /// An attempt registered while an older attempt of its run still ran.
+    AttemptSuperseded,
+    /// A Job someone else unsuspended was stopped (retired, deleted, decided Failed).
+    ExternalStopped,
+    /// A Job came back from create not suspended and was stopped.
+    NotSuspendedAtCreate,
+    /// A resume found its Job unsuspended by someone else (the patch's test failed).
+    ResumeFoundStarted,
+    /// Some fenced write of a Job someone else started was accepted.
+    ExternalWrote,
+    /// The controller resumed a Job whose token the backstop had retired: a stop retired and
+    /// deleted a pending claim's Job and did not get to write its decision, and the claim was
+    /// completed (a known gap: no write of that Job passes the fence).
+    ResumedRetired,
 }
 
 impl Cov {
-    const ALL: [Cov; 15] = [
+    const ALL: [Cov; 24] = [
         Cov::Recreated,
         Cov::Adopted,
         Cov::ForeignDeleted,
@@ -284,6 +454,15 @@ impl Cov {
         Cov::Retired,
         Cov::StaleRefused,
         Cov::CreatedOutOfOrder,
+        Cov::ReplacedWhileTerminating,
+        Cov::ZombiePod,
+        Cov::TwoPodsAlive,
+        Cov::AttemptSuperseded,
+        Cov::ExternalStopped,
+        Cov::NotSuspendedAtCreate,
+        Cov::ResumeFoundStarted,
+        Cov::ExternalWrote,
+        Cov::ResumedRetired,
     ];
 
     fn bit(self) -> u32 {
@@ -308,6 +487,8 @@ enum Rec {
     Missed,
     Deduplicated,
     ForeignJob,
+    /// Its Job was started by someone else and stopped (StartedBeforeConfirm, JobNotSuspended).
+    Failed(u8),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -319,6 +500,30 @@ struct Status {
     /// Uids of the active runs.
     active: u16,
     recorded: [Rec; PERIODS as usize],
+}
+
+/// A pod's phase as Kubernetes sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+enum Phase {
+    #[default]
+    Running,
+    /// Deleted or evicted (a deletionTimestamp): its process may run on, for its grace period or
+    /// for as long as its node is partitioned.
+    Terminating,
+    /// Failed, succeeded, or gone (grace period over, force-deleted, PodGC).
+    Terminal,
+}
+
+/// A pod of a Job: one attempt of its run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Pod {
+    phase: Phase,
+    /// Its process runs, so it may still register and write: while running, while terminating,
+    /// and when force-deleted on a partitioned node.
+    alive: bool,
+    /// When it began, in order (1, 2, ...; 0: not yet): with [`Workload::Attempts`] its
+    /// registration (the database's order), with [`Workload::TokenOnly`] its creation.
+    begun: u8,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -334,6 +539,28 @@ struct Job {
     confirmed: bool,
     /// Ghost: deleted as a replaced run (Replace).
     replaced: bool,
+    /// Unsuspended by someone other than the controller: it runs without the `released` mark
+    /// (observable). `resumed` is only ever the controller's resume.
+    external: bool,
+    /// Ghost (with external resumers): one of its pods began, so a fenced write of it was
+    /// accepted (or could have been: at that moment the fence accepted its token, and it was
+    /// the newest attempt). Kept when its pods are dropped (its token fenced out).
+    wrote: bool,
+    /// Its pods (attempts), in creation order.
+    pods: [Pod; MAX_PODS],
+    npods: u8,
+}
+
+impl Job {
+    /// Unsuspended, by the controller or by someone else: the Job controller runs its pods.
+    fn started(&self) -> bool {
+        self.resumed || self.external
+    }
+
+    /// Still suspended, as the API server shows it.
+    fn suspended(&self) -> bool {
+        !self.started()
+    }
 }
 
 /// An actor's program counter and local state.
@@ -420,9 +647,26 @@ enum Pc {
     LateReplace {
         replaces: u16,
     },
-    /// The sweeper read this status: next is listing the Jobs.
+    /// The sweeper read this status (at `rv`, kept only with external resumers: a stop writes
+    /// status): next is listing the Jobs.
     SweepRead {
         status: Status,
+        rv: u16,
+    },
+    /// A Job someone else unsuspended, that `next`'s claims know: retire its token (unless
+    /// `retired`), delete it by uid, then write `next` (its period Failed) at `rv`.
+    Stop {
+        rv: u16,
+        next: Status,
+        uid: u8,
+        retired: bool,
+    },
+    /// Broken::DeleteBeforeRetire: step 7's Job came back from create not suspended: delete it
+    /// by uid, then retire its token and write `next` (its period Failed) at `rv`.
+    NotSuspended {
+        rv: u16,
+        next: Status,
+        uid: u8,
     },
     /// The sweeper's delete.
     Sweep {
@@ -455,6 +699,11 @@ struct State {
     retired: u8,
     bumped: bool,
     foreign: bool,
+    /// The backstop's newest registered attempt (`attempt`, `attempt_token` of the fence row):
+    /// 0 none, else [`attempt_id`] of the pod; it counts only while its token is the fence's.
+    newest: u8,
+    /// An external resume (or a webhook's create) happened: at most once.
+    external: bool,
     /// Ghost: tokens (bits) whose run's outcome a status write recorded.
     done: u32,
     /// Ghost: invariants (bits of [`Inv`]) a transition broke, seen only at that moment.
@@ -481,6 +730,8 @@ fn initial() -> State {
         retired: 0,
         bumped: false,
         foreign: false,
+        newest: 0,
+        external: false,
         done: 0,
         bad: 0,
         actors: [Pc::Idle; ACTORS],
@@ -489,6 +740,11 @@ fn initial() -> State {
 
 fn bit(uid: usize) -> u16 {
     1 << uid
+}
+
+/// The backstop's name of pod `i` of Job `uid` (its pod uid, `SINGLETON_ATTEMPT`).
+fn attempt_id(uid: usize, i: usize) -> u8 {
+    (uid * MAX_PODS + i + 1) as u8
 }
 
 fn uids(mask: u16) -> impl Iterator<Item = usize> {
@@ -515,11 +771,73 @@ impl State {
             || status.active & bit(uid) != 0
     }
 
-    /// Live suspended Jobs (bits of their uids), as a list of Jobs shows them now.
-    fn suspended(&self) -> u16 {
+    /// Live, unfinished Jobs the controller did not release (bits of their uids), as a list of
+    /// Jobs shows them now: suspended ones, and ones someone else unsuspended.
+    fn unreleased(&self) -> u16 {
         (0..self.njobs as usize)
-            .filter(|&u| self.jobs[u].live && !self.jobs[u].resumed)
+            .filter(|&u| {
+                let j = self.jobs[u];
+                j.live && !j.resumed && !j.finished
+            })
             .fold(0, |m, u| m | bit(u))
+    }
+
+    /// Jobs that `status`'s claims know and someone else unsuspended (without the controller's
+    /// `released` mark), as a list of Jobs shows them now: `observe::started_outside`.
+    fn started_outside(&self, cfg: &Config, status: &Status) -> Option<usize> {
+        if !cfg.external || cfg.broken == Broken::IgnoreExternalResume {
+            return None;
+        }
+        (0..self.njobs as usize)
+            .find(|&u| self.jobs[u].live && self.jobs[u].external && self.known(status, u))
+    }
+
+    /// Whether the fence would accept a fenced write of pod `i` of Job `uid` now (its process
+    /// must run): the token checks, then with [`Workload::Attempts`] the 3-argument fence (the
+    /// newest registered attempt of the token), with [`Workload::TokenOnly`] the 2-argument one
+    /// (refused once an attempt of the token registered, which no pod of this workload does).
+    fn pod_accepts(&self, cfg: &Config, uid: usize, i: usize) -> bool {
+        let job = &self.jobs[uid];
+        let pod = job.pods[i];
+        if !pod.alive || !fence_accepts(self, job.token) {
+            return false;
+        }
+        match cfg.pods.map(|p| p.workload) {
+            Some(Workload::Attempts) if cfg.broken == Broken::NoAttemptCheck => pod.begun != 0,
+            Some(Workload::Attempts) => self.newest == attempt_id(uid, i),
+            _ => self.newest_token() != Some(job.token),
+        }
+    }
+
+    /// The token of the newest registered attempt, if any.
+    fn newest_token(&self) -> Option<u8> {
+        (self.newest != 0).then(|| self.jobs[(self.newest as usize - 1) / MAX_PODS].token)
+    }
+
+    /// Whether some fenced write of Job `uid` would be accepted now: with pods, of a pod whose
+    /// process runs; without, of a Job that ran (a zombie pod may always be left).
+    fn may_write(&self, cfg: &Config, uid: usize) -> bool {
+        let job = &self.jobs[uid];
+        if cfg.pods.is_some() {
+            (0..job.npods as usize).any(|i| self.pod_accepts(cfg, uid, i))
+        } else {
+            job.resumed && fence_accepts(self, job.token)
+        }
+    }
+
+    /// Whether nothing with `token` can pass the fence again: the fence is above it or it is
+    /// retired (both only rise).
+    fn fenced_out(&self, token: u8) -> bool {
+        token < self.fence || token <= self.retired
+    }
+
+    /// The order number the next attempt to begin gets.
+    fn next_begun(&self) -> u8 {
+        let pods = self
+            .jobs()
+            .iter()
+            .flat_map(|j| j.pods[..j.npods as usize].iter());
+        pods.map(|p| p.begun).max().unwrap_or(0) + 1
     }
 
     /// The Jobs of `listed` that the sweeper deletes, judged by `status`.
@@ -540,7 +858,7 @@ impl State {
 
     fn done_tokens(status: &Status) -> u32 {
         status.recorded.iter().fold(0, |m, r| match r {
-            Rec::Done(t) => m | 1 << t,
+            Rec::Done(t) | Rec::Failed(t) => m | 1 << t,
             _ => m,
         })
     }
@@ -572,12 +890,18 @@ impl State {
         j.resumed = true;
     }
 
-    /// Deletes Job `uid` if it still exists (a delete with a uid precondition).
+    /// Deletes Job `uid` if it still exists (a delete with a uid precondition). Its running
+    /// pods are terminating (their processes may run on).
     fn delete(&mut self, uid: usize, by_replace: bool) {
         let j = &mut self.jobs[uid];
         if j.live {
             j.live = false;
             j.replaced = by_replace;
+            for pod in &mut j.pods[..j.npods as usize] {
+                if pod.phase == Phase::Running {
+                    pod.phase = Phase::Terminating;
+                }
+            }
         }
     }
 
@@ -622,12 +946,17 @@ fn full(cfg: &Config, s: &State) -> bool {
 /// Step 1 for a reader of `s`: what to do next (the sweeper is offered separately).
 fn plan(cfg: &Config, s: &State) -> Pc {
     let st = s.status;
+    // The reconcile's check of the Jobs comes first: a Job its claims know that someone else
+    // unsuspended is stopped.
+    if let Some(uid) = s.started_outside(cfg, &st) {
+        return stop(cfg, s, s.rv, &st, uid);
+    }
     if let Some(claim) = st.pending {
         // A claim left half-done: complete it with its period, token and replaced runs.
         return after_claim(cfg, s.rv, st, claim, 0);
     }
     if cfg.broken != Broken::NoResumeRepair
-        && let Some(uid) = uids(st.active).find(|&u| s.jobs[u].live && !s.jobs[u].resumed)
+        && let Some(uid) = uids(st.active).find(|&u| s.jobs[u].live && s.jobs[u].suspended())
     {
         return Pc::Resume {
             uid: uid as u8,
@@ -688,6 +1017,28 @@ fn plan(cfg: &Config, s: &State) -> Pc {
     }
 }
 
+/// The stop of Job `uid`, which someone else unsuspended, judged by `status` read at `rv`: its
+/// token retired (with the backstop), the Job deleted by uid, then the status written with the
+/// claim that knew it gone (pending cleared, or out of `active`) and its period decided Failed
+/// (StartedBeforeConfirm).
+fn stop(cfg: &Config, s: &State, rv: u16, status: &Status, uid: usize) -> Pc {
+    let job = s.jobs[uid];
+    let mut next = *status;
+    if next.pending.is_some_and(|c| c.period == job.period) {
+        next.pending = None;
+    }
+    for u in uids(status.active).filter(|&u| s.jobs[u].period == job.period) {
+        next.active &= !bit(u);
+    }
+    next.recorded[job.period as usize] = Rec::Failed(job.token);
+    Pc::Stop {
+        rv,
+        next,
+        uid: uid as u8,
+        retired: !cfg.backstop || cfg.broken == Broken::StopWithoutRetire,
+    }
+}
+
 /// Where a claim goes once written (or found pending): step 4, or 5 without a backstop.
 fn after_claim(cfg: &Config, rv: u16, base: Status, claim: Claim, late: u16) -> Pc {
     if cfg.backstop {
@@ -744,7 +1095,12 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
             // the Jobs (the cache, later), then delete.
             let mut n = *s;
             {
-                n.actors[a] = Pc::SweepRead { status: s.status };
+                // The resourceVersion matters only to a stop's status write.
+                let rv = if cfg.external { s.rv } else { 0 };
+                n.actors[a] = Pc::SweepRead {
+                    status: s.status,
+                    rv,
+                };
                 out.push((n, say!(on, "{name} reads rv {} to sweep", s.rv)));
             }
             return;
@@ -961,7 +1317,7 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
                     uid: u as u8,
                 };
             }
-            Some(u) if !s.jobs[u].resumed && !s.known(&base, u) => {
+            Some(u) if s.jobs[u].suspended() && !s.known(&base, u) => {
                 label = say!(
                     on,
                     "{name} finds {} suspended and unknown: deletes it",
@@ -990,6 +1346,44 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
             None => {
                 if full(cfg, s) {
                     return;
+                }
+                if cfg.external && !s.external {
+                    // A mutating webhook clears spec.suspend at create: the API server returns
+                    // the Job not suspended, and its pods may start at once.
+                    let mut w = *s;
+                    let uid = w.create(cfg, claim, cov);
+                    w.jobs[uid].external = true;
+                    w.external = true;
+                    let l = say!(
+                        on,
+                        "{name} creates {}: it comes back not suspended",
+                        j(&w, uid)
+                    );
+                    if cfg.broken == Broken::IgnoreExternalResume {
+                        w.actors[a] = Pc::Confirm {
+                            rv,
+                            base,
+                            claim,
+                            uid: uid as u8,
+                        };
+                    } else {
+                        *cov |= Cov::NotSuspendedAtCreate.bit();
+                        let mut next = base;
+                        next.pending = None;
+                        next.recorded[claim.period as usize] = Rec::Failed(claim.token);
+                        let uid = uid as u8;
+                        w.actors[a] = if cfg.broken == Broken::DeleteBeforeRetire {
+                            Pc::NotSuspended { rv, next, uid }
+                        } else {
+                            Pc::Stop {
+                                rv,
+                                next,
+                                uid,
+                                retired: !cfg.backstop || cfg.broken == Broken::StopWithoutRetire,
+                            }
+                        };
+                    }
+                    out.push((w, l));
                 }
                 let uid = n.create(cfg, claim, cov);
                 let how = if cfg.broken == Broken::OldProtocol {
@@ -1094,7 +1488,14 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
         }
         Pc::Resume { uid, replaces } => {
             let u = uid as usize;
-            if s.jobs[u].live {
+            if s.jobs[u].live && s.jobs[u].external {
+                // The patch tests suspend == true: it fails, and the Job keeps no mark.
+                *cov |= Cov::ResumeFoundStarted.bit();
+                label = say!(on, "{name}'s resume of {}: already unsuspended", j(s, u));
+            } else if s.jobs[u].live {
+                if cfg.backstop && s.jobs[u].token <= s.retired {
+                    *cov |= Cov::ResumedRetired.bit();
+                }
                 n.start(u);
                 label = say!(on, "{name} resumes {}", j(s, u));
             } else {
@@ -1118,9 +1519,19 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
             );
             n.actors[a] = Pc::Idle;
         }
-        Pc::SweepRead { status } => {
-            let listed = s.suspended();
+        Pc::SweepRead { status, rv } => {
+            let listed = s.unreleased();
             let before = out.len();
+            if let Some(uid) = s.started_outside(cfg, &status) {
+                let mut n = *s;
+                n.actors[a] = stop(cfg, s, rv, &status, uid);
+                let l = say!(
+                    on,
+                    "{name} finds {} started without the controller's release: stops it",
+                    j(s, uid)
+                );
+                out.push((n, l));
+            }
             for uid in s.sweepable(cfg, &status, listed) {
                 let mut n = *s;
                 n.actors[a] = Pc::Sweep { uid: uid as u8 };
@@ -1137,6 +1548,50 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
                 out.push((n, say!(on, "{name} finds nothing to sweep")));
             }
             return;
+        }
+        Pc::Stop {
+            rv,
+            next,
+            uid,
+            retired,
+        } => {
+            let u = uid as usize;
+            if !retired {
+                n.retire(bit(u), cov);
+                label = say!(on, "{name} retires the token of {}", j(s, u));
+                n.actors[a] = Pc::Stop {
+                    rv,
+                    next,
+                    uid,
+                    retired: true,
+                };
+            } else {
+                *cov |= Cov::ExternalStopped.bit();
+                n.delete(u, false);
+                label = say!(on, "{name} deletes {} by uid (stopped)", j(s, u));
+                n.actors[a] = Pc::Write {
+                    rv,
+                    next,
+                    retire: 0,
+                    late: 0,
+                };
+            }
+        }
+        Pc::NotSuspended { rv, next, uid } => {
+            let u = uid as usize;
+            n.delete(u, false);
+            label = say!(on, "{name} deletes {} by uid (not suspended)", j(s, u));
+            let retire = if cfg.backstop && cfg.broken != Broken::StopWithoutRetire {
+                bit(u)
+            } else {
+                0
+            };
+            n.actors[a] = Pc::Write {
+                rv,
+                next,
+                retire,
+                late: 0,
+            };
         }
         Pc::Sweep { uid } => {
             *cov |= Cov::Swept.bit();
@@ -1250,16 +1705,148 @@ fn successors(cfg: &Config, s: &State, on: bool, cov: &mut u32, out: &mut Out) {
             }
         }
     }
+    if cfg.external && !s.external {
+        for (u, job) in s.jobs().iter().enumerate() {
+            if job.live && job.suspended() && job.token != 0 {
+                let mut n = *s;
+                n.external = true;
+                n.jobs[u].external = true;
+                let l = say!(on, "someone unsuspends {} (no released mark)", j(s, u));
+                out.push((n, l));
+            }
+        }
+    }
     for (u, job) in s.jobs().iter().enumerate() {
-        if job.live && job.resumed && !job.finished {
+        // With pods, a Job whose token is fenced out keeps none (see [`canon`]): it finishes
+        // (its pods fail or succeed) as a Job that ran does without pods.
+        let fenced = cfg.pods.is_some() && s.fenced_out(job.token);
+        if (cfg.pods.is_none() || fenced) && job.live && job.started() && !job.finished {
             let mut n = *s;
             n.jobs[u].finished = true;
             out.push((n, say!(on, "{} finishes", j(s, u))));
         }
         if cfg.prune && job.live && job.finished && s.status.active & bit(u) == 0 {
             let mut n = *s;
-            n.jobs[u].live = false;
+            n.delete(u, false);
             out.push((n, say!(on, "finished {} is pruned", j(s, u))));
+        }
+    }
+    if let Some(pods) = cfg.pods {
+        pod_steps(&pods, cfg.external, s, on, out);
+    }
+}
+
+/// The Job controller, the kubelet and the workload: pods are created, deleted or evicted,
+/// fail, succeed, end after their grace period or are force-deleted on a partition, and each
+/// attempt of [`Workload::Attempts`] registers once (a step of the database: atomic, under the
+/// fence row's lock; refused, the attempt exits).
+fn pod_steps(pods: &Pods, external: bool, s: &State, on: bool, out: &mut Out) {
+    for (u, job) in s.jobs().iter().enumerate() {
+        if s.fenced_out(job.token) {
+            continue;
+        }
+        let np = job.npods as usize;
+        let here = &job.pods[..np];
+        // The Job controller: a pod for a started, live, unfinished Job when none is active by
+        // the replacement policy; with the pods used up and none running, the Job fails.
+        let blocking = here.iter().any(|p| {
+            p.phase == Phase::Running
+                || (p.phase == Phase::Terminating && pods.replacement == Replacement::Failed)
+        });
+        if job.live && job.started() && !job.finished && !blocking {
+            let mut n = *s;
+            if np < MAX_PODS {
+                let begun = if pods.workload == Workload::TokenOnly {
+                    s.next_begun()
+                } else {
+                    0
+                };
+                n.jobs[u].pods[np] = Pod {
+                    phase: Phase::Running,
+                    alive: true,
+                    begun,
+                };
+                n.jobs[u].npods += 1;
+                n.jobs[u].wrote |= begun != 0 && external;
+                out.push((
+                    n,
+                    say!(on, "the Job controller creates pod {np} of {}", j(s, u)),
+                ));
+            } else {
+                n.jobs[u].finished = true;
+                out.push((n, say!(on, "{} fails (backoff limit)", j(s, u))));
+            }
+        }
+        for (i, pod) in here.iter().enumerate() {
+            let mut go = |f: &dyn Fn(&mut State), what: &str| {
+                let mut n = *s;
+                f(&mut n);
+                out.push((n, say!(on, "pod {i} of {} {what}", j(s, u))));
+            };
+            match pod.phase {
+                Phase::Running => {
+                    go(
+                        &|n| n.jobs[u].pods[i].phase = Phase::Terminating,
+                        "is deleted or evicted (its process runs on)",
+                    );
+                    go(
+                        &|n| {
+                            n.jobs[u].pods[i] = Pod {
+                                phase: Phase::Terminal,
+                                alive: false,
+                                ..n.jobs[u].pods[i]
+                            }
+                        },
+                        "fails",
+                    );
+                    go(
+                        &|n| {
+                            n.jobs[u].pods[i] = Pod {
+                                phase: Phase::Terminal,
+                                alive: false,
+                                ..n.jobs[u].pods[i]
+                            };
+                            n.jobs[u].finished = true;
+                        },
+                        "succeeds: its Job finishes",
+                    );
+                }
+                Phase::Terminating => {
+                    go(
+                        &|n| {
+                            n.jobs[u].pods[i] = Pod {
+                                phase: Phase::Terminal,
+                                alive: false,
+                                ..n.jobs[u].pods[i]
+                            }
+                        },
+                        "ends (grace period over)",
+                    );
+                    if pods.partition {
+                        go(
+                            &|n| n.jobs[u].pods[i].phase = Phase::Terminal,
+                            "is force-deleted (PodGC) while its process runs on a partitioned node",
+                        );
+                    }
+                }
+                Phase::Terminal => {}
+            }
+            // Its token is not fenced out (else the Job keeps no pods), so the registration is
+            // accepted: it becomes the newest attempt. (Once its token is fenced out, the
+            // registration would be refused and the attempt exit: the Job fails or finishes.)
+            if pods.workload == Workload::Attempts && pod.alive && pod.begun == 0 {
+                let mut n = *s;
+                n.newest = attempt_id(u, i);
+                n.jobs[u].pods[i].begun = s.next_begun();
+                n.jobs[u].wrote |= external;
+                let l = say!(
+                    on,
+                    "pod {i} of {} registers as attempt #{}",
+                    j(s, u),
+                    n.jobs[u].pods[i].begun
+                );
+                out.push((n, l));
+            }
         }
     }
 }
@@ -1276,6 +1863,9 @@ impl Pc {
             | Pc::Create { rv, .. }
             | Pc::DeleteForeign { rv, .. }
             | Pc::Confirm { rv, .. }
+            | Pc::SweepRead { rv, .. }
+            | Pc::Stop { rv, .. }
+            | Pc::NotSuspended { rv, .. }
             | Pc::Write { rv, .. } => Some(rv),
             _ => None,
         }
@@ -1295,6 +1885,44 @@ fn canon(cfg: &Config, mut s: State) -> State {
             }
         }
         s.rv = 1;
+    }
+    if cfg.pods.is_some() {
+        // Nothing of a Job whose token is fenced out can be accepted again, and the controller
+        // does not look at pods: its pods are dropped (it may still finish, see `successors`),
+        // and so is the newest attempt when it is one of them. Whether a deleted Job had
+        // finished matters to nobody.
+        for u in 0..s.njobs as usize {
+            if s.fenced_out(s.jobs[u].token) {
+                s.jobs[u].pods = [Pod::default(); MAX_PODS];
+                s.jobs[u].npods = 0;
+            }
+            if !s.jobs[u].live {
+                s.jobs[u].finished = false;
+            }
+        }
+        if s.newest_token().is_some_and(|t| s.fenced_out(t)) {
+            s.newest = 0;
+        }
+        // Only the order in which attempts began matters: numbered 1, 2, ... without gaps.
+        let mut order = [0u8; MAX_JOBS * MAX_PODS];
+        let mut k = 0;
+        for job in s.jobs() {
+            for pod in &job.pods[..job.npods as usize] {
+                if pod.begun != 0 {
+                    order[k] = pod.begun;
+                    k += 1;
+                }
+            }
+        }
+        let order = &mut order[..k];
+        order.sort_unstable();
+        for job in &mut s.jobs[..s.njobs as usize] {
+            for pod in &mut job.pods[..job.npods as usize] {
+                if pod.begun != 0 {
+                    pod.begun = order.iter().position(|&b| b == pod.begun).unwrap() as u8 + 1;
+                }
+            }
+        }
     }
     let leader = s.actors[s.leader as usize];
     s.actors.sort_unstable();
@@ -1325,20 +1953,44 @@ fn violations(cfg: &Config, s: &State) -> u16 {
                 out |= Inv::G3.bit();
             }
         }
-        if cfg.backstop {
-            if a.token > s.fence {
-                out |= Inv::G5Fence.bit();
+        if cfg.backstop && a.token > s.fence {
+            out |= Inv::G5Fence.bit();
+        }
+    }
+    // Every Job that ran (also one someone else started) whose write the fence would accept.
+    for (u, a) in s.jobs().iter().enumerate() {
+        if cfg.backstop && a.token != 0 && a.started() && s.may_write(cfg, u) {
+            // The fence reaches a token before its Job exists, so a Job with a newer token
+            // (even one that never runs) means a newer token was issued to the fence.
+            if s.jobs().iter().any(|b| b.token > a.token) {
+                out |= Inv::FenceOlder.bit();
             }
-            if fence_accepts(s, a.token) {
-                // The fence reaches a token before its Job exists, so a Job with a newer token
-                // (even one that never runs) means a newer token was issued to the fence.
-                if s.jobs().iter().any(|b| b.token > a.token) {
-                    out |= Inv::FenceOlder.bit();
-                }
-                if s.done & 1 << a.token != 0 {
-                    out |= Inv::FenceRetired.bit();
-                }
+            if s.done & 1 << a.token != 0 {
+                out |= Inv::FenceRetired.bit();
             }
+        }
+    }
+    if cfg.pods.is_some() {
+        out |= attempt_violations(cfg, s);
+    }
+    if cfg.external {
+        for p in 0..PERIODS {
+            let wrote = s
+                .jobs()
+                .iter()
+                .filter(|j| j.period == p && j.token != 0 && j.wrote);
+            if wrote.count() > 1 {
+                out |= Inv::ExternallyStarted.bit();
+            }
+        }
+        let adopted = |j: &Job| {
+            j.live
+                && j.external
+                && j.confirmed
+                && s.status.recorded[j.period as usize] == Rec::Done(j.token)
+        };
+        if s.jobs().iter().any(adopted) {
+            out |= Inv::ExternalAdopted.bit();
         }
     }
     if s.jobs()
@@ -1352,7 +2004,7 @@ fn violations(cfg: &Config, s: &State) -> u16 {
     }
     if s.jobs()
         .iter()
-        .any(|j| j.confirmed && !j.resumed && !j.live && !j.replaced)
+        .any(|j| j.confirmed && !j.resumed && !j.live && !j.replaced && !j.external)
     {
         out |= Inv::G2Lost.bit();
     }
@@ -1367,13 +2019,38 @@ fn violations(cfg: &Config, s: &State) -> u16 {
     out
 }
 
+/// [`Inv::AttemptsOverlap`] and [`Inv::TwoAttemptsWrite`], over the pods whose write the fence
+/// would accept now.
+fn attempt_violations(cfg: &Config, s: &State) -> u16 {
+    let mut out = 0;
+    let pods = || {
+        s.jobs()
+            .iter()
+            .enumerate()
+            .flat_map(|(u, j)| (0..j.npods as usize).map(move |i| (u, i, j.token, j.pods[i])))
+    };
+    for (u, i, token, pod) in pods().filter(|&(u, i, _, _)| s.pod_accepts(cfg, u, i)) {
+        let same = || pods().filter(move |&(v, k, t, _)| t == token && (v, k) != (u, i));
+        if same().any(|(v, k, _, _)| s.pod_accepts(cfg, v, k)) {
+            out |= Inv::TwoAttemptsWrite.bit();
+        }
+        if pod.begun != 0 && same().any(|(_, _, _, q)| q.begun > pod.begun) {
+            out |= Inv::AttemptsOverlap.bit();
+        }
+    }
+    out
+}
+
 /// All periods due, nobody mid-step, nothing for a reader to do and no run that could finish.
 fn quiescent(cfg: &Config, s: &State) -> bool {
     s.due == PERIODS
         && s.actors.iter().all(|p| *p == Pc::Idle)
         && plan(cfg, s) == Pc::Idle
-        && s.sweepable(cfg, &s.status, s.suspended()).next().is_none()
-        && !s.jobs().iter().any(|j| j.live && j.resumed && !j.finished)
+        && s.sweepable(cfg, &s.status, s.unreleased()).next().is_none()
+        && !s
+            .jobs()
+            .iter()
+            .any(|j| j.live && j.started() && !j.finished)
 }
 
 /// A fast hash for the visited set (std's SipHash dominates the run time in a debug build).
@@ -1461,6 +2138,9 @@ fn explore(cfg: &Config, want: Option<Inv>) -> Report {
         {
             coverage |= Cov::StaleRefused.bit();
         }
+        if cfg.pods.is_some() {
+            coverage |= pod_coverage(cfg, &s);
+        }
         max_jobs = max_jobs.max(s.njobs as usize);
         successors(cfg, &s, false, &mut coverage, &mut out);
         for &(n, _) in &out {
@@ -1480,6 +2160,42 @@ fn explore(cfg: &Config, want: Option<Inv>) -> Report {
         coverage,
         max_jobs,
     }
+}
+
+/// The paths of [`Cov`] about pods that state `s` shows.
+fn pod_coverage(cfg: &Config, s: &State) -> u32 {
+    let mut out = 0;
+    for (u, job) in s.jobs().iter().enumerate() {
+        let here = &job.pods[..job.npods as usize];
+        if here.iter().any(|p| p.phase == Phase::Terminal && p.alive) {
+            out |= Cov::ZombiePod.bit();
+        }
+        if here.iter().filter(|p| p.alive).count() > 1 {
+            out |= Cov::TwoPodsAlive.bit();
+        }
+        // Pods are created only while no earlier one runs: a later pod beside a terminating
+        // one was created while it was terminating.
+        if here.len() > 1
+            && here[..here.len() - 1]
+                .iter()
+                .any(|p| p.phase == Phase::Terminating)
+        {
+            out |= Cov::ReplacedWhileTerminating.bit();
+        }
+        for (i, p) in here.iter().enumerate() {
+            if p.alive
+                && p.begun != 0
+                && s.newest != attempt_id(u, i)
+                && s.newest_token() == Some(job.token)
+            {
+                out |= Cov::AttemptSuperseded.bit();
+            }
+        }
+        if job.external && s.may_write(cfg, u) {
+            out |= Cov::ExternalWrote.bit();
+        }
+    }
+    out
 }
 
 /// The labels of the transitions from the initial state to `states[i]`.
@@ -1554,7 +2270,35 @@ fn cfg(policy: Policy, backstop: bool, prune: bool) -> Config {
         bump: backstop,
         foreign: !backstop,
         foreign_row: backstop,
+        pods: None,
+        external: false,
         broken: Broken::None,
+    }
+}
+
+/// A configuration with pods (and so the backstop): the Job's replacement policy, the workload's
+/// fence, whether a terminating pod may be force-deleted on a partition while its process runs,
+/// and whether a Job may be started by someone else (once). An earlier incarnation's claim row
+/// is left out (Deduplicated meets no pod), and with external resumers so is the fence's rise
+/// by itself (it multiplies the states by five; from a pod's side it fences a token out as a
+/// retirement does, which the stops do).
+fn pods(
+    policy: Policy,
+    replacement: Replacement,
+    workload: Workload,
+    partition: bool,
+    external: bool,
+) -> Config {
+    Config {
+        pods: Some(Pods {
+            replacement,
+            workload,
+            partition,
+        }),
+        external,
+        foreign_row: false,
+        bump: !external,
+        ..cfg(policy, true, false)
     }
 }
 
@@ -1570,7 +2314,12 @@ fn holds(configs: &[Config], reached: &[Cov]) -> u32 {
         total += r.states;
         union |= r.coverage;
         assert!(r.violation.is_none(), "{c:?}: {:?}", r.violation);
-        let more: &[Cov] = if c.backstop { &BACKSTOP } else { &FOREIGN };
+        let more: &[Cov] = match (c.pods, c.backstop) {
+            (Some(_), _) if c.bump => &BACKSTOP[..3],
+            (Some(_), _) => &BACKSTOP[..2],
+            (None, true) => &BACKSTOP,
+            (None, false) => &FOREIGN,
+        };
         for cov in reached.iter().chain(more) {
             assert!(r.covered(*cov), "{c:?}: never reached {cov:?}");
         }
@@ -1645,6 +2394,96 @@ fn a_stale_leader_never_runs_a_deleted_job_again() {
     );
 }
 
+/// Paths every configuration with pods goes through: two pods of a Job run at once (one
+/// deleted or evicted, its process running on).
+const PODS: [Cov; 1] = [Cov::TwoPodsAlive];
+
+/// Issue 31, F1: the pods of a run. With attempts registered and the 3-argument fence, at most one
+/// attempt of a run writes at a time and none after a newer one began, whatever the Job's
+/// replacement policy and also for a pod force-deleted on a partition while its process runs:
+/// the attempt fence alone is enough.
+#[test]
+fn attempts_of_a_run_never_overlap() {
+    use Replacement::{Failed, TerminatingOrFailed};
+    let mut configs = Vec::new();
+    for policy in [Policy::Forbid, Policy::Replace] {
+        for replacement in [Failed, TerminatingOrFailed] {
+            configs.push(pods(policy, replacement, Workload::Attempts, true, false));
+        }
+    }
+    let mut reached = EVERYWHERE.to_vec();
+    reached.extend(PODS);
+    reached.extend([Cov::ZombiePod, Cov::AttemptSuperseded]);
+    let union = holds(&configs, &reached);
+    assert!(union & Cov::ReplacedWhileTerminating.bit() != 0);
+}
+
+/// The token-only fence (a workload that never registers) cannot tell two pods of one run
+/// apart. It holds only while Kubernetes never runs two of them: `podReplacementPolicy: Failed`
+/// and a pod that Kubernetes sees terminal has stopped (no force delete on a partition).
+#[test]
+fn token_only_fence_holds_with_failed_replacement_and_no_partition() {
+    let configs = [Policy::Forbid, Policy::Replace]
+        .map(|p| pods(p, Replacement::Failed, Workload::TokenOnly, false, false));
+    holds(&configs, &EVERYWHERE);
+}
+
+/// F1, the bug issue 31 fixes, shown: with the token-only fence, two attempts of one run write
+/// with `podReplacementPolicy: TerminatingOrFailed` (a replacement as soon as the old pod is
+/// deleted or evicted, its process running on), and with `Failed` too once a terminating pod is
+/// force-deleted on a partition (Kubernetes sees it terminal, its process runs on). These
+/// configurations are expected to fail, with a shortest trace.
+#[test]
+fn token_only_fence_lets_two_attempts_write() {
+    use Inv as I;
+    use Replacement::{Failed, TerminatingOrFailed};
+    let t = Instant::now();
+    let table = [
+        (TerminatingOrFailed, false),
+        (TerminatingOrFailed, true),
+        (Failed, true),
+    ];
+    for (replacement, partition) in table {
+        let c = pods(
+            Policy::Forbid,
+            replacement,
+            Workload::TokenOnly,
+            partition,
+            false,
+        );
+        for inv in [I::TwoAttemptsWrite, I::AttemptsOverlap] {
+            let r = explore(&c, Some(inv));
+            show(&c, Some(inv), &r);
+            let (found, trace) = r.violation.expect("two attempts of a run must write");
+            assert_eq!(found, inv);
+            assert!(trace.len() > 1);
+        }
+    }
+    eprintln!("the token-only fence's F1 shown in {:.2?}", t.elapsed());
+}
+
+/// Only the controller starts a run: a Job someone else unsuspends (or that comes back from
+/// create not suspended) is stopped, its token retired first, its period decided Failed; its
+/// pods may have written before, but no other Job of its period writes, nothing of it is
+/// accepted once its period is decided, and it is never recorded as the period's run. The
+/// known gap is reached: a stop that did not get to write its decision leaves the claim to be
+/// completed with the retired token ([`Cov::ResumedRetired`]; its Job never writes).
+#[test]
+fn a_job_started_by_someone_else_is_stopped() {
+    let configs = [Policy::Forbid, Policy::Replace]
+        .map(|p| pods(p, Replacement::Failed, Workload::Attempts, true, true));
+    let mut reached = EVERYWHERE.to_vec();
+    reached.extend(PODS);
+    reached.extend([
+        Cov::ExternalStopped,
+        Cov::NotSuspendedAtCreate,
+        Cov::ResumeFoundStarted,
+        Cov::ExternalWrote,
+        Cov::ResumedRetired,
+    ]);
+    holds(&configs, &reached);
+}
+
 /// The broken variants, each with the configuration and the invariants it is caught by: every
 /// one of them is found, with a shortest trace, and every invariant is caught by some variant.
 #[test]
@@ -1652,6 +2491,22 @@ fn broken_variants_are_caught() {
     use Broken as B;
     use Inv as I;
     use Policy::{Forbid, Replace};
+    let attempts = pods(Forbid, Replacement::Failed, Workload::Attempts, true, false);
+    let external = pods(Forbid, Replacement::Failed, Workload::Attempts, true, true);
+    let pods_table: &[(Broken, Config, &[Inv])] = &[
+        (
+            B::NoAttemptCheck,
+            attempts,
+            &[I::AttemptsOverlap, I::TwoAttemptsWrite],
+        ),
+        (B::IgnoreExternalResume, external, &[I::ExternalAdopted]),
+        (
+            B::StopWithoutRetire,
+            external,
+            &[I::FenceRetired, I::ExternallyStarted],
+        ),
+        (B::DeleteBeforeRetire, external, &[I::ExternallyStarted]),
+    ];
     let table: &[(Broken, Policy, bool, bool, &[Inv])] = &[
         // Issue 16: the Job created running, re-created by a stale claimer after pruning.
         (
@@ -1703,11 +2558,13 @@ fn broken_variants_are_caught() {
     ];
     let t = Instant::now();
     let mut fired = 0;
-    for &(broken, policy, backstop, prune, invs) in table {
-        let c = Config {
-            broken,
-            ..cfg(policy, backstop, prune)
-        };
+    let rows = table
+        .iter()
+        .map(|&(broken, policy, backstop, prune, invs)| {
+            (broken, cfg(policy, backstop, prune), invs)
+        });
+    for (broken, c, invs) in rows.chain(pods_table.iter().copied()) {
+        let c = Config { broken, ..c };
         for &inv in invs {
             let r = explore(&c, Some(inv));
             show(&c, Some(inv), &r);

@@ -32,7 +32,7 @@ pub use env::{
     Controller, Env, FAST_ELECTION, controller_bin, ensure, events_with_reason, skewed_clock,
 };
 pub use http::{HttpResponse, health_addr_in, http_get, https_get, metric, metrics_addr_in};
-pub use manifest::{never_scheduled, periods, sj_yaml, token_of};
+pub use manifest::{never_scheduled, once_at, periods, sj_yaml, token_of};
 pub use markdown::{ShBlock, sh_blocks};
 pub use observer::Observer;
 pub use proxy::Proxy;

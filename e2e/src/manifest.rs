@@ -59,3 +59,16 @@ pub fn periods(jobs: &[k8s_openapi::api::batch::v1::Job]) -> Vec<jiff::Timestamp
     v.sort();
     v
 }
+
+/// A 6-field cron that fires once, at `at` (whole seconds, UTC).
+pub fn once_at(at: jiff::Timestamp) -> String {
+    let t = at.to_zoned(jiff::tz::TimeZone::UTC);
+    format!(
+        "{} {} {} {} {} *",
+        t.second(),
+        t.minute(),
+        t.hour(),
+        t.day(),
+        t.month()
+    )
+}

@@ -39,6 +39,9 @@ pub struct JobRecord {
     pub token: Option<u64>,
     /// Ever seen allowed to run pods (see [`allowed_to_run`]).
     pub ran: bool,
+    /// Seen allowed to run while its `singleton.dev/released` annotation still said `false`:
+    /// someone other than the controller started it (issue 31).
+    pub ran_unreleased: bool,
     /// Seen Complete or Failed.
     pub finished: bool,
     pub created: Option<Timestamp>,
@@ -268,12 +271,15 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
             .get("singleton.dev/fencing-token")
             .and_then(|t| t.parse().ok()),
         ran: false,
+        ran_unreleased: false,
         finished: false,
         created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
         deleted: None,
         deleted_in_gap: false,
     });
     r.finished |= finished(job);
+    r.ran_unreleased |=
+        allowed_to_run(job) && a.get("singleton.dev/released").map(String::as_str) == Some("false");
     if !r.ran && allowed_to_run(job) {
         r.ran = true;
         if let (Some(sj), Some(period), Some(token)) = (r.sj.clone(), r.period, r.token) {

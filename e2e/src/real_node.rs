@@ -15,7 +15,13 @@ use kube::api::{Api, ListParams, PostParams};
 
 use crate::{Env, database_port, helm, kubectl, pg, run_ok, token_of};
 
+/// The real node `make up` starts (hack/node.sh up): labelled `singleton.dev/node=real`, tainted
+/// `singleton.dev/node=real:NoSchedule`.
 pub const NODE: &str = "singleton-node";
+/// The second real node, started on demand by [`second_node_up`] (hack/node.sh up-second):
+/// labelled `singleton.dev/node=real-2`, tainted like [`NODE`]. A pod that tolerates the key
+/// `singleton.dev/node` and selects neither label (or has an affinity to both) lands on either.
+pub const NODE_2: &str = "singleton-node-2";
 /// The pod bridge's gateway (hack/node.sh): PostgreSQL is reached there from pods.
 pub const GATEWAY: &str = "10.244.0.1";
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -377,7 +383,7 @@ pub fn scopeguard(release: String, ns: String) -> Uninstall {
     Uninstall(release, ns)
 }
 
-/// The freezer cgroup (v1, this host's hierarchy) of a container on the real node.
+/// The freezer cgroup (v1, this host's hierarchy) of a container on either real node.
 pub fn freezer_of(container_id: &str) -> Result<std::path::PathBuf> {
     fn find(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
         for entry in std::fs::read_dir(dir).ok()?.flatten() {
@@ -394,9 +400,12 @@ pub fn freezer_of(container_id: &str) -> Result<std::path::PathBuf> {
         }
         None
     }
-    let root = std::path::Path::new("/sys/fs/cgroup/freezer/singleton-node");
-    find(root, container_id)
-        .with_context(|| format!("no freezer cgroup for container {container_id} under {root:?}"))
+    // Each node's kubelet has its own cgroup root (hack/node.sh): /singleton-node, /singleton-node-2.
+    let roots = [NODE, NODE_2].map(|n| std::path::Path::new("/sys/fs/cgroup/freezer").join(n));
+    roots
+        .iter()
+        .find_map(|root| find(root, container_id))
+        .with_context(|| format!("no freezer cgroup for container {container_id} under {roots:?}"))
 }
 
 /// Sets a freezer cgroup's state and waits until the kernel reports it.
@@ -466,4 +475,212 @@ pub async fn leader_container(env: &Env, release: &str) -> Result<(String, Strin
         leader,
         id.rsplit("://").next().unwrap_or_default().to_string(),
     ))
+}
+
+// --- two real nodes, and faults on a node --------------------------------------------------------
+
+/// `hack/node.sh ARGS`, awaited; its stdout, or an error with what it said.
+async fn node_sh(args: &[&str]) -> Result<String> {
+    let out = tokio::process::Command::new(crate::commands::repo_root().join("hack/node.sh"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .context("running hack/node.sh")?;
+    if !out.status.success() {
+        bail!(
+            "hack/node.sh {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// hack/node.sh's number of a real node: "1" for [`NODE`], "2" for [`NODE_2`].
+pub fn node_number(node: &str) -> Result<&'static str> {
+    match node {
+        NODE => Ok("1"),
+        NODE_2 => Ok("2"),
+        other => bail!("{other} is not a real node ({NODE} or {NODE_2})"),
+    }
+}
+
+/// Starts the second real node ([`NODE_2`]) beside the first and waits until it is Ready
+/// (`hack/node.sh up-second`: a few seconds; a no-op when it is Ready already). Needs root, like
+/// the first. It stays up for the tests that follow; `make down` stops it.
+pub async fn second_node_up() -> Result<()> {
+    node_sh(&["up-second"]).await.map(drop)
+}
+
+/// The node's Ready condition is True (false when it is False, Unknown or absent).
+pub async fn node_ready(env: &Env, node: &str) -> Result<bool> {
+    let node = Api::<Node>::all(env.client.clone())
+        .get_opt(node)
+        .await?
+        .with_context(|| format!("node {node} does not exist"))?;
+    Ok(node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Waits until the node's readiness is `ready`; returns how long that took.
+pub async fn wait_node_ready(
+    env: &Env,
+    node: &str,
+    ready: bool,
+    timeout: Duration,
+) -> Result<Duration> {
+    let start = std::time::Instant::now();
+    let what = format!("node {node} Ready={ready}");
+    wait(&what, timeout, &[], || async {
+        Ok((node_ready(env, node).await? == ready).then_some(()))
+    })
+    .await?;
+    Ok(start.elapsed())
+}
+
+/// Freezes the node's kubelet (SIGSTOP to that process only, `hack/node.sh freeze-kubelet`): the
+/// node stops renewing its Lease and turns NotReady after the controller manager's
+/// `--node-monitor-grace-period`, while containerd and the containers keep running (the API
+/// server is partitioned from the node, the database is not). Idempotent. The guard thaws the
+/// kubelet when dropped, so a failing test never leaves it frozen; [`KubeletFreeze::thaw`] thaws
+/// it at a chosen moment.
+#[must_use = "dropping the guard thaws the kubelet at once"]
+pub async fn freeze_kubelet(node: &str) -> Result<KubeletFreeze> {
+    let n = node_number(node)?;
+    node_sh(&["freeze-kubelet", n]).await?;
+    Ok(KubeletFreeze {
+        node: node.to_string(),
+        thawed: false,
+    })
+}
+
+/// Thaws the node's kubelet (SIGCONT, `hack/node.sh thaw-kubelet`); a no-op when it is not frozen.
+pub async fn thaw_kubelet(node: &str) -> Result<()> {
+    node_sh(&["thaw-kubelet", node_number(node)?])
+        .await
+        .map(drop)
+}
+
+/// A frozen kubelet, thawed when this is dropped (see [`freeze_kubelet`]).
+#[derive(Debug)]
+pub struct KubeletFreeze {
+    node: String,
+    thawed: bool,
+}
+
+impl KubeletFreeze {
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Thaws the kubelet now (the guard then has nothing left to do).
+    pub async fn thaw(mut self) -> Result<()> {
+        self.thawed = true;
+        thaw_kubelet(&self.node).await
+    }
+}
+
+impl Drop for KubeletFreeze {
+    fn drop(&mut self) {
+        if self.thawed {
+            return;
+        }
+        // Synchronous: a Drop cannot await. SIGCONT takes milliseconds.
+        let n = node_number(&self.node).unwrap_or("1");
+        match std::process::Command::new(crate::commands::repo_root().join("hack/node.sh"))
+            .args(["thaw-kubelet", n])
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!(
+                "thawing the kubelet of {} failed: {}; run hack/node.sh thaw-kubelet {n}",
+                self.node,
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!(
+                "thawing the kubelet of {} failed: {e}; run hack/node.sh thaw-kubelet {n}",
+                self.node
+            ),
+        }
+    }
+}
+
+/// The taint of Kubernetes' non-graceful node shutdown: on a NotReady node it has PodGC
+/// force-delete the node's terminating pods (marking them Failed), so their controllers replace
+/// them elsewhere, within PodGC's 20 s period. The operator asserts the node is down; here it is
+/// not, which is the point of the partition scenario.
+pub const OUT_OF_SERVICE: (&str, &str, &str) = (
+    "node.kubernetes.io/out-of-service",
+    "nodeshutdown",
+    "NoExecute",
+);
+
+/// Adds [`OUT_OF_SERVICE`] to the node (a no-op when it is there).
+pub async fn taint_out_of_service(env: &Env, node: &str) -> Result<()> {
+    set_out_of_service(env, node, true).await
+}
+
+/// Removes [`OUT_OF_SERVICE`] from the node (a no-op when it is not there).
+pub async fn untaint_out_of_service(env: &Env, node: &str) -> Result<()> {
+    set_out_of_service(env, node, false).await
+}
+
+/// Read, change, replace: the node lifecycle controller edits the same taint list (unreachable,
+/// not-ready), so a write based on a stale list is refused (409) and retried, never clobbers.
+async fn set_out_of_service(env: &Env, node: &str, on: bool) -> Result<()> {
+    use k8s_openapi::api::core::v1::Taint;
+    let (key, value, effect) = OUT_OF_SERVICE;
+    let nodes = Api::<Node>::all(env.client.clone());
+    for _ in 0..10 {
+        let mut n = nodes.get(node).await?;
+        let spec = n.spec.get_or_insert_with(Default::default);
+        let taints = spec.taints.get_or_insert_with(Vec::new);
+        let has = taints.iter().any(|t| t.key == key && t.effect == effect);
+        if has == on {
+            return Ok(());
+        }
+        if on {
+            taints.push(Taint {
+                key: key.into(),
+                value: Some(value.into()),
+                effect: effect.into(),
+                time_added: None,
+            });
+        } else {
+            taints.retain(|t| !(t.key == key && t.effect == effect));
+        }
+        match nodes.replace(node, &PostParams::default(), &n).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("could not update the taints of node {node}: 10 conflicts in a row")
+}
+
+/// The container runs on that real node, as its containerd says (`hack/node.sh crictl --node N`),
+/// whatever the API server says of its pod (a frozen kubelet reports nothing).
+pub async fn container_running(node: &str, container_id: &str) -> Result<bool> {
+    let n = node_number(node)?;
+    let out = node_sh(&[
+        "crictl",
+        "--node",
+        n,
+        "ps",
+        "-q",
+        "--state",
+        "running",
+        "--id",
+        container_id,
+    ])
+    .await?;
+    Ok(!out.trim().is_empty())
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use e2e::{
-    Env, FAST_ELECTION, Observer, backstop_secret, backstop_spec, database_url, ensure, pg,
-    sj_yaml, table_prefix,
+    Env, FAST_ELECTION, Observer, backstop_secret, backstop_spec, database_url, ensure, once_at,
+    pg, sj_yaml, table_prefix,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -190,19 +190,6 @@ async fn stale_leader_at(point: &str, fault: Fault) -> Result<()> {
     )
     .await?;
     Ok(())
-}
-
-/// A 6-field cron that fires once, at `at` (whole seconds, UTC).
-fn once_at(at: Timestamp) -> String {
-    let t = at.to_zoned(jiff::tz::TimeZone::UTC);
-    format!(
-        "{} {} {} {} {} *",
-        t.second(),
-        t.minute(),
-        t.hour(),
-        t.day(),
-        t.month()
-    )
 }
 
 #[tokio::test]

@@ -27,6 +27,20 @@ CREATE TABLE IF NOT EXISTS invoice_runs (
     invoices    integer     NOT NULL,
     finished_at timestamptz NOT NULL DEFAULT now()
 );
+-- The attempt (pod uid, SINGLETON_ATTEMPT) that wrote the summary; added after the first release.
+ALTER TABLE invoice_runs ADD COLUMN IF NOT EXISTS attempt text;
+
+-- The run's ledger entry: one row per fenced transaction that committed, with the attempt (pod)
+-- that made it. Not idempotent on purpose, as a debit of a balance is not: two pods of one run
+-- both committing would leave two rows for the period. The chaos suite counts them from here,
+-- independently of the controller.
+CREATE TABLE IF NOT EXISTS run_attempts (
+    period       timestamptz NOT NULL,
+    token        bigint      NOT NULL,
+    attempt      text,
+    seq          integer,
+    committed_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 
 INSERT INTO customers (customer, monthly_cents) VALUES
     ('acme', 129900),
@@ -38,6 +52,7 @@ ON CONFLICT (customer) DO NOTHING;
 -- With a separate role for the workload, it needs EXECUTE on the function (SECURITY DEFINER: no
 -- write access to the fence table) and membership in the controller's role, which owns the job
 -- (schema 3; another role is refused with SQLSTATE SF002):
---   GRANT EXECUTE ON FUNCTION singleton_fence(text, bigint) TO invoice_app;
+--   GRANT EXECUTE ON FUNCTION singleton_attempt(text, bigint, text),
+--                             singleton_fence(text, bigint, text) TO invoice_app;
 --   GRANT invoicer TO invoice_app WITH INHERIT FALSE, SET FALSE;   -- PostgreSQL 16+
 --   GRANT invoicer TO invoice_app;                                 -- PostgreSQL 15 and older

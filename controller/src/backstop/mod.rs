@@ -26,6 +26,7 @@
 //! told the same `statement_timeout`, so an abandoned statement does not run on.
 
 mod allow;
+mod attempts;
 mod config;
 mod error;
 mod guard;
@@ -53,12 +54,14 @@ use tokio_postgres::{Client, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use allow::{AllowedHosts, Dial, NOT_ALLOWED};
+pub use attempts::{AttemptRow, Ended, Holder};
 pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,
 };
 pub use schema::{
-    NEVER_ISSUED_SQLSTATE, NOT_PERMITTED_SQLSTATE, SCHEMA_VERSION, STALE_TOKEN_SQLSTATE,
+    ATTEMPT_SQLSTATE, NEVER_ISSUED_SQLSTATE, NOT_PERMITTED_SQLSTATE, SCHEMA_VERSION,
+    STALE_TOKEN_SQLSTATE,
 };
 
 pub use multi::Claimer;
@@ -740,10 +743,17 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
     let pg = |e| Error::from_pg(e, false);
     // Dropping the transaction without commit rolls it back (also on an early `?`).
     let tx = client.transaction().await.map_err(pg)?;
-    // A standby's turn, by the database's clock (the one all clusters share).
-    if claimer.standby_delay.is_some() && takes_over.is_none() {
+    // Across clusters a scheduled period is due by the database's clock, the one all clusters
+    // share (F7: a cluster whose controller and API server agree but run ahead together must not
+    // claim, and so win, early); and a standby's turn comes by it too.
+    let shared = claimer.scheduled && !cluster.is_empty();
+    if (shared || claimer.standby_delay.is_some()) && takes_over.is_none() {
         let db_now: Timestamp = tx.query_one("SELECT now()", &[]).await.map_err(pg)?.get(0);
-        if let Some(until) = multi::standby_until(claimer, period, db_now) {
+        let until = match multi::standby_until(claimer, period, db_now) {
+            Some(until) => Some(until),
+            None => (shared && db_now < period).then_some(period),
+        };
+        if let Some(until) = until {
             tx.rollback().await.map_err(pg)?;
             return Ok(ClaimOutcome::NotYet { until });
         }
@@ -892,8 +902,10 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
     Ok(outcome)
 }
 
-/// The latest claim of another cluster for a period after `c.period`, as
-/// [`ClaimOutcome::Superseded`].
+/// The latest claim of another cluster for a scheduled period after `c.period`, as
+/// [`ClaimOutcome::Superseded`]. Manual runs (a trigger's period is never on a whole second,
+/// [`crate::naming::manual_period`]) are outside the schedule's order: a trigger in one cluster
+/// supersedes no scheduled period of another (F14).
 async fn later_elsewhere(
     tx: &tokio_postgres::Transaction<'_>,
     t: &Tables,
@@ -904,6 +916,7 @@ async fn later_elsewhere(
             &format!(
                 "SELECT period, cluster, token FROM {} \
                  WHERE job = $1 AND period > $2 AND cluster <> $3 \
+                   AND period = date_trunc('second', period) \
                  ORDER BY period DESC LIMIT 1",
                 t.claims
             ),

@@ -11,8 +11,13 @@
 //! | `<p>fences`                  | one row per job: the highest fencing token, the highest     |
 //! |                              | retired one (its period decided: refused from then on), and |
 //! |                              | the role that owns the job (schema 3)                       |
+//! |                              | and the newest registered attempt of the token (schema 5)   |
+//! | `<p>attempts`                | every attempt (pod) that registered, per (job, token) (5)   |
 //! | `<p>fence_rejections`        | sequence: stale tokens refused by `<p>fence()`             |
-//! | `<p>fence(job, token)`       | the function a workload calls inside its own transaction  |
+//! | `<p>attempt(job, token, id)` | an attempt registers as its run's newest (schema 5)        |
+//! | `<p>fence(job, token, id)`   | the function a workload calls inside its own transaction  |
+//! | `<p>fence(job, token)`       | the same, token only: for runs whose attempts never register |
+//! | `<p>fence_check(job, token)` | internal: the checks and the row lock both fences share (5) |
 //!
 //! Migrations only ever add: an older controller keeps working against a newer schema.
 
@@ -31,8 +36,13 @@ pub const NOT_PERMITTED_SQLSTATE: &str = "SF002";
 /// The SQLSTATE `<p>fence()` raises for a token the controller never issued (schema 3).
 pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
 
+/// The SQLSTATE `<p>fence()` and `<p>attempt()` raise for an attempt that is not its run's newest
+/// (a newer attempt registered since, or it never registered), and `<p>fence(job, token)` for a
+/// run whose attempts registered (schema 5).
+pub const ATTEMPT_SQLSTATE: &str = "SF004";
+
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Fully qualified, ready-to-splice names of one backstop's objects.
 #[derive(Clone, Debug)]
@@ -43,6 +53,10 @@ pub(crate) struct Tables {
     pub fences: String,
     pub rejections: String,
     pub function: String,
+    /// Schema 5: the attempts table, the registration function and the shared check.
+    pub attempts: String,
+    pub attempt_function: String,
+    pub check_function: String,
 }
 
 impl Tables {
@@ -55,6 +69,9 @@ impl Tables {
             fences: q("fences"),
             rejections: q("fence_rejections"),
             function: q("fence"),
+            attempts: q("attempts"),
+            attempt_function: q("attempt"),
+            check_function: q("fence_check"),
             prefix: prefix.clone(),
         }
     }
@@ -201,6 +218,7 @@ COMMENT ON COLUMN {claims}.cluster IS 'singleton-controller: the identity (--clu
 COMMENT ON COLUMN {claims}.confirmed_at IS 'singleton-controller: the database time its claimer confirmed it was starting the Job; a confirmed claim is never taken over';
 "#
         )),
+        5 => Some(migration_5(t)),
         _ => None,
     }
 }
@@ -282,6 +300,195 @@ BEGIN
 END
 $fn$;
 REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
+"#
+    )
+}
+
+/// The expression of the advisory lock key that marks a job's fence holders (schema 5), for the
+/// job in `$1`: every fence call and registration holds it, shared, until its transaction ends,
+/// so the sessions holding a job's fence are listed in `pg_locks` (break-lock ends them).
+pub(crate) fn holder_key_sql(t: &Tables) -> String {
+    format!("pg_catalog.hashtextextended('{}' || $1, 0)", t.prefix)
+}
+
+/// Migration 5: attempts (issue 31). A run (one token) may have several pods over its life (a pod
+/// deleted, evicted or on a node that stopped answering is replaced). Each registers as an
+/// attempt with its pod uid; registrations take the fence row's lock, so they are ordered with
+/// the fenced transactions, and the newest registered attempt is the only one whose fenced
+/// transactions commit:
+///  * `<p>attempt(job, token, attempt)` registers (idempotent for the newest); it waits for an
+///    older attempt's open fenced transaction, which so commits before the newer attempt begins;
+///  * `<p>fence(job, token, attempt)` accepts only the newest registered attempt of the token;
+///  * `<p>fence(job, token)` keeps its meaning for runs whose attempts never register (token-level
+///    fencing: it cannot tell two pods of one run apart), and refuses once one did;
+///  * both fences and the registration share `<p>fence_check`: the owner, the row lock, the
+///    token's checks of schema 3, and a shared advisory lock that names the holders (break-lock).
+///
+/// The newest attempt counts only while `attempt_token` is the stored token, so the claim's fence
+/// advance (also an older controller's) needs no change.
+fn migration_5(t: &Tables) -> String {
+    let p = &t.prefix;
+    let Tables {
+        fences,
+        rejections,
+        function,
+        attempts,
+        attempt_function,
+        check_function,
+        ..
+    } = t;
+    let holder = holder_key_sql(t);
+    format!(
+        r#"
+ALTER TABLE {fences} ADD COLUMN attempt text;
+ALTER TABLE {fences} ADD COLUMN attempt_token bigint NOT NULL DEFAULT 0;
+ALTER TABLE {fences} ADD COLUMN attempt_seq integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN {fences}.attempt IS 'singleton-controller: the newest registered attempt (pod uid) of the run with token attempt_token; only it may fence';
+
+CREATE TABLE {attempts} (
+    job           text        NOT NULL,
+    token         bigint      NOT NULL,
+    seq           integer     NOT NULL CHECK (seq > 0),
+    attempt       text        NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT {p}attempts_pkey PRIMARY KEY (job, token, seq),
+    CONSTRAINT {p}attempts_attempt_key UNIQUE (job, token, attempt)
+);
+COMMENT ON TABLE {attempts} IS 'singleton-controller: every attempt (pod) of a run that registered with {p}attempt(), in order';
+
+CREATE FUNCTION {check_function}(job text, token bigint,
+    OUT stored bigint, OUT newest text, OUT newest_seq integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    retired_at bigint;
+    owned_by name;
+    newest_token bigint;
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL OR $2 < 0 THEN
+        RAISE EXCEPTION '{p}fence: job must not be null and token must be a non-negative number'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT f.owner INTO owned_by FROM {fences} AS f WHERE f.job = $1;
+    IF NOT FOUND THEN
+        PERFORM nextval('{rejections}');
+        RAISE EXCEPTION 'fencing token % for job % was never issued', $2, $1
+            USING ERRCODE = '{NEVER_ISSUED_SQLSTATE}',
+                  HINT = 'no run of this job was claimed in this database and table prefix';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r WHERE r.rolname = owned_by)
+       OR NOT pg_catalog.pg_has_role(session_user, owned_by, 'MEMBER') THEN
+        RAISE EXCEPTION 'role % may not fence job %', session_user, $1
+            USING ERRCODE = '{NOT_PERMITTED_SQLSTATE}',
+                  HINT = format('the job belongs to role %s: grant that role to the workload''s role', owned_by);
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared({holder});
+    SELECT f.token, f.retired, f.attempt, f.attempt_token, f.attempt_seq
+        INTO stored, retired_at, newest, newest_token, newest_seq
+        FROM {fences} AS f WHERE f.job = $1 FOR UPDATE;
+    IF $2 > stored THEN
+        PERFORM nextval('{rejections}');
+        RAISE EXCEPTION 'fencing token % for job % was never issued: the newest is %', $2, $1, stored
+            USING ERRCODE = '{NEVER_ISSUED_SQLSTATE}',
+                  HINT = 'use SINGLETON_FENCING_TOKEN as the controller set it';
+    END IF;
+    IF $2 < stored OR $2 <= retired_at THEN
+        PERFORM nextval('{rejections}');
+        IF $2 <= retired_at AND $2 >= stored THEN
+            RAISE EXCEPTION 'fencing token % for job % is retired: its period was decided', $2, $1
+                USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+                      HINT = 'this run is over (or a copy of it was started again); it must stop without committing';
+        END IF;
+        RAISE EXCEPTION 'stale fencing token % for job %: current is %', $2, $1, stored
+            USING ERRCODE = '{STALE_TOKEN_SQLSTATE}',
+                  HINT = 'a newer run of this job holds the fence; this run must stop without committing';
+    END IF;
+    IF newest_token <> stored THEN
+        newest := NULL;
+        newest_seq := 0;
+    END IF;
+END
+$fn$;
+REVOKE ALL ON FUNCTION {check_function}(text, bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION {function}(job text, token bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM {check_function}($1, $2);
+    IF r.newest IS NOT NULL THEN
+        PERFORM nextval('{rejections}');
+        RAISE EXCEPTION 'the run of job % with fencing token % has registered attempts: fence with {p}fence(job, token, attempt)', $1, $2
+            USING ERRCODE = '{ATTEMPT_SQLSTATE}',
+                  HINT = 'pass SINGLETON_ATTEMPT: without it this call cannot tell the run''s newest attempt from an older one';
+    END IF;
+    RETURN r.stored;
+END
+$fn$;
+REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
+
+CREATE FUNCTION {function}(job text, token bigint, attempt text) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    IF $3 IS NULL OR $3 = '' THEN
+        RAISE EXCEPTION '{p}fence: attempt must not be empty (pass SINGLETON_ATTEMPT)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO r FROM {check_function}($1, $2);
+    IF r.newest IS DISTINCT FROM $3 THEN
+        PERFORM nextval('{rejections}');
+        IF EXISTS (SELECT 1 FROM {attempts} AS a WHERE a.job = $1 AND a.token = $2 AND a.attempt = $3) THEN
+            RAISE EXCEPTION 'attempt % of job % (fencing token %) was superseded by attempt #% (%)', $3, $1, $2, r.newest_seq, r.newest
+                USING ERRCODE = '{ATTEMPT_SQLSTATE}',
+                      HINT = 'a newer pod of this run registered: this one must stop without committing';
+        END IF;
+        RAISE EXCEPTION 'attempt % of job % (fencing token %) is not registered', $3, $1, $2
+            USING ERRCODE = '{ATTEMPT_SQLSTATE}',
+                  HINT = 'call {p}attempt(job, token, attempt) once when the attempt starts, before its work';
+    END IF;
+    RETURN r.stored;
+END
+$fn$;
+REVOKE ALL ON FUNCTION {function}(text, bigint, text) FROM PUBLIC;
+COMMENT ON FUNCTION {function}(text, bigint, text) IS 'singleton-controller: call first inside your transaction with SINGLETON_JOB, SINGLETON_FENCING_TOKEN and SINGLETON_ATTEMPT; raises SQLSTATE {STALE_TOKEN_SQLSTATE} when a newer run holds the fence, {ATTEMPT_SQLSTATE} when a newer attempt of this run registered';
+
+CREATE FUNCTION {attempt_function}(job text, token bigint, attempt text) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    r record;
+    next_seq integer;
+BEGIN
+    IF $3 IS NULL OR $3 = '' OR length($3) > 253 THEN
+        RAISE EXCEPTION '{p}attempt: attempt must be 1 to 253 characters (pass SINGLETON_ATTEMPT)'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO r FROM {check_function}($1, $2);
+    IF r.newest = $3 THEN
+        RETURN r.newest_seq;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {attempts} AS a WHERE a.job = $1 AND a.token = $2 AND a.attempt = $3) THEN
+        PERFORM nextval('{rejections}');
+        RAISE EXCEPTION 'attempt % of job % (fencing token %) was superseded by attempt #% (%)', $3, $1, $2, r.newest_seq, r.newest
+            USING ERRCODE = '{ATTEMPT_SQLSTATE}',
+                  HINT = 'a newer pod of this run registered: this one must stop without committing';
+    END IF;
+    next_seq := r.newest_seq + 1;
+    INSERT INTO {attempts} (job, token, seq, attempt) VALUES ($1, $2, next_seq, $3);
+    UPDATE {fences} AS f SET attempt = $3, attempt_token = $2, attempt_seq = next_seq WHERE f.job = $1;
+    RETURN next_seq;
+END
+$fn$;
+REVOKE ALL ON FUNCTION {attempt_function}(text, bigint, text) FROM PUBLIC;
+COMMENT ON FUNCTION {attempt_function}(text, bigint, text) IS 'singleton-controller: call once when an attempt (pod) of a run starts, with SINGLETON_JOB, SINGLETON_FENCING_TOKEN and SINGLETON_ATTEMPT; from then on only this attempt''s fenced transactions commit';
 "#
     )
 }

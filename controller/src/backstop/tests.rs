@@ -31,7 +31,7 @@ use tokio_postgres::NoTls;
 
 use super::*;
 
-fn database_url() -> String {
+pub(super) fn database_url() -> String {
     match std::env::var("DATABASE_URL") {
         Ok(url) if !url.is_empty() => url,
         _ => panic!(
@@ -49,7 +49,7 @@ fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
 }
 
 /// A prefix no other test (or earlier run) uses.
-fn unique_prefix(tag: &str) -> TablePrefix {
+pub(super) fn unique_prefix(tag: &str) -> TablePrefix {
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -60,7 +60,7 @@ fn unique_prefix(tag: &str) -> TablePrefix {
     TablePrefix::new(&format!("t_{tag}_{id:08x}_")).unwrap()
 }
 
-fn backstop(prefix: &TablePrefix) -> Backstop {
+pub(super) fn backstop(prefix: &TablePrefix) -> Backstop {
     let config = ConnectionConfig::from_secret(
         &data(&[("url", &database_url()), ("sslmode", "disable")]),
         &SecretKeys::default(),
@@ -70,7 +70,7 @@ fn backstop(prefix: &TablePrefix) -> Backstop {
 }
 
 /// A workload's own connection (not the controller's).
-async fn workload() -> tokio_postgres::Client {
+pub(super) async fn workload() -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
         .await
         .expect("connect to DATABASE_URL");
@@ -79,27 +79,30 @@ async fn workload() -> tokio_postgres::Client {
 }
 
 /// Drops what a test created (best effort; a failed test leaves uniquely named leftovers).
-async fn cleanup(prefix: &TablePrefix) {
+pub(super) async fn cleanup(prefix: &TablePrefix) {
     let c = workload().await;
     let p = prefix.as_str();
     let _ = c
         .batch_execute(&format!(
             "DROP FUNCTION IF EXISTS {p}fence(text, bigint); \
-             DROP TABLE IF EXISTS {p}claims, {p}fences, {p}schema_version, {p}invoices; \
+             DROP FUNCTION IF EXISTS {p}fence(text, bigint, text); \
+             DROP FUNCTION IF EXISTS {p}attempt(text, bigint, text); \
+             DROP FUNCTION IF EXISTS {p}fence_check(text, bigint); \
+             DROP TABLE IF EXISTS {p}claims, {p}fences, {p}attempts, {p}schema_version, {p}invoices; \
              DROP SEQUENCE IF EXISTS {p}fence_rejections;"
         ))
         .await;
 }
 
-fn ts(s: &str) -> Timestamp {
+pub(super) fn ts(s: &str) -> Timestamp {
     s.parse().unwrap()
 }
 
-fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
+pub(super) fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
     e.code().map(|c| c.code())
 }
 
-fn db_message(e: &tokio_postgres::Error) -> String {
+pub(super) fn db_message(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map(|d| d.message().to_string())
         .unwrap_or_default()
@@ -1643,7 +1646,7 @@ fn a_forbidden_secret_says_how_to_grant_it() {
 
 // ---------------------------------------------------------------- multi-cluster (schema 4)
 
-fn cluster(id: &str, takeover_secs: Option<i64>, standby_secs: Option<i64>) -> Claimer {
+pub(super) fn cluster(id: &str, takeover_secs: Option<i64>, standby_secs: Option<i64>) -> Claimer {
     Claimer {
         cluster: id.into(),
         takeover_after: takeover_secs.map(jiff::SignedDuration::from_secs),
@@ -1788,8 +1791,10 @@ async fn confirm_and_takeover_never_both_win() {
     let cb = cluster("west", Some(1), None);
     let job = "shared/race";
     let mut periods = Vec::new();
+    // Periods in the past: across clusters a scheduled period is claimed only once it is due by
+    // the database's clock.
     for i in 0..8i64 {
-        let period = Timestamp::from_second(1_800_000_000 + i * 60).unwrap();
+        let period = Timestamp::from_second(1_700_000_000 + i * 60).unwrap();
         let token = (2 * i + 1) as u64;
         a.claim_as(job, period, token, "a", None, &ca)
             .await

@@ -299,7 +299,7 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
             let calendars = cluster.calendars(&ns, &names.unwrap_or_default()).await?;
             let schedule = singleton::decide::schedule(&sj.spec, &calendars)
                 .map_err(|e| PluginError::Usage(format!("{ns}/{name}: {e}")))?;
-            let key = sj.key();
+            let key = sj.backstop_key();
             let lines = job_preview(&sj, &schedule, &key, from.unwrap_or(now), count);
             let mut out = Vec::new();
             write_lines(&mut out, lines).map_err(|e| PluginError::Encode(e.to_string()))?;

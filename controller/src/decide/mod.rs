@@ -117,6 +117,18 @@ pub mod reason {
     /// Multi-cluster: this cluster took over another's claim left unconfirmed past the bound.
     pub const TOOK_OVER: &str = "TookOver";
     pub const LOCK_BROKEN: &str = "LockBroken";
+    /// A run's Job was started (unsuspended) by someone other than the controller: only the
+    /// controller starts a run, after its claim is confirmed (issue 31).
+    pub const STARTED_BEFORE_CONFIRM: &str = "StartedBeforeConfirm";
+    /// The API server returned the run's Job not suspended (a mutating webhook cleared
+    /// `spec.suspend` at create): it is deleted before anything else (issue 31).
+    pub const JOB_NOT_SUSPENDED: &str = "JobNotSuspended";
+    /// Replace without a backstop: the replaced run's Job did not go away before the period's
+    /// wait bound, and the new run never starts beside it (F13).
+    pub const REPLACED_RUN_RUNNING: &str = "ReplacedRunStillRunning";
+    /// A confirmed run's resume was refused by admission until the period's wait bound: its Job
+    /// never ran and is deleted (F10a).
+    pub const RESUME_REFUSED: &str = "ResumeRefused";
     /// The backstop's fence row stayed locked by an open transaction past the deadline.
     pub const FENCE_HELD: &str = "FenceHeld";
     /// A Job of the period existed already (an earlier run of it): no second Job.
@@ -166,6 +178,36 @@ pub fn schedule(
         sets.push((name.as_str(), rules));
     }
     Ok(schedule.with_exclusions(Exclusions::compile(sets, x.action)?))
+}
+
+/// `status.shiftsAfter` for a decision: the cursor an edit restarts the schedule from when the
+/// schedule's fingerprint (`fp`, of the spec and the excluded days) differs from the status's
+/// (see [`crate::schedule::Schedule::with_shift_floor`], F9); else what the status kept.
+pub fn shift_floor(
+    fp: &str,
+    status_fingerprint: Option<&str>,
+    decided_through: Option<Timestamp>,
+    kept: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    match (decided_through, status_fingerprint) {
+        (Some(c), f) if f != Some(fp) => Some(c.max(now)),
+        _ => kept,
+    }
+}
+
+/// How long a claimed period may wait for something that may never come (a fence row held by a
+/// session on a dead node, a Job name that stays taken, a resume refused by a webhook): its
+/// starting deadline, or without one the schedule's next instant after it (excluded days aside:
+/// a bound, not a period), when the next period wants the slot. Past it, the period is recorded
+/// rather than blocking every later period (G2; F6, F10). None: the schedule has no next instant.
+pub fn wait_bound(spec: &SingletonJobSpec, period: Timestamp) -> Option<Timestamp> {
+    if let Some(d) = spec.starting_deadline_seconds {
+        return period.checked_add(SignedDuration::from_secs(d)).ok();
+    }
+    let exprs = expressions(spec);
+    let schedule = Schedule::parse_all(&exprs, spec.time_zone.as_deref(), spec.dst_policy).ok()?;
+    schedule.next_after(period)
 }
 
 /// Identifies what the cursor refers to: a change of any part re-anchors the schedule. The
@@ -364,6 +406,18 @@ fn cursor(
         }
         (None, _) => obs.created,
     }
+}
+
+/// The Job states with every finished run held as still active: with a backstop under
+/// `Correctness` a run's outcome is recorded only once its token's retirement is written (G3),
+/// so while the backstop cannot be written a finished run stays in `active` (Forbid waits for
+/// it, and nothing about it is recorded) instead of being recorded with its token still
+/// accepted by the fence, which nothing would retire later (F3).
+pub fn hold_outcomes(states: &HashMap<String, JobState>) -> HashMap<String, JobState> {
+    states
+        .keys()
+        .map(|name| (name.clone(), JobState::Active))
+        .collect()
 }
 
 /// Runs that finished since the last look, and those still active.

@@ -347,12 +347,12 @@ pub fn backfill_range(
     Ok((first, last, count))
 }
 
-/// Refuses a backfill `range` (first, last, count) holding a period of this SingletonJob's life
-/// (from `created`) before the backstop recorded every run (`recorded.since`): for those the
-/// claims table may not know every period that ran (the backstop was added or moved later, or a
-/// run went without its claim), so a backfill could run one twice. Periods before the
-/// SingletonJob existed are the backstop's to judge (an earlier SingletonJob of the same name
-/// left its claims there).
+/// Refuses a backfill `range` (first, last, count) holding a period before the backstop recorded
+/// every run of this SingletonJob (`recorded.since`): for those the claims table may not know
+/// every period that ran (the backstop was added or moved later, or a run went without its
+/// claim), so a backfill could run one twice. That includes every period before the
+/// SingletonJob was created (F12): an earlier SingletonJob of the same name may have run them
+/// without claim rows (under Efficiency, or before it had a backstop), and nothing can tell.
 pub fn check_claims_recorded(
     range: (Timestamp, Timestamp, u64),
     created: Option<Timestamp>,
@@ -364,9 +364,13 @@ pub fn check_claims_recorded(
                 .into(),
         );
     };
-    let (first, last, _) = range;
-    let lived = created.is_none_or(|c| last >= c);
-    if lived && first < since && created.is_none_or(|c| c < since) {
+    let (first, _, _) = range;
+    if let Some(created) = created.filter(|c| first < *c && *c <= since) {
+        return Err(format!(
+            "the range starts before this SingletonJob was created ({created}): an earlier SingletonJob of the same name may have run those periods without a claim row, so a backfill could run them twice; backfill from {since} on"
+        ));
+    }
+    if first < since {
         return Err(format!(
             "the backstop has recorded every run of this SingletonJob only since {since} (status.claimsRecorded): periods before it may have run without a claim row, so a backfill could run them twice; backfill from {since} on"
         ));
@@ -995,11 +999,10 @@ mod tests {
         };
         let created = Some(t("2026-01-01T00:00:00Z"));
         let range = |a: &str, b: &str| (t(a), t(b), 3);
-        // Created with the backstop: every period it lived through is in the claims table, and
-        // periods before it existed are the backstop's to judge.
+        // Created with the backstop: every period it lived through is in the claims table.
         let fresh = recorded("2026-01-01T00:00:00Z");
-        let before = range("2025-12-01T00:00:00Z", "2026-02-01T00:00:00Z");
-        assert!(check_claims_recorded(before, created, Some(&fresh)).is_ok());
+        let lived = range("2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z");
+        assert!(check_claims_recorded(lived, created, Some(&fresh)).is_ok());
         // The backstop came (or moved, or a run went without its claim) on 1 March: periods of
         // January and February may have run without a claim row.
         let late = recorded("2026-03-01T00:00:00Z");
@@ -1011,19 +1014,6 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("only since 2026-03-01T00:00:00Z"), "{err}");
         assert!(
-            check_claims_recorded(before, created, Some(&late)).is_err(),
-            "reaches into its life before the backstop"
-        );
-        assert!(
-            check_claims_recorded(
-                range("2025-10-01T00:00:00Z", "2025-12-01T00:00:00Z"),
-                created,
-                Some(&late)
-            )
-            .is_ok(),
-            "wholly before it existed"
-        );
-        assert!(
             check_claims_recorded(
                 range("2026-03-01T00:00:00Z", "2026-04-01T00:00:00Z"),
                 created,
@@ -1032,8 +1022,31 @@ mod tests {
             .is_ok()
         );
         assert!(
-            check_claims_recorded(before, created, None).is_err(),
+            check_claims_recorded(lived, created, None).is_err(),
             "not yet recorded"
         );
+    }
+
+    /// F12: periods before the SingletonJob existed are refused, wholly or partly: an earlier
+    /// SingletonJob of the same name may have run them without a claim row (Efficiency with its
+    /// database down, or before it had a backstop), and the claims table cannot tell.
+    #[test]
+    fn backfill_refuses_periods_before_the_singletonjob_existed() {
+        let t = |s: &str| -> Timestamp { s.parse().unwrap() };
+        let fresh = crate::api::ClaimsRecorded {
+            since: t("2026-01-01T00:00:00Z").into(),
+            target: "sha256:x".into(),
+        };
+        let created = Some(t("2026-01-01T00:00:00Z"));
+        for (a, b) in [
+            ("2025-10-01T00:00:00Z", "2025-12-01T00:00:00Z"),
+            ("2025-12-01T00:00:00Z", "2026-02-01T00:00:00Z"),
+        ] {
+            let err = check_claims_recorded((t(a), t(b), 3), created, Some(&fresh)).unwrap_err();
+            assert!(
+                err.contains("before this SingletonJob was created"),
+                "{err}"
+            );
+        }
     }
 }

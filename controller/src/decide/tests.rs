@@ -1167,3 +1167,124 @@ proptest! {
         }
     }
 }
+
+/// F9: a weekly run on Friday ran; on Saturday a holiday calendar excludes that Friday, moving
+/// its periods to the next allowed day. The Friday period was decided before the edit: it is not
+/// run again on Monday under a new identity (new period, Job name, claim row, idempotency key),
+/// while a later Friday on an excluded day still moves.
+#[test]
+fn a_retroactive_exclusion_never_runs_a_decided_period_again() {
+    let mut s = spec("0 6 * * 5");
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    // Friday 8 January 06:00 runs and finishes.
+    let p = decide(&s, &st, ts("2027-01-08T06:00:00Z"), created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-01-08T06:00:00Z")));
+    apply(&mut st, &p);
+    st.active.clear();
+    // Saturday: that Friday and the next are declared holidays, moved to the next business day.
+    s.exclusions = Some(crate::api::ExclusionsSpec {
+        action: crate::schedule::ExcludedAction::NextAllowedDay,
+        rules: crate::schedule::DayRules {
+            dates: vec!["2027-01-08".into(), "2027-01-15".into()],
+            days: vec!["* * SAT,SUN".into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let decide_floored = |st: &State, floor: Option<Timestamp>, now: Timestamp| {
+        let obs = Observed {
+            key: "ns/job",
+            consecutive_failures: 0,
+            now,
+            created,
+            blocked: None,
+            job_states: &HashMap::new(),
+        };
+        let schedule = sched(&s).with_shift_floor(floor);
+        plan(
+            &s,
+            &schedule,
+            st.decided_through,
+            st.fingerprint.as_deref(),
+            &st.active,
+            &obs,
+        )
+    };
+    let saturday = ts("2027-01-09T10:00:00Z");
+    let fp = fingerprint_with(&s, &sched(&s));
+    let floor = shift_floor(
+        &fp,
+        st.fingerprint.as_deref(),
+        st.decided_through,
+        None,
+        saturday,
+    );
+    assert_eq!(floor, Some(saturday), "the edit's cursor");
+    let p = decide_floored(&st, floor, saturday);
+    assert_eq!(p.start, None);
+    assert_ne!(
+        p.wake_at,
+        Some(ts("2027-01-11T06:00:00Z")),
+        "Friday's period does not come back on Monday"
+    );
+    apply(&mut st, &p);
+    let kept = shift_floor(
+        &fp,
+        st.fingerprint.as_deref(),
+        st.decided_through,
+        floor,
+        saturday,
+    );
+    assert_eq!(kept, floor, "kept while the schedule stays the same");
+    let monday = decide_floored(&st, kept, ts("2027-01-11T06:00:00Z"));
+    assert_eq!(monday.start, None, "{monday:?}");
+    // The next Friday, excluded after the edit, moves to Monday 18 January as declared.
+    let p = decide_floored(&st, kept, ts("2027-01-18T06:00:00Z"));
+    assert_eq!(p.start, Some(ts("2027-01-18T06:00:00Z")));
+    // Without the floor, Friday's period would run again on Monday (the finding).
+    let unfloored = decide_floored(&st, None, ts("2027-01-11T06:00:00Z"));
+    assert_eq!(unfloored.start, Some(ts("2027-01-11T06:00:00Z")));
+}
+
+/// F3: while the backstop cannot retire a finished run's token (Correctness, unavailable), the
+/// run's outcome is not recorded: it stays active (Forbid waits for it), and it is recorded once
+/// the retirement can be written.
+#[test]
+fn a_finished_run_is_not_recorded_before_its_token_can_be_retired() {
+    let s = spec("*/10 * * * *");
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    let p = decide(&s, &st, ts("2027-01-01T00:10:00Z"), created, &states(NONE));
+    apply(&mut st, &p);
+    let done = states(&[(
+        "job-1798762200",
+        JobState::Succeeded(ts("2027-01-01T00:10:05Z")),
+    )]);
+    let held = hold_outcomes(&done);
+    let p = decide(&s, &st, ts("2027-01-01T00:20:00Z"), created, &held);
+    assert!(p.finished.is_empty(), "{p:?}");
+    assert_eq!(p.still_active.len(), 1);
+    assert_eq!(
+        p.start, None,
+        "Forbid waits for the run whose outcome is held"
+    );
+    let p = decide(&s, &st, ts("2027-01-01T00:20:00Z"), created, &done);
+    assert_eq!(p.finished.len(), 1);
+    assert_eq!(p.start, Some(ts("2027-01-01T00:20:00Z")));
+}
+
+/// F6, F10: what a claim may wait for is bounded by its starting deadline, or without one by the
+/// schedule's next instant.
+#[test]
+fn a_claims_wait_is_bounded_by_its_deadline_or_the_next_period() {
+    let mut s = spec("0 * * * *");
+    let p = ts("2027-01-01T06:00:00Z");
+    assert_eq!(wait_bound(&s, p), Some(ts("2027-01-01T07:00:00Z")));
+    s.starting_deadline_seconds = Some(120);
+    assert_eq!(wait_bound(&s, p), Some(ts("2027-01-01T06:02:00Z")));
+    s.starting_deadline_seconds = None;
+    // A manual period (a trigger) waits until the next scheduled one.
+    let manual = ts("2027-01-01T06:30:00.000123Z");
+    assert_eq!(wait_bound(&s, manual), Some(ts("2027-01-01T07:00:00Z")));
+}

@@ -32,6 +32,10 @@ pub struct OwnedJob {
     pub finished: bool,
     /// Being deleted (a deletionTimestamp): going away already.
     pub deleting: bool,
+    /// Its `singleton.dev/released` annotation: `Some(false)` created suspended and not released
+    /// by the controller yet, `Some(true)` released after its confirm, `None` a Job of a
+    /// controller before issue 31 (never judged by it).
+    pub released: Option<bool>,
 }
 
 impl OwnedJob {
@@ -59,6 +63,9 @@ impl OwnedJob {
             suspended: job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false),
             finished,
             deleting: job.metadata.deletion_timestamp.is_some(),
+            released: annotations
+                .and_then(|a| a.get(naming::ANNOTATION_RELEASED))
+                .map(|v| v != naming::NOT_RELEASED),
         })
     }
 }
@@ -93,25 +100,42 @@ fn runs_as(r: &RunRef, job: &OwnedJob) -> bool {
     }
 }
 
-/// Active runs whose Job is still suspended: their confirm was written, their resume was not.
-/// `keep_suspended`: the template itself asks for suspended Jobs (a queueing system such as
-/// Kueue resumes them), so nothing is to be resumed.
-pub fn to_resume(
-    status: &SingletonJobStatus,
-    jobs: &[OwnedJob],
-    keep_suspended: bool,
-) -> Vec<(String, String)> {
-    if keep_suspended {
-        return Vec::new();
-    }
+/// Active runs whose Job was never released: their confirm was written, their resume (or queue
+/// release) was not. A Job released to its queue stays suspended until the queue admits it: it
+/// is not released again.
+pub fn to_resume(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Vec<(String, String)> {
     status
         .active
         .iter()
         .filter_map(|r| {
             let job = jobs.iter().find(|j| runs_as(r, j))?;
-            (job.suspended && !job.finished && !job.deleting)
+            (job.suspended && job.released != Some(true) && !job.finished && !job.deleting)
                 .then(|| (job.name.clone(), job.uid.clone()))
         })
+        .collect()
+}
+
+/// Runs a claim knows (pending or active) whose Job runs, or ran, without the controller's
+/// release: a webhook, a queue or a person unsuspended it, possibly before its claim was
+/// confirmed. Only the controller starts a run (G1): each is stopped and its period decided
+/// (StartedBeforeConfirm). Jobs of a controller before issue 31 carry no mark and are not judged.
+pub fn started_outside<'a>(
+    status: &SingletonJobStatus,
+    jobs: &'a [OwnedJob],
+) -> Vec<(RunRef, &'a OwnedJob)> {
+    let pending = status.pending_claim.iter().filter_map(|p| {
+        let job = jobs
+            .iter()
+            .find(|j| j.name == p.job_name && j.token == Some(p.token))?;
+        Some((p.clone(), job))
+    });
+    let active = status
+        .active
+        .iter()
+        .filter_map(|r| Some((r.clone(), jobs.iter().find(|j| runs_as(r, j))?)));
+    pending
+        .chain(active)
+        .filter(|(_, j)| !j.suspended && j.released == Some(false) && !j.deleting)
         .collect()
 }
 
@@ -180,9 +204,14 @@ pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> 
     if token.is_none() && decided_through.is_none() {
         return None;
     }
+    // A suspended Job may be a confirmed run not resumed yet (its queue has not admitted it):
+    // only the newest claim's can have been confirmed, so the Job carrying the highest token is
+    // adopted suspended or not (F5), and resumed or released as any confirmed run; older
+    // suspended Jobs never ran and are left to the sweep.
     let running = jobs
         .iter()
-        .filter(|j| !j.finished && !j.deleting && !j.suspended && !known(status, j))
+        .filter(|j| !j.finished && !j.deleting && !known(status, j))
+        .filter(|j| !j.suspended || j.released == Some(true) || j.token == max_token)
         .filter_map(|j| {
             Some(RunRef {
                 late: false,
@@ -223,6 +252,7 @@ mod tests {
             suspended: false,
             finished: false,
             deleting: false,
+            released: Some(true),
         }
     }
 
@@ -253,24 +283,101 @@ mod tests {
     fn a_confirmed_run_whose_job_is_still_suspended_is_resumed() {
         let mut j = job("a-1", "2030-01-01T00:00:00Z", 3);
         j.suspended = true;
+        j.released = Some(false);
         let mut st = status(3, "2030-01-01T00:00:00Z");
-        assert!(
-            to_resume(&st, &[j.clone()], false).is_empty(),
-            "not active yet"
-        );
+        assert!(to_resume(&st, &[j.clone()]).is_empty(), "not active yet");
         st.active.push(run(&j));
         assert_eq!(
-            to_resume(&st, &[j.clone()], false),
+            to_resume(&st, &[j.clone()]),
             vec![(j.name.clone(), j.uid.clone())]
         );
+        // Released to its queue already: suspended until the queue admits it, not released again.
+        let mut queued = j.clone();
+        queued.released = Some(true);
         assert!(
-            to_resume(&st, &[j.clone()], true).is_empty(),
-            "the template keeps it"
+            to_resume(&st, &[queued]).is_empty(),
+            "released to its queue"
         );
         // Another Job of the same name (a re-creation) is not the confirmed one.
         let mut other = j.clone();
         other.uid = "someone-else".into();
-        assert!(to_resume(&st, &[other], false).is_empty());
+        assert!(to_resume(&st, &[other]).is_empty());
+    }
+
+    /// F2: only the controller starts a run. A Job a claim knows that runs without the
+    /// controller's release was started by someone else (a webhook, a queue, a person), pending
+    /// or confirmed; a released one, a suspended one and a Job of an older controller (no mark)
+    /// are not.
+    #[test]
+    fn a_job_started_without_the_controllers_release_is_found() {
+        let mut j = job("a-1", "2030-01-01T00:00:00Z", 3);
+        j.released = Some(false);
+        let mut st = status(3, "2030-01-01T00:00:00Z");
+        st.pending_claim = Some(run(&j));
+        st.pending_claim.as_mut().unwrap().job_uid = None;
+        let found = started_outside(&st, std::slice::from_ref(&j));
+        assert_eq!(
+            found.len(),
+            1,
+            "a pending claim's Job started before its confirm"
+        );
+        assert_eq!(found[0].0.token, 3);
+        st.pending_claim = None;
+        st.active.push(run(&j));
+        assert_eq!(
+            started_outside(&st, std::slice::from_ref(&j)).len(),
+            1,
+            "confirmed, started by another"
+        );
+        let mut released = j.clone();
+        released.released = Some(true);
+        assert!(started_outside(&st, &[released]).is_empty());
+        let mut suspended = j.clone();
+        suspended.suspended = true;
+        assert!(started_outside(&st, &[suspended]).is_empty());
+        let mut older = j.clone();
+        older.released = None;
+        assert!(
+            started_outside(&st, &[older]).is_empty(),
+            "an older controller's Job"
+        );
+        let mut going = j.clone();
+        going.deleting = true;
+        assert!(
+            started_outside(&st, &[going]).is_empty(),
+            "being stopped already"
+        );
+    }
+
+    /// F5: a wiped status adopts the newest claim's Job although it is still suspended (its
+    /// queue has not admitted it), instead of the sweep removing it as unknown; an older
+    /// suspended Job (a leftover that never ran) is not adopted.
+    #[test]
+    fn a_wiped_status_adopts_the_newest_suspended_job() {
+        let mut newest = job("a-2", "2030-01-01T00:01:00Z", 5);
+        newest.suspended = true;
+        newest.released = Some(true);
+        let mut leftover = job("a-1", "2030-01-01T00:00:00Z", 4);
+        leftover.suspended = true;
+        leftover.released = Some(false);
+        let wiped = SingletonJobStatus::default();
+        let b = behind(&wiped, &[newest.clone(), leftover.clone()]).expect("behind");
+        let names: Vec<&str> = b.running.iter().map(|r| r.job_name.as_str()).collect();
+        assert_eq!(names, ["a-2"]);
+        // The newest claim's Job even when not released yet (its confirm may have been written).
+        newest.released = Some(false);
+        let b = behind(&wiped, &[newest, leftover]).expect("behind");
+        assert_eq!(b.running.len(), 1);
+        assert_eq!(b.running[0].token, 5);
+        // Nothing it adopts is unknown to the raised status.
+        let mut raised = wiped.clone();
+        raised.active = b.running.clone();
+        raised.fencing_token = 5;
+        raised.decided_through = Some(t("2030-01-01T00:01:00Z").into());
+        let jobs = [job("a-2", "2030-01-01T00:01:00Z", 5)];
+        let mut jobs = jobs.to_vec();
+        jobs[0].uid = b.running[0].job_uid.clone().unwrap();
+        assert!(unknown(&raised, &jobs).is_empty());
     }
 
     #[test]

@@ -483,23 +483,32 @@ pub fn settle_consistency(
     }
 }
 
+/// Whether `status.claimsRecorded` must be (re)set for the backstop `target`: it is unset, or
+/// names another target.
+pub fn claims_recorded_stale(status: &SingletonJobStatus, target: &str) -> bool {
+    status
+        .claims_recorded
+        .as_ref()
+        .is_none_or(|c| c.target != target)
+}
+
 /// Keeps `status.claimsRecorded` true: from when the backstop `target` has recorded every run.
 /// A SingletonJob that never issued a token has had it from its creation; otherwise from now
-/// (the backstop was added or moved, or a run went without its claim).
+/// (the backstop was added or moved, or a run went without its claim). `fence`: the token the
+/// backstop stores for the job: above 0, tokens were issued although the status shows none (it
+/// was wiped, or restored from an old copy), and the status cannot say which runs went without
+/// a claim, so it is not fresh (F12).
 pub fn mark_claims_recorded(
     status: &mut SingletonJobStatus,
     target: String,
+    fence: u64,
     created: Timestamp,
     now: Timestamp,
 ) {
-    if status
-        .claims_recorded
-        .as_ref()
-        .is_some_and(|c| c.target == target)
-    {
+    if !claims_recorded_stale(status, &target) {
         return;
     }
-    let fresh = status.fencing_token == 0 && status.history.is_empty();
+    let fresh = status.fencing_token == 0 && status.history.is_empty() && fence == 0;
     // Status keeps whole seconds: rounded up, so a period that ran without a claim in the same
     // second is never after `since`.
     let since = if fresh {

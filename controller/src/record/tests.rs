@@ -205,7 +205,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
     let created = t("2030-01-01T00:00:00Z");
     let now = t("2030-01-02T00:00:00.3Z");
     let mut fresh = SingletonJobStatus::default();
-    mark_claims_recorded(&mut fresh, "sha256:a".into(), created, now);
+    mark_claims_recorded(&mut fresh, "sha256:a".into(), 0, created, now);
     assert_eq!(
         fresh.claims_recorded.as_ref().map(|c| c.since.0),
         Some(created)
@@ -214,6 +214,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
     mark_claims_recorded(
         &mut fresh,
         "sha256:a".into(),
+        0,
         created,
         now + SignedDuration::from_hours(1),
     );
@@ -225,7 +226,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
         fencing_token: 4,
         ..Default::default()
     };
-    mark_claims_recorded(&mut running, "sha256:b".into(), created, now);
+    mark_claims_recorded(&mut running, "sha256:b".into(), 4, created, now);
     assert_eq!(
         running.claims_recorded.as_ref().map(|c| c.since.0),
         Some(t("2030-01-02T00:00:01Z"))
@@ -246,9 +247,26 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
     };
     let mut with_history = SingletonJobStatus::default();
     with_history.history.push(entry);
-    mark_claims_recorded(&mut with_history, "sha256:c".into(), created, now);
+    mark_claims_recorded(&mut with_history, "sha256:c".into(), 0, created, now);
     assert_ne!(
         with_history.claims_recorded.map(|c| c.since.0),
         Some(created)
     );
+}
+
+/// F12: a wiped status (no token, no history) looks like a new SingletonJob's, but the backstop's
+/// fence shows tokens were issued: runs before now may have gone without a claim row (an
+/// Efficiency run with its database down), so the claims are recorded from now, not from the
+/// creation, and a backfill of those periods is refused.
+#[test]
+fn a_wiped_status_is_not_taken_for_a_new_singletonjob() {
+    let created = t("2030-01-01T00:00:00Z");
+    let now = t("2030-01-02T00:00:00Z");
+    let mut wiped = SingletonJobStatus::default();
+    mark_claims_recorded(&mut wiped, "sha256:a".into(), 7, created, now);
+    let since = wiped.claims_recorded.as_ref().map(|c| c.since.0);
+    assert_eq!(since, Some(now));
+    let range = (t("2030-01-01T06:00:00Z"), t("2030-01-01T06:00:00Z"), 1);
+    let recorded = wiped.claims_recorded.as_deref();
+    assert!(crate::decide::ops::check_claims_recorded(range, Some(created), recorded).is_err());
 }

@@ -55,9 +55,11 @@ pub async fn break_lock(
     stopped.extend(status.pending_claim.take());
     if let Availability::Ready(b) = db {
         // 3. Fence.
+        ctx.gate.check()?;
         if let Err(e) = b.retire(&sj.backstop_key(), token).await {
             if matches!(e, Error::FenceHeld(_)) {
                 stop_runs(ctx, &ns, &stopped).await?;
+                end_holders(ctx, sj, b).await?;
             }
             return Err(e);
         }
@@ -108,11 +110,56 @@ pub async fn break_lock(
     Ok(op)
 }
 
+/// Break-lock's step 3 when an open transaction holds the fence row: its Job is stopped (4), but a
+/// pod on a node that stopped answering keeps its database session, and so the row's lock, until
+/// TCP keepalive gives up (hours). The sessions holding the job's fence are ended in the database
+/// (F6): their transactions roll back, nothing they wrote commits. Each one ended, or why it
+/// could not be (the controller's role may not signal another role's sessions: a DBA then runs
+/// `pg_terminate_backend`), is logged and goes into an Event; the break-lock is retried.
+async fn end_holders(
+    ctx: &Context,
+    sj: &SingletonJob,
+    b: &crate::backstop::Backstop,
+) -> Result<()> {
+    ctx.gate.check()?;
+    let ended = b.end_fence_holders(&sj.backstop_key()).await?;
+    if ended.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = ended
+        .iter()
+        .map(|e| match &e.result {
+            Ok(()) => format!("ended {}", e.holder),
+            Err(why) => format!(
+                "could not end {}: {why} (a DBA can: SELECT pg_terminate_backend({}))",
+                e.holder, e.holder.pid
+            ),
+        })
+        .collect();
+    let note = format!(
+        "break-lock: the job's fence was held by an open transaction; {}",
+        lines.join("; ")
+    );
+    tracing::warn!(sj = %sj.key(), "{note}");
+    ctx.events
+        .publish(
+            sj,
+            kube::runtime::events::EventType::Warning,
+            reason::FENCE_HELD,
+            "BreakLock",
+            note,
+        )
+        .await;
+    Ok(())
+}
+
 /// Break-lock's step 4: each run's Job goes, by uid when known. A pending claim's Job has no uid
 /// in status yet: it is deleted only if it carries the claim's token (another Job of that name
 /// is not the claim's).
 async fn stop_runs(ctx: &Context, ns: &str, runs: &[RunRef]) -> Result<()> {
-    let bg = Propagation::Background;
+    // Foreground: the Job stays (being deleted) until its pods are gone, so the next run's
+    // Forbid sees it and a Replace waits for it (F13).
+    let bg = Propagation::Foreground;
     for run in runs {
         let uid = match run.job_uid.clone() {
             Some(uid) => Some(uid),

@@ -54,6 +54,9 @@ pub(super) async fn backstop_claim(
     let key = sj.backstop_key();
     let claimer = claimer(ctx, &sj, &claim);
     for _ in 0..=RECLAIMS {
+        // Database writes pass the gate as Kubernetes writes do (F4): a replica that lost the
+        // Lease while it waited does not claim.
+        ctx.gate.check()?;
         let claimed = claim_once(b, &key, &claim, &claimer).await;
         match claimed {
             // Multi-cluster (docs/multi-cluster.md).
@@ -76,6 +79,21 @@ pub(super) async fn backstop_claim(
                     ),
                 };
                 let d = decided::Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note);
+                decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
+                return Ok(Backstopped::Decided);
+            }
+            // Our own earlier claim (a retry after a crash) whose token was retired meanwhile: a
+            // stop of its Job (started by someone else) retired it and did not get to record the
+            // decision. No Job is created with a retired token: the period is decided now.
+            Ok(ClaimOutcome::Duplicate { token, .. })
+                if token == claim.token && Box::pin(b.retired(&key)).await? >= token =>
+            {
+                let p = naming::period_rfc3339(period);
+                let note = format!(
+                    "the claim of period {p} (token {token}) was retired before its run was recorded: its Job was stopped (started by someone else); no other Job is created for it"
+                );
+                let d =
+                    decided::Decision::new(Outcome::Failed, reason::STARTED_BEFORE_CONFIRM, note);
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
@@ -144,6 +162,7 @@ pub(super) async fn confirm_in_backstop(
     }
     let key = sj.backstop_key();
     let period = claim.period.0;
+    ctx.gate.check()?;
     if Box::pin(b.confirm(&key, period, claim.token, ctx.backstops.cluster())).await? {
         return Ok(true);
     }
@@ -326,7 +345,10 @@ async fn unavailable(
     }
     if past_deadline(sj, &claim) {
         let note = format!("the backstop stayed unavailable past the starting deadline: {why}");
-        let d = decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note);
+        // The claim may have committed before the database stopped answering: its row is
+        // withdrawn once the database answers again (F10c).
+        let d =
+            decided::Decision::new(Outcome::Missed, reason::BACKSTOP_UNAVAILABLE, note).unsettled();
         decided::decide_without_job(ctx, sj, &claim, d, None).await?;
         return Ok(Backstopped::Decided);
     }
@@ -335,9 +357,12 @@ async fn unavailable(
 
 /// Step 4 when an open transaction holds the fence row past the lock timeout. A run this claim
 /// replaces is the usual holder (a hung run is why people pick Replace): its Job is deleted now,
-/// which ends its pods and with them their transaction, and the claim waits, whatever the
-/// deadline, while that Job still exists (foreground deletion: until its pods are gone). Any
-/// other holder is waited for until the period's deadline, then the period is Missed.
+/// which ends its pods and with them their transaction, and the claim waits while that Job still
+/// exists (foreground deletion: until its pods are gone), up to the wait bound. Any other holder
+/// (a workload on a node that died mid-transaction keeps its session and lock until TCP
+/// keepalive gives up, hours) is waited for until the wait bound ([`past_wait_bound`]: the
+/// starting deadline, else the next period), then the period is Missed (F6); `kubectl singleton
+/// break-lock` ends such a holder's session.
 fn fence_held<'a>(
     ctx: &'a Context,
     sj: &'a SingletonJob,
@@ -354,7 +379,7 @@ fn fence_held<'a>(
                 .await?
                 .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
         }
-        if !stopping && past_deadline(sj, &claim) {
+        if (!stopping && past_deadline(sj, &claim)) || past_wait_bound(sj, &claim) {
             let note =
                 format!("the backstop's fence stayed locked past the starting deadline: {why}");
             let d = decided::Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
@@ -364,6 +389,11 @@ fn fence_held<'a>(
         }
         Err(Error::FenceHeld(why))
     })
+}
+
+/// Whether `claim` waited past its wait bound ([`crate::decide::wait_bound`]).
+pub(super) fn past_wait_bound(sj: &SingletonJob, claim: &RunRef) -> bool {
+    crate::decide::wait_bound(&sj.spec, claim.period.0).is_some_and(|b| Timestamp::now() > b)
 }
 
 pub(super) fn past_deadline(sj: &SingletonJob, claim: &RunRef) -> bool {

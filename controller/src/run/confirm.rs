@@ -6,6 +6,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 
+use super::create::Admission;
 use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
 use crate::context::Context;
 use crate::decide::reason;
@@ -63,7 +64,7 @@ async fn confirm(
     status: SingletonJobStatus,
     claim: RunRef,
     uid: String,
-    keep_suspended: bool,
+    admission: Admission,
 ) -> Result<()> {
     let ns = fresh.metadata.namespace.clone().unwrap_or_default();
     match kube_io::write_status_at(ctx, &fresh, status, Lane::Create, Some(failpoint::CONFIRM))
@@ -74,7 +75,7 @@ async fn confirm(
             for _ in &claim.replaces {
                 crate::metrics::global().run_finished(&fresh, Outcome::Replaced);
             }
-            resume(ctx, &fresh, &claim, &uid, keep_suspended).await
+            resume(ctx, &fresh, &claim, &uid, &admission).await
         }
         Err(Error::Conflict(what)) => {
             let name = fresh.metadata.name.as_deref().unwrap_or_default();
@@ -97,19 +98,20 @@ async fn confirm(
     }
 }
 
-/// Step 8: the confirmed Job may run (G1: only the Job a confirm named, by uid).
+/// Step 8: the confirmed Job may run (G1: only the Job a confirm named, by uid), resumed by the
+/// controller or released to its queue; either way marked released by the same patch.
 pub async fn resume(
     ctx: &Context,
     sj: &SingletonJob,
     run: &RunRef,
     uid: &str,
-    keep_suspended: bool,
+    admission: &Admission,
 ) -> Result<()> {
-    if keep_suspended {
-        return Ok(());
-    }
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
-    let resumed = kube_io::resume_job(ctx, ns, &run.job_name, uid).await?;
+    let release = admission.release();
+    let deadline = crate::job::active_deadline_at(sj, run.period.0, Timestamp::now());
+    let resumed =
+        kube_io::resume_job(ctx, ns, &run.job_name, uid, run.token, release, deadline).await?;
     ctx.resumed.note(uid);
     match resumed {
         Resumed::Yes => {
@@ -139,14 +141,14 @@ pub(super) fn spawn(
     status: SingletonJobStatus,
     claim: RunRef,
     uid: String,
-    keep_suspended: bool,
+    admission: Admission,
 ) {
     let sj_uid = fresh.metadata.uid.clone();
     let obj = ObjectRef::from_obj(&fresh);
     ctx.confirming.begin(sj_uid.as_deref());
     let ctx = ctx.clone();
     let task = async move {
-        let work = confirm(&ctx, fresh, status, claim, uid, keep_suspended);
+        let work = confirm(&ctx, fresh, status, claim, uid, admission);
         let result = tokio::select! {
             r = work => r,
             () = ctx.gate.closed() => Err(Error::NotLeader),

@@ -23,7 +23,8 @@
 //!               the fence raised above this token): decide ClaimedElsewhere,
 //!               create nothing (docs/multi-cluster.md).                            G1, G3
 //! 5. Replace  : with concurrencyPolicy Replace, the old runs are fenced by 4, then
-//!               their Jobs are deleted, before the new Job exists.                G5
+//!               their Jobs are deleted, before the new Job exists; without a
+//!               fence, the new Job waits until the old Jobs (and pods) are gone.   G5
 //! 6. Create   : the Job, SUSPENDED: it cannot run pods yet. Its name is
 //!               deterministic per period, so the API server refuses a second Job
 //!               for the period while one exists.                                  G1
@@ -85,7 +86,7 @@ use crate::{Error, Result};
 
 pub use break_lock::break_lock;
 pub use confirm::resume;
-pub use create::keeps_suspended;
+pub use create::{Admission, admission};
 pub use decided::retire;
 pub use kube_io::write_status;
 
@@ -273,9 +274,15 @@ pub async fn complete_claim(
         return Ok(());
     }
 
-    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them.
+    // 5. Replace (G5): the old runs' tokens are below the fence now; stop them. Without a fence
+    //    (no backstop, or an Efficiency run without its claim) nothing refuses their writes:
+    //    the new run waits until their Jobs, deleted in the foreground, are gone with their pods.
     for old in &claim.replaces {
         create::delete_replaced(ctx, &ns, old).await?;
+    }
+    let fenced = matches!(db, Availability::Ready(_)) && !backstop_skipped;
+    if !fenced && !Box::pin(create::replaced_gone(ctx, &fresh, &claim, db)).await? {
+        return Ok(());
     }
 
     // 6. Create (G1), suspended.
@@ -290,11 +297,11 @@ pub async fn complete_claim(
     claim.job_uid = Some(uid.clone());
     let status = confirm::status_after_confirm(&fresh, &claim, backstop_skipped);
     // The task keeps only what its write needs: in a burst many of them wait in a lane.
-    let keep_suspended = create::keeps_suspended(&fresh);
+    let admission = create::admission(&fresh);
     let mut fresh = fresh;
     fresh.status = None;
     crate::context::slim_sj(&mut fresh);
-    confirm::spawn(ctx, fresh, status, claim, uid, keep_suspended);
+    confirm::spawn(ctx, fresh, status, claim, uid, admission);
     Ok(())
 }
 

@@ -221,7 +221,7 @@ fn confirming() -> (
         status,
         claim.clone(),
         "job-uid".into(),
-        false,
+        super::Admission::Controller,
     );
     (ctx, handle, done, sj, claim)
 }
@@ -258,9 +258,10 @@ async fn assert_resume(req: Request<Body>, uid: &str) {
         serde_json::json!([
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "test", "path": "/spec/suspend", "value": true},
+            {"op": "add", "path": "/metadata/annotations/singleton.dev~1released", "value": "7"},
             {"op": "replace", "path": "/spec/suspend", "value": false},
         ]),
-        "only that object, never another Job of its name"
+        "only that object, never another Job of its name; marked released by the same patch"
     );
 }
 
@@ -538,6 +539,16 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
         let gone = serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": "hello-1800000000", "namespace": "ns", "uid": "job-uid"}});
         respond(send, 200, serde_json::to_vec(&gone).unwrap());
+        // Without a backstop nothing fences the replaced run: the new Job waits until the old
+        // one (deleted in the foreground, with its pods) is gone (F13).
+        let (req, send) = next(&mut handle, "the check that the replaced Job is gone").await;
+        assert_eq!(req.method(), http::Method::GET);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+        );
+        let not_found = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+        respond(send, 404, serde_json::to_vec(&not_found).unwrap());
         let (req, send) = next(&mut handle, "the create").await;
         assert_eq!(req.method(), http::Method::POST);
         let mut job: serde_json::Value =
@@ -549,6 +560,7 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
                 .as_array()
                 .unwrap()
                 .iter()
+                .filter(|e| e.get("value").is_some())
                 .map(|e| {
                     let s = |k: &str| e[k].as_str().unwrap().to_string();
                     (s("name"), s("value"))
@@ -609,4 +621,70 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
         ("hello-1800000000-r8", 8)
     );
     assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
+}
+
+/// F2: a Job the API server returns not suspended (a mutating webhook cleared `spec.suspend` at
+/// create) is never confirmed or resumed: the period is decided Failed/JobNotSuspended (the claim
+/// cleared) with an Event, then the Job is deleted by uid with its pods (foreground).
+#[tokio::test]
+async fn a_job_created_running_is_deleted_and_its_period_decided() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Arc::new(context(kube::Client::new(svc, "ns")));
+    let (sj, claim) = claimed();
+    let mut claim = claim;
+    claim.job_uid = None;
+    let server = async {
+        let (req, send) = next(&mut handle, "the create").await;
+        assert_eq!(req.method(), http::Method::POST);
+        let mut job: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(job["spec"]["suspend"], true, "sent suspended");
+        // The webhook's doing.
+        job["spec"]["suspend"] = false.into();
+        job["metadata"]["uid"] = "mutated-uid".into();
+        respond(send, 201, serde_json::to_vec(&job).unwrap());
+        let (req, send) = next(&mut handle, "the decision").await;
+        assert_eq!(
+            req.method(),
+            http::Method::PUT,
+            "a status write, never a resume"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        let st = &body["status"];
+        assert!(st.get("pendingClaim").is_none(), "{st}");
+        assert_eq!(st["history"][0]["outcome"], "Failed");
+        assert_eq!(st["history"][0]["reason"], "JobNotSuspended");
+        respond(send, 200, serde_json::to_vec(&body).unwrap());
+        let (req, send) = next(&mut handle, "the Event").await;
+        assert!(req.uri().path().ends_with("/events"), "{}", req.uri());
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["reason"], "JobNotSuspended");
+        respond(send, 201, serde_json::to_vec(&body).unwrap());
+        // Only once the claim is decided does the Job go: deleted first, its name would be free
+        // for a replica completing the still-pending claim with a second Job of the period.
+        let (req, send) = next(&mut handle, "the delete").await;
+        assert_eq!(req.method(), http::Method::DELETE);
+        assert_eq!(
+            req.uri().path(),
+            "/apis/batch/v1/namespaces/ns/jobs/hello-1800000000"
+        );
+        let body: serde_json::Value =
+            serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["preconditions"]["uid"], "mutated-uid");
+        assert_eq!(body["propagationPolicy"], "Foreground");
+        respond(send, 200, serde_json::to_vec(&job).unwrap());
+    };
+    let (completed, ()) = tokio::join!(
+        complete_claim(
+            &ctx,
+            &sj,
+            claim,
+            &Availability::NotConfigured,
+            Source::OwnWrite
+        ),
+        server
+    );
+    completed.expect("decided");
 }

@@ -24,6 +24,9 @@ pub struct Schedule {
     /// At least one, all in the same time zone.
     parts: Vec<Single>,
     exclusions: Option<Exclusions>,
+    /// With `NextAllowedDay`: only instants after this are moved; an excluded day's instants at
+    /// or before it are dropped (see [`Schedule::with_shift_floor`]).
+    shift_floor: Option<Timestamp>,
 }
 
 impl From<Single> for Schedule {
@@ -31,6 +34,7 @@ impl From<Single> for Schedule {
         Schedule {
             parts: vec![single],
             exclusions: None,
+            shift_floor: None,
         }
     }
 }
@@ -65,12 +69,23 @@ impl Schedule {
         Ok(Schedule {
             parts,
             exclusions: None,
+            shift_floor: None,
         })
     }
 
     /// The same schedule with days excluded (none if `exclusions` is empty).
     pub fn with_exclusions(mut self, exclusions: Exclusions) -> Schedule {
         self.exclusions = (!exclusions.is_empty()).then_some(exclusions);
+        self
+    }
+
+    /// The same schedule where instants at or before `floor` are never moved to a later day
+    /// (`NextAllowedDay`): on an excluded day they are dropped. A schedule or exclusions edit sets
+    /// it to the edit's cursor: an instant that was due before the edit was decided under the old
+    /// rules (it ran, or was recorded), and moving it past the edit would run its business period
+    /// a second time under a new identity (F9), or fire it retroactively.
+    pub fn with_shift_floor(mut self, floor: Option<Timestamp>) -> Schedule {
+        self.shift_floor = floor;
         self
     }
 
@@ -232,6 +247,7 @@ impl Schedule {
         let end = day.tomorrow().ok().and_then(|d| self.start_of(d));
         let on_day = move |t: &Timestamp| end.is_none_or(|end| *t < end);
         let from = first.checked_sub(ONE_NANO).unwrap_or(first);
+        let from = self.shift_floor.map_or(from, |f| from.max(f));
         if !(self.plain(day) && self.plain(to)) {
             let mut moved: Vec<Timestamp> = self
                 .merged_after(from)

@@ -6,12 +6,19 @@
 //!
 //! ```text
 //! 1. Read the run: SINGLETON_JOB, SINGLETON_PERIOD, SINGLETON_FENCING_TOKEN,
-//!    SINGLETON_IDEMPOTENCY_KEY (set by the controller on every container of a run).
-//! 2. Work (BILLING_WORK_SECONDS, 0 by default): what takes time before the writes.
-//! 3. BEGIN; SELECT singleton_fence(job, token): refused (SQLSTATE SF001, SF002, SF003) unless
-//!    this run's token is the job's current one; holds the fence row's lock until COMMIT.
-//! 4. The writes, keyed by (period, customer), so a retry of this same run changes nothing.
-//! 5. COMMIT.
+//!    SINGLETON_IDEMPOTENCY_KEY and SINGLETON_ATTEMPT (the pod's uid), set by the controller on
+//!    every container of a run.
+//! 2. Register this pod as the run's newest attempt: SELECT singleton_attempt(job, token,
+//!    attempt), in a transaction of its own. From then on no older pod of this run (one whose
+//!    node stopped answering, say) commits a fenced write.
+//! 3. Work (BILLING_WORK_SECONDS, 0 by default): what takes time before the writes.
+//! 4. BEGIN; SELECT singleton_fence(job, token, attempt): refused (SQLSTATE SF001 to SF004)
+//!    unless this run's token is the job's current one and this pod its newest attempt; holds
+//!    the fence row's lock until COMMIT.
+//! 5. The writes: the invoices, keyed by (period, customer), so a retry changes nothing; and one
+//!    row in run_attempts, the run's ledger entry, which is not idempotent on purpose (as a
+//!    debit of a balance is not): only the fence keeps two pods of the run from both making it.
+//! 6. COMMIT.
 //! ```
 
 use std::fmt;
@@ -51,9 +58,9 @@ impl Error {
     }
 }
 
-/// The SQLSTATEs of `singleton_fence()`: stale token, caller not entitled to the job, token
-/// never issued (docs/fencing.md).
-const FENCE_SQLSTATES: [&str; 3] = ["SF001", "SF002", "SF003"];
+/// The SQLSTATEs of `singleton_fence()` and `singleton_attempt()`: stale token, caller not
+/// entitled to the job, token never issued, attempt superseded (docs/fencing.md).
+const FENCE_SQLSTATES: [&str; 4] = ["SF001", "SF002", "SF003", "SF004"];
 
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
@@ -104,6 +111,11 @@ pub struct Args {
     /// hold a run open).
     #[arg(long, env = "BILLING_WORK_SECONDS", default_value_t = 0)]
     pub work_seconds: u64,
+    /// This attempt's id: the pod's uid, which the controller passes on every container. Without
+    /// it the run is fenced by its token alone (`singleton_fence(job, token)`), which cannot tell
+    /// two pods of one run apart.
+    #[arg(long, env = "SINGLETON_ATTEMPT")]
+    pub attempt: Option<String>,
 }
 
 /// A run that committed.
@@ -112,6 +124,8 @@ pub struct Committed {
     pub job: String,
     pub period: Timestamp,
     pub token: u64,
+    /// This attempt and its number in the run (1 for the run's first pod), when it registered.
+    pub attempt: Option<(String, i32)>,
     /// Invoices of the period in the table after the commit (this run's and any earlier run's of
     /// the same period).
     pub invoices: i64,
@@ -123,7 +137,11 @@ impl fmt::Display for Committed {
             f,
             "committed {} invoice(s) for {} period {} under fencing token {}",
             self.invoices, self.job, self.period, self.token
-        )
+        )?;
+        if let Some((attempt, seq)) = &self.attempt {
+            write!(f, ", attempt #{seq} ({attempt})")?;
+        }
+        Ok(())
     }
 }
 
@@ -143,6 +161,22 @@ pub async fn run(args: Args) -> Result<Committed> {
         "invoice run for {}, period {}, fencing token {}",
         args.job, args.period, args.token
     );
+    let attempt = match args.attempt.as_deref().filter(|a| !a.trim().is_empty()) {
+        Some(id) => {
+            let register = attempt_function(&fence)?;
+            let client = connect(&args.database_url, args.sslrootcert.as_deref()).await?;
+            let seq: i32 = client
+                .query_one(
+                    &format!("SELECT {register}($1, $2, $3)"),
+                    &[&args.job, &token, &id],
+                )
+                .await?
+                .get(0);
+            println!("registered as attempt #{seq} ({id}) of this run");
+            Some((id.to_string(), seq))
+        }
+        None => None,
+    };
     if args.work_seconds > 0 {
         println!(
             "working for {} s before the fenced writes",
@@ -151,23 +185,42 @@ pub async fn run(args: Args) -> Result<Committed> {
         tokio::time::sleep(Duration::from_secs(args.work_seconds)).await;
     }
     let mut client = connect(&args.database_url, args.sslrootcert.as_deref()).await?;
-    let invoices = invoice(&mut client, &fence, &args, token).await?;
+    let invoices = invoice(&mut client, &fence, &args, token, attempt.as_ref()).await?;
     Ok(Committed {
         job: args.job,
         period: args.period,
         token: args.token,
+        attempt,
         invoices,
     })
 }
 
-/// Steps 3 to 5: one transaction, fenced first.
-async fn invoice(client: &mut Client, fence: &str, args: &Args, token: i64) -> Result<i64> {
+/// Steps 4 to 6: one transaction, fenced first. Returns the period's invoices.
+async fn invoice(
+    client: &mut Client,
+    fence: &str,
+    args: &Args,
+    token: i64,
+    attempt: Option<&(String, i32)>,
+) -> Result<i64> {
     let tx = client.transaction().await?;
-    // 3. The fence, first. A function name cannot be a parameter; it was checked to be a plain
+    // 4. The fence, first. A function name cannot be a parameter; it was checked to be a plain
     //    identifier.
-    tx.execute(&format!("SELECT {fence}($1, $2)"), &[&args.job, &token])
-        .await?;
-    // 4. The writes. The natural key (period, customer) makes a retry of this run a no-op.
+    match attempt {
+        Some((id, _)) => {
+            tx.execute(
+                &format!("SELECT {fence}($1, $2, $3)"),
+                &[&args.job, &token, id],
+            )
+            .await?
+        }
+        None => {
+            tx.execute(&format!("SELECT {fence}($1, $2)"), &[&args.job, &token])
+                .await?
+        }
+    };
+    let count = "SELECT count(*) FROM invoices WHERE period = $1";
+    // 5. The writes. The natural key (period, customer) makes a retry of this run a no-op.
     tx.execute(
         "INSERT INTO invoices (period, customer, amount_cents, fencing_token, idempotency_key)
          SELECT $1, customer, monthly_cents, $2, $3 || '/' || customer FROM customers
@@ -176,25 +229,41 @@ async fn invoice(client: &mut Client, fence: &str, args: &Args, token: i64) -> R
     )
     .await?;
     // The conditional-update pattern, for stores without a fence function.
+    let id = attempt.map(|(id, _)| id.as_str());
     tx.execute(
-        "INSERT INTO invoice_runs AS r (period, token, invoices)
-         SELECT $1, $2, count(*) FROM invoices WHERE period = $1
+        "INSERT INTO invoice_runs AS r (period, token, invoices, attempt)
+         SELECT $1, $2, count(*), $3 FROM invoices WHERE period = $1
          ON CONFLICT (period) DO UPDATE
-           SET token = EXCLUDED.token, invoices = EXCLUDED.invoices, finished_at = now()
+           SET token = EXCLUDED.token, invoices = EXCLUDED.invoices, finished_at = now(),
+               attempt = EXCLUDED.attempt
            WHERE r.token <= EXCLUDED.token",
-        &[&args.period, &token],
+        &[&args.period, &token, &id],
     )
     .await?;
-    let n: i64 = tx
-        .query_one(
-            "SELECT count(*) FROM invoices WHERE period = $1",
-            &[&args.period],
-        )
-        .await?
-        .get(0);
-    // 5. Everything above commits, or nothing does.
+    // The run's ledger entry: which attempt (pod) committed, at the database's time. Not
+    // idempotent on purpose, as a debit is not: a second pod of the run committing would add a
+    // second row. The chaos suite counts these rows per period.
+    tx.execute(
+        "INSERT INTO run_attempts (period, token, attempt, seq) VALUES ($1, $2, $3, $4)",
+        &[&args.period, &token, &id, &attempt.map(|(_, seq)| *seq)],
+    )
+    .await?;
+    let n: i64 = tx.query_one(count, &[&args.period]).await?.get(0);
+    // 6. Everything above commits, or nothing does.
     tx.commit().await?;
     Ok(n)
+}
+
+/// The registration function beside the fence function `fence` (`<p>fence` → `<p>attempt`).
+fn attempt_function(fence: &str) -> Result<String> {
+    fence
+        .strip_suffix("fence")
+        .map(|prefix| format!("{prefix}attempt"))
+        .ok_or_else(|| {
+            Error::Input(format!(
+                "fence function {fence:?} does not end in `fence`: cannot name its attempt function"
+            ))
+        })
 }
 
 /// `name` if it is a plain SQL identifier (letters, digits, `_`, `$`; not starting with a digit).

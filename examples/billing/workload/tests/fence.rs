@@ -85,7 +85,38 @@ impl World {
             idempotency_key: format!("key-{period}"),
             fence_function: format!("{}fence", self.prefix),
             work_seconds: 0,
+            attempt: None,
         }
+    }
+
+    /// The same settings as attempt (pod) `id`, working `work` seconds before its writes.
+    fn attempt(&self, period: Timestamp, token: u64, id: &str, work: u64) -> Args {
+        Args {
+            attempt: Some(id.into()),
+            work_seconds: work,
+            ..self.args(period, token)
+        }
+    }
+
+    /// The attempts that committed the period's writes (`run_attempts`), in commit order.
+    async fn committed_attempts(&self, period: Timestamp) -> Vec<String> {
+        let (client, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .query(
+                &format!(
+                    "SELECT attempt FROM {}.run_attempts WHERE period = $1 ORDER BY committed_at",
+                    self.schema
+                ),
+                &[&period],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
     }
 
     async fn claim(&self, period: Timestamp, token: u64) {
@@ -242,4 +273,73 @@ async fn the_binary_prints_its_run_and_exits_3_when_fenced_out() {
         assert!(err.contains(says), "{var}={value}: {err}");
     }
     assert!(w.invoices(feb).await.is_empty());
+}
+
+/// F1 with the example's own workload: a pod of a run that works while its replacement starts
+/// (its node stopped answering, say) is fenced out by the replacement's registration; only the
+/// replacement commits the period's writes, once.
+#[tokio::test]
+async fn an_older_pod_of_the_run_commits_nothing_once_its_replacement_registered() {
+    let w = World::new("att").await;
+    let jan = period("2025-01-01T02:00:00Z");
+    w.claim(jan, 1).await;
+    let old = tokio::spawn(billing_workload::run(w.attempt(jan, 1, "pod-a", 2)));
+    // The old pod has registered and works; the replacement starts, registers and commits.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let new = billing_workload::run(w.attempt(jan, 1, "pod-b", 0))
+        .await
+        .unwrap();
+    assert_eq!(new.attempt, Some(("pod-b".to_string(), 2)));
+    let e = old.await.unwrap().unwrap_err();
+    assert_eq!(sqlstate(&e), "SF004", "{e}");
+    assert_eq!(e.exit_code(), 3);
+    assert_eq!(w.committed_attempts(jan).await, ["pod-b"]);
+    assert_eq!(w.invoices(jan).await, vec![1, 1, 1]);
+}
+
+/// The psql-only example (examples/billing/invoice-run.sh) registers its attempt and fences with
+/// it as the Rust workload does: it commits as the newest attempt, and once a newer attempt of
+/// the run registered it is refused and commits nothing.
+#[tokio::test]
+async fn the_psql_script_registers_its_attempt_and_is_fenced_out_by_a_newer_one() {
+    let w = World::new("sh").await;
+    let jan = period("2025-01-01T02:00:00Z");
+    w.claim(jan, 1).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../invoice-run.sh");
+    let run = |attempt: &str| {
+        let args = w.args(jan, 1);
+        Command::new("sh")
+            .arg(script)
+            .env("DATABASE_URL", &args.database_url)
+            .env("SINGLETON_JOB", &args.job)
+            .env("SINGLETON_PERIOD", args.period.to_string())
+            .env("SINGLETON_FENCING_TOKEN", "1")
+            .env("SINGLETON_IDEMPOTENCY_KEY", &args.idempotency_key)
+            .env("SINGLETON_ATTEMPT", attempt)
+            .env("BILLING_TABLE_PREFIX", &w.prefix)
+            .output()
+            .unwrap()
+    };
+    let ok = run("pod-a");
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(out.contains("registered as attempt #1"), "{out}");
+    assert!(
+        out.contains("committed 3 invoice(s) under fence 1"),
+        "{out}"
+    );
+    // A newer attempt registers and commits; the older one, running again, is refused before
+    // any write.
+    billing_workload::run(w.attempt(jan, 1, "pod-b", 0))
+        .await
+        .unwrap();
+    let stale = run("pod-a");
+    let err = String::from_utf8_lossy(&stale.stderr);
+    assert!(!stale.status.success());
+    assert!(err.contains("superseded"), "{err}");
+    assert_eq!(w.committed_attempts(jan).await, ["pod-a", "pod-b"]);
 }
