@@ -1,5 +1,9 @@
 # Developer entry points. Each target is a thin wrapper over hack/*.sh or cargo, so a developer and CI
 # (.ci/run = `make test`) run the same steps. Variables can be overridden: `make e2e E2E_THREADS=1`.
+# A recipe gets a tool as the scripts do (need_tool in hack/lib.sh): `helm=$$(hack/tool.sh helm)`
+# prints the path of a verified helm, building it first on a fresh machine; hack/tool-uses-test.sh
+# (make lint) fails on a recipe or script that runs a tool it did not obtain.
+# `make test` times its stages (hack/timed.sh) and prints the table at the end.
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 # One shell per recipe, so traps and variables span the whole recipe (e2e's teardown needs that).
@@ -10,31 +14,31 @@ CARGO ?= cargo
 E2E_THREADS ?= 4
 CRD_FILE ?= crds/singletonjob.yaml
 CALENDAR_CRD_FILE ?= crds/singletoncalendar.yaml
-KUBECTL ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/kubernetes-$$K8S_VERSION/kubectl")
-HELM ?= $(shell . hack/versions.sh && echo "$$TOOLS_DIR/helm-$$HELM_VERSION/helm")
 CHART_DIR ?= charts/singleton-controller
 # The chart's copy of the CRD (a chart cannot read files outside itself): `make crds` writes it,
 # `make chart` fails when it differs from $(CRD_FILE).
 CHART_CRD := $(CHART_DIR)/files/singletonjob.yaml
 CHART_CALENDAR_CRD := $(CHART_DIR)/files/singletoncalendar.yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+# Runs a step as a timed stage of `make test` (a plain run outside it).
+TIMED := hack/timed.sh
 
 .PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool and cargo-deny (cached in ~/.cache/singleton-controller, checked by hash)'
+	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
 	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only) and PostgreSQL (no-op when already up)'
 	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
 	echo 'make image    build the controller and billing-workload images with buildah (no Docker) and import them into the real node'
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, cargo deny, clippy, rustdoc links, the image context, the CRD drift check and the alert rules (promtool)'
+	echo 'make lint     rustfmt, cargo deny, clippy, rustdoc links, the image context, the CRD drift check, the alert rules (promtool) and that every tool a script runs is obtained first'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
-	echo 'make test     lint + unit + e2e (what CI runs)'
+	echo 'make test     lint + chart + unit + e2e (what CI runs), then a table of how long each stage took'
 	echo 'make demo     the chart on the real node (images built locally) running the billing example every 10 s, namespace singleton-demo (examples/hello.yaml on kwok with SINGLETON_REAL_NODE=0)'
 	echo 'make demo-stop  stop the demo controller (helm uninstall; make down stops everything)'
 	echo 'make demo-dr  disaster recovery: two clusters (west primary, east standby) sharing one PostgreSQL, west'"'"'s API server stopped mid-demo, east carrying on; ends with a verdict (~2 min; own ports, runs beside make up; stops what it started, DEMO_DR_KEEP=1 keeps it)'
@@ -70,16 +74,18 @@ crds:
 	cat "$$tmp" > $(CHART_CALENDAR_CRD)
 
 lint:
-	$(CARGO) fmt --all -- --check
+	$(TIMED) rustfmt $(CARGO) fmt --all -- --check
+	# Every tool the scripts, this Makefile and .ci/run run is obtained first (builds shfmt).
+	$(TIMED) tool-uses hack/tool-uses-test.sh
 	# Dependencies: licenses, duplicate versions, sources (offline); advisories where reachable.
-	hack/deny.sh
+	$(TIMED) cargo-deny hack/deny.sh
 	# The cached Go-built tools match the hashes committed in hack/tools/SHA256SUMS.
-	hack/tools-test.sh
+	$(TIMED) tool-hashes hack/tools-test.sh
 	# The chart's alert rules: promtool check and unit tests (builds promtool on first use).
-	hack/rules-test.sh
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	RUSTDOCFLAGS='-D warnings' $(CARGO) doc --workspace --no-deps -q
-	CARGO_TARGET_DIR=$(TARGET_DIR) hack/image-context.sh
+	$(TIMED) alert-rules hack/rules-test.sh
+	$(TIMED) clippy $(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS='-D warnings' $(TIMED) rustdoc $(CARGO) doc --workspace --no-deps -q
+	CARGO_TARGET_DIR=$(TARGET_DIR) $(TIMED) image-context hack/image-context.sh
 	tmp=$$(mktemp); trap 'rm -f "$$tmp"' EXIT
 	for pair in job:$(CRD_FILE) calendar:$(CALENDAR_CRD_FILE); do
 	  $(CARGO) run -q -p singleton-controller --bin crdgen "$${pair%%:*}" > "$$tmp"
@@ -90,24 +96,25 @@ lint:
 	done
 
 chart:
-	# A fresh machine has no helm yet: build it (a no-op when cached).
-	hack/build-tools.sh helm
+	# A fresh machine has no helm yet: hack/tool.sh builds it (a hash check when cached).
+	helm=$$(hack/tool.sh helm)
 	for pair in $(CRD_FILE):$(CHART_CRD) $(CALENDAR_CRD_FILE):$(CHART_CALENDAR_CRD); do
 	  if ! diff -u --label "$${pair%%:*}" --label "$${pair#*:}" "$${pair%%:*}" "$${pair#*:}"; then
 	    echo "$${pair#*:} differs from $${pair%%:*}: run 'make crds' (it writes both)" >&2
 	    exit 1
 	  fi
 	done
-	"$(HELM)" lint --strict $(CHART_DIR)
-	"$(HELM)" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true \
+	"$$helm" lint --strict $(CHART_DIR)
+	"$$helm" lint --strict $(CHART_DIR) --set 'watchNamespaces={team-a}' --set metrics.serviceMonitor.enabled=true \
 	  --set networkPolicy.enabled=true --set 'networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}' --set metrics.tlsSecret=metrics-tls
-	HELM="$(HELM)" $(CARGO) test -p e2e --test chart_render
+	HELM=$$helm $(CARGO) test -p e2e --test chart_render
 
 # The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).
 unit:
 	hack/postgres.sh up >/dev/null
 	export DATABASE_URL=$$(hack/postgres.sh url)
-	$(CARGO) test --workspace --exclude e2e
+	# A row per test binary in `make test`'s table.
+	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e
 
 # The start of the e2e and chaos recipes (one shell each, .ONESHELL): the cluster up, the
 # controller built, the CRD installed, the environment the tests read exported. Tear down
@@ -117,29 +124,36 @@ started=
 if ! hack/cluster.sh status >/dev/null 2>&1; then started=1; fi
 trap 'if [ -n "$$started" ]; then hack/cluster.sh down; fi' EXIT
 trap 'exit 130' INT TERM
-if [ -n "$$started" ]; then hack/cluster.sh up; fi
-$(CARGO) build -p singleton-controller --bins --features failpoints
+if [ -n "$$started" ]; then $(TIMED) "cluster up" hack/cluster.sh up; fi
+$(TIMED) "controller build" $(CARGO) build -p singleton-controller --bins --features failpoints
 # The images the real node's tests run (tests/real_node.rs), when the real node runs.
-if hack/node.sh status >/dev/null 2>&1; then hack/image.sh; fi
-eval "$$(hack/cluster.sh env)"
+if hack/node.sh status >/dev/null 2>&1; then $(TIMED) images hack/image.sh; fi
+env=$$(hack/cluster.sh env)
+eval "$$env"
 export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
-export KUBECTL="$(KUBECTL)" HELM="$(HELM)"
-"$(KUBECTL)" apply --server-side -f crds/
-"$(KUBECTL)" wait --for=condition=Established --timeout=60s -f crds/
+# The tests run these (e2e/src/commands.rs), the chart's tests helm.
+KUBECTL=$$(hack/tool.sh kubectl)
+HELM=$$(hack/tool.sh helm)
+export KUBECTL HELM
+"$$KUBECTL" apply --server-side -f crds/
+"$$KUBECTL" wait --for=condition=Established --timeout=60s -f crds/
 # Each test deletes its namespace; this catches those a crashed test left behind. The second
 # control plane the multi-cluster tests start (e2e/src/multicluster.rs) is stopped in any case.
-trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$(KUBECTL)" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 
+# In `make test`'s table: a row per test binary (each binary's own time; they run one after
+# another, their tests in parallel) and per chaos scenario.
 e2e:
 	$(CLUSTER_FOR_TESTS)
-	$(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite --skip demo_dr
+	$(TIMED) --suites "tests ($(E2E_THREADS) threads)" \
+	  $(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite --skip demo_dr
 	# make demo-dr in CI form (about 2 min): two more control planes of its own, so alone.
-	$(CARGO) test -p e2e --test demo_dr -- --nocapture
+	$(TIMED) demo_dr $(CARGO) test -p e2e --test demo_dr -- --nocapture
 	# The chaos suite's short form last and alone: it restarts the API server, etcd and PostgreSQL
-	# under everyone's feet.
-	CHAOS_REPORT=$(TARGET_DIR)/chaos/short.md $(CARGO) test -p e2e --test chaos
-	cat $(TARGET_DIR)/chaos/short.md
+	# under everyone's feet. --nocapture: its progress (a line per scenario) and its table.
+	CHAOS_REPORT=$(TARGET_DIR)/chaos/short.md $(TIMED) --chaos "chaos (short)" \
+	  $(CARGO) test -p e2e --test chaos -- --nocapture
 
 # The fault-injection suite, full length (docs/reliability.md). Like e2e, it starts the cluster
 # when it is not running and then stops it again; the table is printed and kept in $(CHAOS_REPORT).
@@ -148,16 +162,24 @@ chaos:
 	$(CLUSTER_FOR_TESTS)
 	rm -f "$(CHAOS_REPORT)"
 	rc=0
-	CHAOS=full CHAOS_REPORT="$(CHAOS_REPORT)" $(CARGO) test -p e2e --test chaos -- --nocapture || rc=$$?
+	CHAOS=full CHAOS_REPORT="$(CHAOS_REPORT)" $(TIMED) --chaos "chaos (full)" \
+	  $(CARGO) test -p e2e --test chaos -- --nocapture || rc=$$?
 	if [ -s "$(CHAOS_REPORT)" ]; then echo; cat "$(CHAOS_REPORT)"; echo "(kept in $(CHAOS_REPORT))"; fi
 	exit $$rc
 
-# Sub-makes rather than prerequisites, so the order holds under `make -j` too.
+# Sub-makes rather than prerequisites, so the order holds under `make -j` too. Each is a timed
+# stage (hack/timed.sh); the table of them is printed at the end, also when one fails. A caller
+# that collects its own table (.ci/run: make demo's row too) has set SINGLETON_STAGES and prints it.
 test:
-	$(MAKE) --no-print-directory lint
-	$(MAKE) --no-print-directory chart
-	$(MAKE) --no-print-directory unit
-	$(MAKE) --no-print-directory e2e
+	if [ -z "$${SINGLETON_STAGES:-}" ]; then
+	  export SINGLETON_STAGES=$(TARGET_DIR)/stages.tsv
+	  $(TIMED) reset
+	  trap '$(TIMED) report' EXIT
+	fi
+	$(TIMED) lint $(MAKE) --no-print-directory lint
+	$(TIMED) chart $(MAKE) --no-print-directory chart
+	$(TIMED) unit $(MAKE) --no-print-directory unit
+	$(TIMED) e2e $(MAKE) --no-print-directory e2e
 
 demo:
 	hack/demo.sh

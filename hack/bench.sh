@@ -22,8 +22,8 @@ LOG_TAG=bench
 STATE=$REPO/.cache/cluster
 WORK=$REPO/.cache/bench
 AUDIT_LOG=$WORK/audit.log
-K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
 mkdir -p "$WORK"
+need_tool openssl kubectl free
 
 export SINGLETON_APISERVER_EXTRA_ARGS="--audit-policy-file=$REPO/bench/audit-policy.yaml --audit-log-path=$AUDIT_LOG --audit-log-format=json --audit-log-maxsize=0 --audit-log-maxbackup=0"
 export SINGLETON_KCM_EXTRA_ARGS="--controllers=cronjob,job"
@@ -80,19 +80,19 @@ KC
 )
 
 # The controller is measured as it ships: a release build.
-cargo build -q --release -p singleton-controller --bin singleton-controller
-cargo build -q --release -p bench
-eval "$("$REPO/hack/cluster.sh" env)"
-"$K8S_BIN/kubectl" apply --server-side -f "$REPO/crds/" >/dev/null
-"$K8S_BIN/kubectl" wait --for=condition=Established --timeout=60s -f "$REPO/crds/" >/dev/null
+controller=$(tool_path --release singleton-controller)
+bench=$(tool_path --release bench)
+env=$("$REPO/hack/cluster.sh" env)
+eval "$env"
+kubectl apply --server-side -f "$REPO/crds/" >/dev/null
+kubectl wait --for=condition=Established --timeout=60s -f "$REPO/crds/" >/dev/null
 
-target=${CARGO_TARGET_DIR:-$REPO/target}
 machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs, $(free -g | awk '/^Mem:/{print $2}') GiB RAM, $(uname -sr); Kubernetes $K8S_VERSION, etcd $ETCD_VERSION (--unsafe-no-fsync), kwok $KWOK_VERSION"
 BENCH_MACHINE=$machine \
-BENCH_CONTROLLER_BIN=${BENCH_CONTROLLER_BIN:-$target/release/singleton-controller} \
+BENCH_CONTROLLER_BIN=${BENCH_CONTROLLER_BIN:-$controller} \
 BENCH_CONTROLLER_KUBECONFIG=$CTL_KUBECONFIG \
 BENCH_AUDIT_LOG=$AUDIT_LOG \
 BENCH_KCM_PIDFILE=$STATE/pids/kube-controller-manager.pid \
 BENCH_WORK=$WORK \
 BENCH_OUT=${BENCH_OUT:-$REPO/bench/results} \
-  "$target/release/bench"
+  "$bench"

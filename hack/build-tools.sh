@@ -9,10 +9,16 @@
 # line: a fresh build must match it before it enters the cache, and a cached binary is checked
 # against it every time it is about to be used (a corrupted or replaced cache entry is refused).
 #
-# Usage: hack/build-tools.sh [tool ...]        build (or verify) these tools (default: all)
+# Usage: hack/build-tools.sh [tool ...]        build (or verify) these tools (default: all); a
+#                                              tool:bin,... hashes only those binaries of the tool
+#                                              (hack/lib.sh need_tool: what the caller will run)
 #        hack/build-tools.sh pin tool ...      after bumping a version in hack/versions.sh:
 #                                              regenerate hack/tools/<tool>/, build, record hashes
 #        hack/build-tools.sh verify [tool ...] check cached binaries only (no build)
+#
+# Scripts do not call this directly for a tool they run: they call need_tool (hack/lib.sh) or
+# hack/tool.sh, which call this and put the tool on PATH. A build says what it builds and how long
+# it usually takes, then every minute how far it got; nothing is printed when the tool is cached.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=SCRIPTDIR/versions.sh
@@ -21,6 +27,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
+command -v go >/dev/null 2>&1 \
+  || die "go is missing: Go >= 1.26 is a prerequisite (README.md, Prerequisites)"
 
 # quiet <cmd...>: hides the chatter of a successful step, shows it all when the step fails.
 quiet() {
@@ -32,6 +40,78 @@ quiet() {
 WORKDIRS=()
 trap 'rm -rf "${WORKDIRS[@]}"' EXIT
 newwork() { mktemp -d "$TOOLS_DIR/.$1-work.XXXX"; }
+
+# --- progress ---------------------------------------------------------------------------------------
+# usual <tool>: how long its build usually takes on this project's 2-core machine with Go's build
+# and module caches empty, in the order `make demo` builds them (each reusing what the earlier ones
+# compiled). Measured there while other builds shared the cores (README.md, "Measured"), so an idle
+# machine is faster.
+usual() {
+  case $1 in
+    etcd) echo "~1 min" ;;
+    kubernetes) echo "~17 min" ;;
+    kwok) echo "~5 min" ;;
+    kubelet) echo "~4 min" ;;
+    containerd) echo "~2 min" ;;
+    crictl) echo "~2 min" ;;
+    helm) echo "~5 min" ;;
+    promtool) echo "~6 min" ;;
+    cargo-deny) echo "~5 min" ;;
+    shfmt) echo "~1 min" ;;
+    *) echo "a few minutes" ;;
+  esac
+}
+fmt_secs() { if [ "$1" -ge 60 ]; then printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); else printf '%ds' "$1"; fi; }
+
+# building <tool> <version>: announces a build and starts its clock; built <tool>: its time.
+building() {
+  BUILD_T0=$SECONDS BUILD_UNITS=
+  log "building $1 $2: usually $(usual "$1") on 2 cores from nothing, less with Go's build cache warm; progress every minute"
+}
+built() { log "built $1 in $(fmt_secs $((SECONDS - BUILD_T0)))${BUILD_UNITS:+ ($BUILD_UNITS)}"; }
+
+# units <packages|crates> <output file>: how many a build compiled so far: `go build -v` names each
+# package it compiles (those in Go's build cache are not), cargo says "Compiling" per crate.
+units() {
+  case $1 in
+    packages) grep -cvE '^#|[[:space:]]' "$2" || true ;;
+    crates) grep -cE '^[[:space:]]*Compiling ' "$2" || true ;;
+  esac
+}
+
+# watch_build <tool> <packages|crates> <total or ''> <cmd...>: runs a build in the background, its
+# output in a file, saying every minute how long it has run and how much it compiled; the output
+# is shown only when the build fails.
+watch_build() {
+  local tool=$1 unit=$2 total=$3 out pid rc=0 next=$((SECONDS + 60)); shift 3
+  out=$(mktemp "$TOOLS_DIR/.$tool-out.XXXX"); WORKDIRS+=("$out")
+  "$@" >"$out" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    [ $SECONDS -ge $next ] || continue
+    next=$((SECONDS + 60))
+    log "  $tool: $(fmt_secs $((SECONDS - BUILD_T0))) so far (usually $(usual "$tool")), $(units "$unit" "$out")${total:+ of $total} $unit compiled"
+  done
+  wait "$pid" || rc=$?
+  if [ "$rc" != 0 ]; then cat "$out" >&2; log "failed: $tool ($*)"; return "$rc"; fi
+  BUILD_UNITS="$(units "$unit" "$out")${total:+ of $total} $unit compiled, the rest from Go's build cache"
+  [ "$unit" = packages ] || BUILD_UNITS="$(units "$unit" "$out") $unit compiled"
+}
+
+# gobuild <tool> <module dir> <output> <ldflags> <tags> <package...>: `go build -v -mod=readonly
+# -trimpath` in the module dir, watched. The packages it needs are listed first (on a fresh machine
+# that is when their modules are downloaded), which gives the progress its total.
+gobuild() {
+  local tool=$1 dir=$2 out=$3 ld=$4 tags=$5 total t0=$SECONDS; shift 5
+  # Quiet (a fresh machine's "go: downloading" lines); a failure shows again in the build below.
+  total=$(cd "$dir" && go list -mod=readonly -tags "$tags" -deps "$@" 2>/dev/null | wc -l) || total=
+  [ "${total:-0}" -gt 0 ] || total=
+  [ $((SECONDS - t0)) -lt 10 ] || log "  $tool: modules fetched and ${total:-its} packages listed in $(fmt_secs $((SECONDS - t0)))"
+  watch_build "$tool" packages "$total" \
+    gocmd "$dir" build -v -mod=readonly -trimpath -tags "$tags" -ldflags "$ld" -o "$out" "$@"
+}
+gocmd() { local dir=$1; shift; cd "$dir" && exec go "$@"; }
 
 # Runs a build into a temporary dir and moves it into place only when complete, so an interrupted
 # build never leaves a half-filled cache entry that later runs would trust.
@@ -54,11 +134,15 @@ expected() {
 
 # check <dir> <name...>: every binary matches its committed hash (or, with another toolchain than
 # the one the hashes were made with, the hash recorded when it was built). Returns 1 on mismatch.
+# With ONLY set (tool:bin,... on the command line) only those binaries are hashed: the ones the
+# caller is about to run (kubectl alone need not cost the hashing of kube-apiserver).
+ONLY=
 check() {
   local dir=$1 rel f want got; shift
   for f in "$@"; do
     rel=$(basename "$dir")/$f
     [ -x "$dir/$f" ] || return 1
+    [ -z "$ONLY" ] || [[ ",$ONLY," == *",$f,"* ]] || continue
     got=$(sha256sum "$dir/$f" | cut -d' ' -f1)
     want=$(expected "$rel")
     [ -n "$want" ] || want=$(awk -v f="$f" '$2 == f { print $1 }' "$dir/.sha256" 2>/dev/null)
@@ -130,9 +214,10 @@ fresh_module() { # fresh_module <tool> <module path>
 }
 
 build_k8s() {
-  local dest=$TOOLS_DIR/kubernetes-$K8S_VERSION bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local dest bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  dest=$(tool_dir kubernetes)
   ready "$dest" "${bins[@]}" && return 0
-  log "building kubernetes $K8S_VERSION (cold: tens of minutes on 2 cores)"
+  building kubernetes "$K8S_VERSION"
   local work; work=$(newwork k8s); WORKDIRS+=("$work")
   mkdir -p "$work/bin"
   if [ "$MODE" = pin ]; then
@@ -167,20 +252,21 @@ GO
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "$ld" -o "$work/bin/" \
+  gobuild kubernetes "$mod" "$work/bin/" "$ld" "" \
      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   seal "$work/bin" "kubernetes-$K8S_VERSION" "${bins[@]}"
   finish "$work/bin" "$dest"; rm -rf "$work"
+  built kubernetes
 }
 
 # The real node's kubelet: same k8s.io/kubernetes version, the same staging replaces and version
 # ldflags as the control plane, but its own module (hack/tools/kubelet) so its extra dependencies
 # (cadvisor, CRI streaming, ...) never move the control plane's pinned build.
 build_kubelet() {
-  local dest=$TOOLS_DIR/kubelet-$K8S_VERSION
+  local dest; dest=$(tool_dir kubelet)
   ready "$dest" kubelet && return 0
-  log "building kubelet $K8S_VERSION (cold: about 10 minutes on 2 cores)"
+  building kubelet "$K8S_VERSION"
   local work; work=$(newwork kubelet); WORKDIRS+=("$work")
   mkdir -p "$work/bin"
   if [ "$MODE" = pin ]; then
@@ -202,17 +288,19 @@ build_kubelet() {
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "$ld" -o "$work/bin/kubelet" k8s.io/kubernetes/cmd/kubelet)
+  gobuild kubelet "$mod" "$work/bin/kubelet" "$ld" "" k8s.io/kubernetes/cmd/kubelet
   seal "$work/bin" "kubelet-$K8S_VERSION" kubelet
   finish "$work/bin" "$dest"; rm -rf "$work"
+  built kubelet
 }
 
 # The real node's container runtime: containerd, its runc shim and ctr (image import), from the
 # containerd/v2 module. btrfs (cgo) is left out: the node uses the overlayfs snapshotter.
 build_containerd() {
-  local dest=$TOOLS_DIR/containerd-$CONTAINERD_VERSION bins=(containerd containerd-shim-runc-v2 ctr)
+  local dest bins=(containerd containerd-shim-runc-v2 ctr)
+  dest=$(tool_dir containerd)
   ready "$dest" "${bins[@]}" && return 0
-  log "building containerd $CONTAINERD_VERSION (cold: about 5 minutes on 2 cores)"
+  building containerd "$CONTAINERD_VERSION"
   local work; work=$(newwork containerd); WORKDIRS+=("$work")
   mkdir -p "$work/bin"
   if [ "$MODE" = pin ]; then
@@ -224,18 +312,19 @@ build_containerd() {
   fi
   local mod; mod=$(module containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION")
   local v=github.com/containerd/containerd/v2/version
-  (cd "$mod" && go build -mod=readonly -trimpath -tags no_btrfs \
-     -ldflags "-s -w -X $v.Version=$CONTAINERD_VERSION -X $v.Package=github.com/containerd/containerd/v2" \
-     -o "$work/bin/" github.com/containerd/containerd/v2/cmd/containerd \
-     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr)
+  gobuild containerd "$mod" "$work/bin/" \
+     "-s -w -X $v.Version=$CONTAINERD_VERSION -X $v.Package=github.com/containerd/containerd/v2" no_btrfs \
+     github.com/containerd/containerd/v2/cmd/containerd \
+     github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
   seal "$work/bin" "containerd-$CONTAINERD_VERSION" "${bins[@]}"
   finish "$work/bin" "$dest"; rm -rf "$work"
+  built containerd
 }
 
 build_etcd() {
-  local dest=$TOOLS_DIR/etcd-$ETCD_VERSION
+  local dest; dest=$(tool_dir etcd)
   ready "$dest" etcd && return 0
-  log "building etcd $ETCD_VERSION"
+  building etcd "$ETCD_VERSION"
   local work; work=$(newwork etcd); WORKDIRS+=("$work")
   mkdir -p "$work/bin"
   if [ "$MODE" = pin ]; then
@@ -258,16 +347,17 @@ GO
      go mod tidy >/dev/null)
   fi
   local mod; mod=$(module etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION")
-  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$work/bin/etcd" .)
+  gobuild etcd "$mod" "$work/bin/etcd" "-s -w" "" .
   seal "$work/bin" "etcd-$ETCD_VERSION" etcd
   finish "$work/bin" "$dest"; rm -rf "$work"
+  built etcd
 }
 
 build_simple() { # build_simple <name> <module> <version> <package> [extra ldflags]
   local name=$1 module=$2 version=$3 pkg=$4 ldextra=${5:-}
-  local dest=$TOOLS_DIR/$name-$version
+  local dest; dest=$(tool_dir "$name")
   ready "$dest" "$name" && return 0
-  log "building $name $version"
+  building "$name" "$version"
   local work; work=$(newwork "$name"); WORKDIRS+=("$work")
   mkdir -p "$work/bin"
   if [ "$MODE" = pin ]; then
@@ -278,32 +368,34 @@ build_simple() { # build_simple <name> <module> <version> <package> [extra ldfla
      go mod tidy -e >/dev/null 2>&1 || true)
   fi
   local mod; mod=$(module "$name" "$module" "$version")
-  (cd "$mod" && go build -mod=readonly -trimpath -ldflags "-s -w $ldextra" -o "$work/bin/$name" "$pkg")
+  gobuild "$name" "$mod" "$work/bin/$name" "-s -w $ldextra" "" "$pkg"
   seal "$work/bin" "$name-$version" "$name"
   finish "$work/bin" "$dest"; rm -rf "$work"
+  built "$name"
 }
 
 # cargo-deny from crates.io: `--locked` builds the dependency versions of its own Cargo.lock,
 # each checked against the registry's checksum. Not reproducible across machines like the Go
 # tools, so it is checked against the hash recorded when it was built, not a committed one.
 build_cargo_deny() {
-  local dest=$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION
+  local dest; dest=$(tool_dir cargo-deny)
   ready "$dest" cargo-deny && return 0
   [ "$MODE" != pin ] || die "cargo-deny is pinned by its version and Cargo.lock; nothing to pin"
-  log "building cargo-deny $CARGO_DENY_VERSION (cold: about 5 minutes on 2 cores)"
+  building cargo-deny "$CARGO_DENY_VERSION"
   local work; work=$(newwork cargo-deny); WORKDIRS+=("$work")
-  quiet cargo install --locked --quiet cargo-deny --version "=$CARGO_DENY_VERSION" --root "$work/root" \
-    --target-dir "$work/target"
+  watch_build cargo-deny crates "" cargo install --locked cargo-deny --version "=$CARGO_DENY_VERSION" \
+    --root "$work/root" --target-dir "$work/target"
   mkdir -p "$work/bin"; mv "$work/root/bin/cargo-deny" "$work/bin/"
   seal "$work/bin" "cargo-deny-$CARGO_DENY_VERSION" cargo-deny
   finish "$work/bin" "$dest"; rm -rf "$work"
+  built cargo-deny
 }
 
 # The kwok binary embeds no stages unless run through kwokctl, so the fake node needs a stage config.
 # Take kwokctl's defaults from the same module version (node "fast" init + heartbeat-with-lease, pod
 # "fast" ready/complete/delete) so they can never drift from the binary that interprets them.
 kwok_stages() {
-  local dest=$TOOLS_DIR/kwok-$KWOK_VERSION/stages.yaml
+  local dest; dest=$(tool_dir kwok)/stages.yaml
   [ -s "$dest" ] && return 0
   local dir f
   dir=$(cd "$TOOLS_DIR" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
@@ -317,11 +409,13 @@ kwok_stages() {
 
 mkdir -p "$TOOLS_DIR"
 case ${1:-} in
-  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool)" ;;
+  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool shfmt)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny shfmt)
 for t in "${tools[@]}"; do
+  ONLY=
+  if [[ $t == *:* ]]; then ONLY=${t#*:}; t=${t%%:*}; fi
   case $t in
     kubernetes) build_k8s ;;
     kubelet) build_kubelet ;;
@@ -341,6 +435,8 @@ for t in "${tools[@]}"; do
       github.com/prometheus/prometheus/cmd/promtool \
       "-X github.com/prometheus/common/version.Version=$((m / 100)).$((m % 100)).${PROMTOOL_VERSION##*.}" ;;
     cargo-deny) build_cargo_deny ;;
+    # The shell parser of the tool-use check (hack/tool-uses-test.sh): its syntax tree as JSON.
+    shfmt) build_simple shfmt mvdan.cc/sh/v3 "$SHFMT_VERSION" mvdan.cc/sh/v3/cmd/shfmt ;;
     *) log "unknown tool $t"; exit 2 ;;
   esac
 done

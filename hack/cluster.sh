@@ -10,7 +10,8 @@
 #   down    stop exactly the processes `up` started and delete the cluster and database state.
 #   status  say what runs; exit 0 only if everything is healthy.
 #   env     print `export KUBECONFIG=...`, `export DATABASE_URL=...` and `export PATH=...` (the
-#           project's kubectl and helm, and target/debug with kubectl-singleton) for eval.
+#           project's kubectl and helm, built if missing, and target/debug then target/release,
+#           with kubectl-singleton) for eval.
 #   stop|start|restart|pause|resume COMPONENT: fault injection (the chaos suite, `make chaos`) on a
 #           running cluster, keeping its state. COMPONENT: etcd, kube-apiserver or postgres (stop,
 #           start, restart only). pause is SIGSTOP, resume SIGCONT. Idempotent: stopping what is
@@ -59,9 +60,6 @@ LOGS=$STATE/logs
 KUBECONFIG_FILE=$STATE/kubeconfig
 DEMO_PIDS=$REPO/.cache/demo${CLUSTER_NAME:+-$CLUSTER_NAME}   # the demo's controller; `down` stops it before the API goes away
 
-K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
-ETCD_BIN=$TOOLS_DIR/etcd-$ETCD_VERSION/etcd
-KWOK_DIR=$TOOLS_DIR/kwok-$KWOK_VERSION
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)  # start order
 read -ra APISERVER_EXTRA_ARGS <<< "${SINGLETON_APISERVER_EXTRA_ARGS:-}"
 read -ra KCM_EXTRA_ARGS <<< "${SINGLETON_KCM_EXTRA_ARGS:-}"
@@ -76,19 +74,15 @@ pg() {
   fi
 }
 
-kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" "$@"; }
+kubectl() { need_tool kubectl || return 1; command kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 ensure_tools() {
-  ensure_cmd openssl openssl
-  ensure_cmd curl curl
-  ensure_cmd setsid util-linux
-  ensure_cmd ps procps
-  # e2e and chaos tests run a controller under a skewed clock.
-  ensure_cmd faketime faketime
-  # Builds what is missing and checks every cached binary against hack/tools/SHA256SUMS before
-  # it is started (a few seconds of hashing).
-  "$REPO/hack/build-tools.sh" etcd kubernetes kwok
+  # e2e and chaos tests run a controller under a skewed clock (faketime). The control plane's
+  # binaries are built when missing and checked against hack/tools/SHA256SUMS before they are
+  # started (a few seconds of hashing).
+  need_tool openssl curl ps faketime etcd kube-apiserver kube-controller-manager kube-scheduler \
+    kubectl kwok
 }
 
 # --- PKI -------------------------------------------------------------------------------------------
@@ -210,7 +204,8 @@ healthy() { all_alive && readyz >/dev/null 2>&1 && node_ready >/dev/null 2>&1; }
 
 start_etcd() {
   log "starting etcd on 127.0.0.1:$ETCD_PORT"
-  start etcd "$ETCD_BIN" --name=singleton --data-dir="$STATE/etcd" \
+  local bin; bin=$(tool_path etcd)
+  start etcd "$bin" --name=singleton --data-dir="$STATE/etcd" \
     --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
@@ -223,7 +218,8 @@ start_apiserver() {
   # --endpoint-reconciler-type=none: the `kubernetes` Service's Endpoints may not hold a loopback
   # address, and with the default reconciler the apiserver refuses to start on 127.0.0.1.
   log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
-  start kube-apiserver "$K8S_BIN/kube-apiserver" \
+  local bin; bin=$(tool_path kube-apiserver)
+  start kube-apiserver "$bin" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
@@ -259,7 +255,10 @@ start_all() {
 
   # Both serve /healthz on loopback (not their default 0.0.0.0) with an in-memory self-signed cert.
   log "starting kube-controller-manager, kube-scheduler and kwok"
-  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+  local kcm scheduler
+  kcm=$(tool_path kube-controller-manager)
+  scheduler=$(tool_path kube-scheduler)
+  start kube-controller-manager "$kcm" \
     --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
     --authorization-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
@@ -268,7 +267,7 @@ start_all() {
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
     ${KCM_EXTRA_ARGS[@]+"${KCM_EXTRA_ARGS[@]}"}
-  start kube-scheduler "$K8S_BIN/kube-scheduler" \
+  start kube-scheduler "$scheduler" \
     --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
     --authentication-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
     --authorization-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
@@ -282,8 +281,9 @@ start_all() {
   # KWOK_WORKDIR keeps it from reading a user's ~/.kwok/kwok.yaml. It opens no port: no --node-port
   # or --server-address, so no kubelet API (logs/exec) is served.
   mkdir -p "$STATE/kwok"
-  KWOK_WORKDIR=$STATE/kwok start kwok "$KWOK_DIR/kwok" \
-    --kubeconfig="$KUBECONFIG_FILE" --config="$KWOK_DIR/stages.yaml" \
+  local kwok; kwok=$(tool_path kwok)
+  KWOK_WORKDIR=$STATE/kwok start kwok "$kwok" \
+    --kubeconfig="$KUBECONFIG_FILE" --config="$(dirname "$kwok")/stages.yaml" \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-lease-duration-seconds=20 --node-ip=127.0.0.1
 
@@ -391,7 +391,8 @@ cmd_status() {
     [ -e "$f" ] || continue
     if pid_alive "$f"; then read -r pid _ < "$f"; printf '%-24s running  pid %s\n' "demo $(basename "$f" .pid)" "$pid"; fi
   done
-  if [ -s "$KUBECONFIG_FILE" ] && readyz >/dev/null 2>&1; then
+  # have_tool: a machine that never built kubectl runs no cluster (and status builds nothing).
+  if [ -s "$KUBECONFIG_FILE" ] && have_tool kubectl && readyz >/dev/null 2>&1; then
     printf '%-24s ready    https://127.0.0.1:%s\n' apiserver "$APISERVER_PORT"
     if node_ready >/dev/null 2>&1; then printf '%-24s Ready\n' "node $NODE"
     else printf '%-24s not Ready\n' "node $NODE"; rc=1; fi
@@ -405,11 +406,15 @@ cmd_status() {
 }
 
 cmd_env() {
+  # The project's kubectl and helm (built for this cluster, cached outside the repo: built here
+  # when missing, so what PATH names exists) and the controller's binaries, kubectl-singleton
+  # among them (so `kubectl singleton ...` works).
+  local kubectl helm
+  kubectl=$(tool_path kubectl)
+  helm=$(tool_path helm)
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
   echo "export DATABASE_URL=$(pg url)"
-  # The project's kubectl and helm (built for this cluster, cached outside the repo) and the
-  # controller's binaries, kubectl-singleton among them (so `kubectl singleton ...` works).
-  echo "export PATH=\"$K8S_BIN:$TOOLS_DIR/helm-$HELM_VERSION:${CARGO_TARGET_DIR:-$REPO/target}/debug:\$PATH\""
+  echo "export PATH=\"$(dirname "$kubectl"):$(dirname "$helm"):$CARGO_TARGET/debug:$CARGO_TARGET/release:\$PATH\""
 }
 
 # stop|start|restart|pause|resume COMPONENT, reusing the pid files of `up`.

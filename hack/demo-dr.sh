@@ -54,7 +54,6 @@ DEMO_DIR=$REPO/.cache/demo-dr
 # SINGLETON_CONTROLLER_BIN (set by make e2e): that controller, and kubectl-singleton beside it,
 # unbuilt; otherwise both are built here.
 if [ -n "${SINGLETON_CONTROLLER_BIN:-}" ]; then BIN=$(dirname "$SINGLETON_CONTROLLER_BIN"); else BIN=; fi
-K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
 
 for n in "$PERIOD" "$PHASE" "$DELAY" "$TAKEOVER" "$RESUME_GRACE"; do
   [[ $n =~ ^[0-9]+$ ]] || die "the DEMO_DR_* durations are whole seconds (got '$n')"
@@ -72,7 +71,7 @@ cluster() {
     SINGLETON_APISERVER_PORT=${p[2]} SINGLETON_KCM_PORT=${p[3]} SINGLETON_SCHEDULER_PORT=${p[4]} \
     hack/cluster.sh "$@"
 }
-kc() { local name=$1; shift; "$K8S_BIN/kubectl" --kubeconfig "$REPO/.cache/cluster-$name/kubeconfig" "$@"; }
+kc() { local name=$1; shift; need_tool kubectl || return 1; command kubectl --kubeconfig "$REPO/.cache/cluster-$name/kubeconfig" "$@"; }
 # The controller's pidfile where `hack/cluster.sh down` looks for a demo's controller, so a
 # cluster stopped by hand never leaves it running against a dead API server.
 pidfile() { echo "$REPO/.cache/demo-$1/controller.pid"; }
@@ -94,7 +93,7 @@ fi
 # --- set-up ----------------------------------------------------------------------------------------
 db_url() { hack/postgres.sh url; }
 # sql [psql options] <<< QUERY: from stdin, where psql interpolates :'key' and other -v variables.
-sql() { psql "$(db_url)" -XAtq -v ON_ERROR_STOP=1 -v key="$KEY" "$@"; }
+sql() { need_tool psql || return 1; psql "$(db_url)" -XAtq -v ON_ERROR_STOP=1 -v key="$KEY" "$@"; }
 now() { date +%s; }
 hms() { date -u -d "@$1" +%T; }
 phase() { echo; echo "=== $(date -u +%T) UTC  $*"; }
@@ -105,8 +104,10 @@ stop_everything
 if [ "$KEEP" != 1 ]; then trap 'log "stopping the demo'"'"'s clusters, controllers and PostgreSQL"; stop_everything' EXIT; fi
 trap 'exit 130' INT TERM
 
-# Built once here, so the two clusters starting side by side never build them both.
-hack/build-tools.sh etcd kubernetes kwok
+# Obtained once here (what hack/cluster.sh up needs, and psql), so the two clusters starting side
+# by side never build or install them both: need_tool tells them (SINGLETON_TOOLS_HAVE).
+need_tool openssl curl ps faketime etcd kube-apiserver kube-controller-manager kube-scheduler \
+  kubectl kwok psql
 mkdir -p "$DEMO_DIR"
 log "starting PostgreSQL (127.0.0.1:$SINGLETON_PG_PORT) and two control planes, west and east"
 hack/postgres.sh up
@@ -123,9 +124,9 @@ done
 [ -z "$failed" ] || die "cluster(s)$failed did not start (ports: DEMO_DR_WEST_PORTS, DEMO_DR_EAST_PORTS)"
 log "clusters up after $(($(now) - started))s"
 if [ -z "$BIN" ]; then
-  log "building the controller"
-  cargo build -q -p singleton-controller --bins
-  BIN=${CARGO_TARGET_DIR:-$REPO/target}/debug
+  need_tool singleton-controller kubectl-singleton
+  ctl=$(tool_path singleton-controller)
+  BIN=$(dirname "$ctl")
 fi
 
 sj_yaml() { # sj_yaml <extra backstop lines>
@@ -347,7 +348,7 @@ if [ "$KEEP" = 1 ]; then
 
 Everything keeps running (DEMO_DR_KEEP=1). To explore:
   export KUBECONFIG=$REPO/.cache/cluster-east/kubeconfig   # or cluster-west
-  $K8S_BIN/kubectl get sj,jobs -n $NS
+  $(tool_path kubectl) get sj,jobs -n $NS
   $BIN/kubectl-singleton history $SJ -n $NS
   psql '$(db_url)' -c 'TABLE ${PREFIX}claims'
 To stop it all: make demo-dr-stop

@@ -32,22 +32,28 @@ VERSION=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$RE
 DEMO_DIR=$REPO/.cache/demo
 PIDFILE=$DEMO_DIR/controller.pid
 LOGFILE=$DEMO_DIR/controller.log
-BIN=${CARGO_TARGET_DIR:-$REPO/target}/debug/singleton-controller
 
 if [ "${1:-}" = stop ]; then
   stop_pidfile "$PIDFILE" 15
   if hack/cluster.sh status >/dev/null 2>&1; then
-    eval "$(hack/cluster.sh env)"; export KUBECONFIG PATH
+    need_tool helm
+    env=$(hack/cluster.sh env)
+    eval "$env"; export KUBECONFIG PATH
     helm uninstall "$RELEASE" -n "$CONTROLLER_NS" --wait >/dev/null 2>&1 || true
   fi
   log "the demo's controller is stopped (the cluster keeps running: make down stops it)"
   exit 0
 fi
 
+# Every tool is obtained before its first use (need_tool, hack/lib.sh: built or installed when
+# missing, hash-checked, on PATH); a fresh machine builds them here, each saying how long it
+# usually takes. The cluster (make up) obtains its own.
+need_tool kubectl helm psql
 hack/cluster.sh up
 # The same environment a newcomer gets from `eval "$(make -s env)"`: kubectl, helm and
-# kubectl-singleton on PATH.
-eval "$(hack/cluster.sh env)"
+# kubectl-singleton on PATH. (Through a variable: `eval "$(...)"` would hide a failure.)
+env=$(hack/cluster.sh env)
+eval "$env"
 export KUBECONFIG DATABASE_URL PATH
 
 log "installing the CRD"
@@ -96,15 +102,17 @@ else
   REAL=
   MANIFEST=${DEMO_MANIFEST:-examples/hello.yaml}
   log "no real node (SINGLETON_REAL_NODE=0?): the controller runs as a local process, kwok runs the pods"
-  log "building the controller"
-  cargo build -q -p singleton-controller --bins
+  BIN=$(tool_path singleton-controller)
   # NO_COLOR: the log is a file, not a terminal (tracing-subscriber honours it). Only the demo's
   # namespace, with its Lease there too.
   NO_COLOR=1 start_daemon "$PIDFILE" "$LOGFILE" "$BIN" --namespace "$NS" --instance demo
   log "controller running for namespace $NS (pid $(cut -d' ' -f1 "$PIDFILE")), log: ${LOGFILE#"$REPO"/}"
   kubectl apply -n "$NS" -f "$MANIFEST"
 fi
-cargo build -q -p singleton-controller --bin kubectl-singleton
+# The plugin `kubectl singleton`. With the real node, from the release build the images just
+# made: a debug build would compile every dependency again (minutes on a fresh machine). Either
+# is on PATH for `eval "$(make -s env)"` (target/debug, then target/release).
+if [ -n "$REAL" ]; then need_tool --release kubectl-singleton; else need_tool kubectl-singleton; fi
 
 # A paced display for a person to watch, not a readiness wait.
 seconds=${DEMO_SECONDS:-60} interval=${DEMO_INTERVAL:-10}

@@ -4,11 +4,12 @@
 # `make lint`. SINGLETON_ADVISORIES=require makes an unreachable database an error (for CI
 # runners with network access), =skip skips the attempt.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=SCRIPTDIR/versions.sh
-. hack/versions.sh
-hack/build-tools.sh cargo-deny
-deny=$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION/cargo-deny
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+LOG_TAG=deny
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$REPO/hack/lib.sh"
+cd "$REPO"
+deny=$(tool_path cargo-deny)
 
 # cargo-deny reads the metadata of every target's dependencies (windows-sys and the like), whose
 # sources a Linux build never downloads, and --offline refuses to fetch them: fetch them first,

@@ -43,7 +43,12 @@ build() { # build <package> <binary> <ref> <path in image> <archive name>
   local pkg=$1 bin=$2 ref=$3 dest=$4 name=$5 dir=release
   [ "$PROFILE" = dev ] && dir=debug
   local t0=$SECONDS
-  log "cargo build --profile $PROFILE -p $pkg --bin $bin"
+  # The first build compiles the dependencies too (cargo's progress follows); later ones take seconds.
+  if [ -x "$TARGET/$dir/$bin" ]; then
+    log "cargo build --profile $PROFILE -p $pkg --bin $bin"
+  else
+    log "building $bin (Rust, $PROFILE profile, for its image): usually $(cargo_usual "$dir") on 2 cores from nothing (cargo build --profile $PROFILE -p $pkg)"
+  fi
   (cd "$REPO" && cargo build --locked --profile "$PROFILE" -p "$pkg" --bin "$bin")
   local root; root=$(mktemp -d "$OUT/.rootfs.XXXX")
   stage "$root" "$TARGET/$dir/$bin" "$dest"

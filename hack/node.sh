@@ -80,9 +80,6 @@ SHARED=$REPO/.cache/node
 HOST_BEFORE=$SHARED/host-before
 CNI_DIR=$SHARED/cni
 PAUSE_TAR=$SHARED/pause.tar
-CONTAINERD_DIR=$TOOLS_DIR/containerd-$CONTAINERD_VERSION
-KUBELET_BIN=$TOOLS_DIR/kubelet-$K8S_VERSION/kubelet
-K8S_BIN=$TOOLS_DIR/kubernetes-$K8S_VERSION
 SYSCTLS=(vm.overcommit_memory kernel.panic kernel.panic_on_oops net.ipv4.ip_forward)
 HOST_DIRS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /var/lib/cni)
 
@@ -104,31 +101,31 @@ use_node() {
 }
 use_node 1
 
-kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
+# Each wrapper obtains its tool (hack/lib.sh need_tool: built and hash-checked on first use in a
+# process, a string match after that). ctr and crictl talk to the current node's containerd ($SOCK).
+kubectl() { need_tool kubectl || return 1; command kubectl --kubeconfig "$CLUSTER/kubeconfig" "$@"; }
 # ctr, without the deprecation warning containerd prints on every call on a cgroup v1 host.
-ctr() { "$CONTAINERD_DIR/ctr" --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2); }
+ctr() {
+  need_tool ctr || return 1
+  command ctr --address "$SOCK" --namespace k8s.io "$@" 2> >(grep -v "DEPRECATION: The support for cgroup v1" >&2)
+}
 # crictl, the CRI client an operator uses on a node (the chaos suite kills containers with it);
 # no /etc/crictl.yaml: the endpoint is given here.
 crictl() {
-  "$TOOLS_DIR/crictl-$CRICTL_VERSION/crictl" --runtime-endpoint "unix://$SOCK" \
+  need_tool crictl || return 1
+  command crictl --runtime-endpoint "unix://$SOCK" \
     --image-endpoint "unix://$SOCK" --timeout 10s "$@" 2> >(grep -v 'msg="Config .* does not exist' >&2)
 }
 pidfile() { echo "$PIDS/$1.pid"; }
 logfile() { echo "$LOGS/$1.log"; }
 
 ensure_host_tools() {
-  ensure_cmd runc runc
-  ensure_cmd buildah buildah
-  ensure_cmd iptables iptables
-  ensure_cmd gcc gcc
+  need_tool runc buildah iptables ip6tables gcc ip sysctl pgrep openssl cni-bridge \
+    kubelet containerd containerd-shim-runc-v2 ctr crictl kubectl
   # The pause binary is linked statically: glibc's static archive comes with libc6-dev.
-  if [ "$(gcc -print-file-name=libc.a)" = libc.a ]; then
-    log "libc.a missing: installing Debian package libc6-dev"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libc6-dev >/dev/null
-  fi
-  [ -x /usr/lib/cni/bridge ] || ensure_cmd /usr/lib/cni/bridge containernetworking-plugins
-  "$REPO/hack/build-tools.sh" kubelet containerd crictl
+  ensure_deb libc6-dev have_static_libc
 }
+have_static_libc() { [ "$(gcc -print-file-name=libc.a)" != libc.a ]; }
 
 # --- the host, before and after ----------------------------------------------------------------------
 chains() { # chains <iptables|ip6tables>: "table chain" for every chain there is
@@ -345,9 +342,10 @@ start_containerd() {
   write_containerd_config
   log "starting containerd $CONTAINERD_VERSION ($SOCK)"
   : > "$(logfile containerd)"
-  # The shim is looked up on PATH.
-  PATH=$CONTAINERD_DIR:$PATH start_daemon "$(pidfile containerd)" "$(logfile containerd)" \
-    "$CONTAINERD_DIR/containerd" --config "$NODE_STATE/containerd.toml"
+  # The shim is looked up on PATH (need_tool put it there).
+  need_tool containerd-shim-runc-v2
+  local bin; bin=$(tool_path containerd)
+  start_daemon "$(pidfile containerd)" "$(logfile containerd)" "$bin" --config "$NODE_STATE/containerd.toml"
   WAIT_PIDFILE=$(pidfile containerd) wait_for "containerd" 60 "$(logfile containerd)" containerd_ready
 }
 
@@ -355,6 +353,7 @@ start_containerd() {
 # buildah keeps its storage under our state dir (not /var/lib/containers); node 1's, whichever node
 # is being set up.
 buildah_() {
+  need_tool buildah || return 1
   buildah --root "$SHARED/buildah/storage" --runroot /run/singleton-containerd/buildah \
     --storage-driver vfs "$@"
 }
@@ -448,6 +447,8 @@ EOF
 
 node_ready() {
   local s
+  # have_tool: `status` on a machine that never built kubectl says "not Ready", building nothing.
+  have_tool kubectl || { echo "kubectl not built yet"; return 1; }
   s=$(kubectl get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' \
     --request-timeout=10s 2>/dev/null)
   [ "$s" = True ] || { echo "node $NODE_NAME Ready=${s:-<unset>}"; return 1; }
@@ -457,6 +458,7 @@ node_ready() {
 kubelet_frozen() {
   local pid
   pid_alive "$(pidfile kubelet)" || return 1
+  need_tool ps || return 2
   read -r pid _ < "$(pidfile kubelet)"
   [[ $(ps -o stat= -p "$pid" 2>/dev/null) == T* ]]
 }
@@ -491,7 +493,8 @@ start_kubelet() {
   mkdir -p "$KUBELET_ROOT" "$NODE_STATE/pod-logs"
   log "starting kubelet $K8S_VERSION as node $NODE_NAME"
   : > "$(logfile kubelet)"
-  start_daemon "$(pidfile kubelet)" "$(logfile kubelet)" "$KUBELET_BIN" \
+  local bin; bin=$(tool_path kubelet)
+  start_daemon "$(pidfile kubelet)" "$(logfile kubelet)" "$bin" \
     --config="$NODE_STATE/kubelet.yaml" --kubeconfig="$NODE_STATE/kubelet.kubeconfig" \
     --root-dir="$KUBELET_ROOT" --hostname-override="$NODE_NAME" --node-ip="$GATEWAY" \
     --node-labels="singleton.dev/node=$NODE_LABEL" --v=1
@@ -551,6 +554,9 @@ cmd_up_second() {
      && node_ready >/dev/null; then
     log "node $NODE_NAME already Ready"; return 0
   fi
+  # cmd_up skips this when node 1 is Ready already; node 2 needs the same tools (a string match
+  # when cmd_up obtained them in this process).
+  ensure_host_tools
   mkdir -p "$PIDS" "$LOGS" "$RUN"
   ensure_node_pki
   start_containerd
@@ -572,7 +578,8 @@ stop_node() {
     stop_pidfile "$(pidfile kubelet)" 20
     # Through the CRI first, so the CNI plugin releases each pod's IP (the IPAM data is shared
     # with the other node), then whatever is left through containerd itself.
-    if [ -x "$TOOLS_DIR/crictl-$CRICTL_VERSION/crictl" ]; then crictl rmp --all --force >/dev/null 2>&1 || true; fi
+    # have_tool: crictl when it is built (ensure_host_tools builds it), never a build during down.
+    if have_tool crictl; then crictl rmp --all --force >/dev/null 2>&1 || true; fi
     local t
     for t in $(ctr tasks list -q 2>/dev/null); do ctr tasks kill -s KILL "$t" >/dev/null 2>&1 || true; done
     sleep 1
@@ -589,7 +596,7 @@ stop_node() {
   remove_cgroups
   rm -rf "$RUN" "$KUBELET_ROOT" "$NODE_STATE/containerd" "$NODE_STATE/pod-logs" "$NODE_STATE/opt" "$PIDS"
   # The API object goes with the cluster (cluster.sh down wipes etcd); delete it when the API lives on.
-  [ -s "$CLUSTER/kubeconfig" ] && kubectl delete node "$NODE_NAME" --ignore-not-found --request-timeout=5s >/dev/null 2>&1 || true
+  [ -s "$CLUSTER/kubeconfig" ] && have_tool kubectl && kubectl delete node "$NODE_NAME" --ignore-not-found --request-timeout=5s >/dev/null 2>&1 || true
   log "node $NODE_NAME down"
 }
 
@@ -664,6 +671,6 @@ case ${1:-} in
   freeze-kubelet|thaw-kubelet) [ $# = 2 ] || die "usage: $0 $1 <1|2>"
     use_node "$2"; if [ "$1" = freeze-kubelet ]; then freeze_kubelet; else thaw_kubelet; fi ;;
   ctr) shift; node_arg "$@"; ctr ${ARGS[@]+"${ARGS[@]}"} ;;
-  crictl) shift; node_arg "$@"; "$REPO/hack/build-tools.sh" crictl; crictl ${ARGS[@]+"${ARGS[@]}"} ;;
+  crictl) shift; node_arg "$@"; crictl ${ARGS[@]+"${ARGS[@]}"} ;;
   *) sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -23,17 +23,18 @@ DB=singleton
 # The port of a running server wins over the environment, so `url` keeps pointing at what runs.
 if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_PG_PORT:-35432}; fi
 
+have_initdb() { local d; d=$(newest_bin); [ -n "$d" ] && [ -x "$d/initdb" ]; }
 newest_bin() { printf '%s\n' /usr/lib/postgresql/*/bin | { grep -v '\*' || true; } | sort -V | tail -n 1; }
 pg_bin() {
   local d
   d=$(newest_bin)
+  # Called as $(pg_bin), where errexit is off: each step says when it fails.
   if [ -z "$d" ] || [ ! -x "$d/initdb" ]; then
-    ensure_cmd runuser util-linux
-    log "initdb missing: installing Debian package postgresql"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    ensure_deb postgresql have_initdb || return 1
     d=$(newest_bin)
   fi
+  # The client beside the server (the package brings it): psql_q runs it.
+  need_tool psql || return 1
   echo "$d"
 }
 
@@ -72,7 +73,7 @@ ensure_tls() {
   if [ -s "$DATA/server.crt" ] && [ -s "$TLS_DIR/ca.crt" ] && grep -q '^ssl = on' "$DATA/postgresql.conf"; then
     return 0
   fi
-  ensure_cmd openssl openssl
+  need_tool openssl
   log "creating a TLS CA and server certificate"
   local tmp
   tmp=$(mktemp -d)

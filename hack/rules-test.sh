@@ -5,11 +5,12 @@
 # which say with input series when each alert fires and when it does not. Run by `make lint`.
 # promtool is built from the Go module pinned in hack/versions.sh on first use (cached).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-# shellcheck source=SCRIPTDIR/versions.sh
-. hack/versions.sh
-hack/build-tools.sh promtool
-promtool=$TOOLS_DIR/promtool-$PROMTOOL_VERSION/promtool
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+LOG_TAG=rules-test
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$REPO/hack/lib.sh"
+cd "$REPO"
+promtool=$(tool_path promtool)
 chart=charts/singleton-controller
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

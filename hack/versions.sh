@@ -12,7 +12,26 @@ CRICTL_VERSION=v1.37.0       # sigs.k8s.io/cri-tools (crictl: the chaos suite's 
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok (fake node)
 PROMTOOL_VERSION=v0.316.0    # github.com/prometheus/prometheus/cmd/promtool (Prometheus 3.16.0): alert rule tests
 CARGO_DENY_VERSION=0.20.2    # crates.io cargo-deny: license, ban, source and advisory checks (make lint)
+SHFMT_VERSION=v3.14.1        # mvdan.cc/sh/v3 (shfmt): parses hack/*.sh for the tool-use check (make lint)
 
 # Where built tools, cluster state and logs live: outside the repo, reused across clones.
 SINGLETON_CACHE=${SINGLETON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/singleton-controller}
 TOOLS_DIR=$SINGLETON_CACHE/tools
+
+# tool_dir <tool>: the cache directory of a tool hack/build-tools.sh builds (its binaries inside).
+# The version is part of the name, so a bump never reuses the old build.
+tool_dir() {
+  case $1 in
+    kubernetes) echo "$TOOLS_DIR/kubernetes-$K8S_VERSION" ;;
+    kubelet) echo "$TOOLS_DIR/kubelet-$K8S_VERSION" ;;
+    etcd) echo "$TOOLS_DIR/etcd-$ETCD_VERSION" ;;
+    containerd) echo "$TOOLS_DIR/containerd-$CONTAINERD_VERSION" ;;
+    crictl) echo "$TOOLS_DIR/crictl-$CRICTL_VERSION" ;;
+    kwok) echo "$TOOLS_DIR/kwok-$KWOK_VERSION" ;;
+    helm) echo "$TOOLS_DIR/helm-$HELM_VERSION" ;;
+    promtool) echo "$TOOLS_DIR/promtool-$PROMTOOL_VERSION" ;;
+    cargo-deny) echo "$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION" ;;
+    shfmt) echo "$TOOLS_DIR/shfmt-$SHFMT_VERSION" ;;
+    *) echo "tool_dir: unknown tool $1" >&2; return 1 ;;
+  esac
+}

@@ -1,0 +1,5 @@
+//go:build tools
+
+package tools
+
+import _ "mvdan.cc/sh/v3/cmd/shfmt"
