@@ -228,17 +228,7 @@ async fn decide_and_act(
         // Nothing will change until the spec does.
         return Ok(Action::await_change());
     };
-    // An edit of the schedule or its excluded days moves no period decided before it (F9).
-    let fp = decide::fingerprint_with(&sj.spec, &schedule);
-    let floor = decide::shift_floor(
-        &fp,
-        status.schedule_fingerprint.as_deref(),
-        status.decided_through.as_ref().map(|t| t.0),
-        status.shifts_after.as_ref().map(|t| t.0),
-        now,
-    );
-    status.shifts_after = floor.map(Into::into);
-    let schedule = schedule.with_shift_floor(floor);
+    let schedule = shift_floor(sj, &mut status, schedule, now);
     let template = Box::pin(judge_template(ctx, sj, &mut status, now)).await?;
     let states = Box::pin(observe::runs::active_job_states(ctx, sj, &status.active)).await?;
     let blocked = blocked(sj, &seen.clock, &template, &seen.db);
@@ -279,12 +269,6 @@ async fn decide_and_act(
         ctx.clock.prepare(at);
     }
     let hold = backstop_wait(&decided, &seen);
-    let wake = plan.wake_at.map(|at| until(now, at));
-    let wake = wake.map(|w| w.max(hold));
-    let wake = match holding {
-        true => Some(wake.map_or(hold, |w| w.min(hold)).max(HELD_RETRY)),
-        false => wake,
-    };
     if !hold.is_zero()
         && started.is_none()
         && !operating
@@ -294,15 +278,59 @@ async fn decide_and_act(
         let until = tokio::time::Instant::now() + hold;
         ctx.backstop_health.hush(uid, asked(sj), until);
     }
-    let operating = if started.is_some() {
+    Ok(next_look(
+        plan.wake_at.map(|at| until(now, at)),
+        hold,
+        holding,
+        started.is_some(),
+        operating,
+    ))
+}
+
+/// F9: an edit of the schedule or its excluded days moves no period decided before it. Keeps
+/// the floor in `status.shiftsAfter` and returns the schedule that honours it.
+fn shift_floor(
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    schedule: Schedule,
+    now: Timestamp,
+) -> Schedule {
+    let fp = decide::fingerprint_with(&sj.spec, &schedule);
+    let floor = decide::shift_floor(
+        &fp,
+        status.schedule_fingerprint.as_deref(),
+        status.decided_through.as_ref().map(|t| t.0),
+        status.shifts_after.as_ref().map(|t| t.0),
+        now,
+    );
+    status.shifts_after = floor.map(Into::into);
+    schedule.with_shift_floor(floor)
+}
+
+/// When to look again: at the plan's next instant (not before the backstop's next probe when
+/// waiting on it), at the probe when a finished run's outcome is held (F3), at once after a
+/// start, and shortly while an operation is in progress.
+fn next_look(
+    wake: Option<Duration>,
+    hold: Duration,
+    holding: bool,
+    started: bool,
+    operating: bool,
+) -> Action {
+    let wake = wake.map(|w| w.max(hold));
+    let wake = match holding {
+        true => Some(wake.map_or(hold, |w| w.min(hold)).max(HELD_RETRY)),
+        false => wake,
+    };
+    let operating = if started {
         Some(Duration::ZERO)
     } else {
         operating.then_some(operate::RETRY)
     };
-    Ok(match (wake, operating) {
+    match (wake, operating) {
         (Some(a), Some(b)) => Action::requeue(a.min(b)),
         (a, b) => a.or(b).map_or_else(Action::await_change, Action::requeue),
-    })
+    }
 }
 
 /// Record: what the plan decided goes into `status` (a finished run's token retired in the

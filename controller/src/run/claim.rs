@@ -67,18 +67,7 @@ pub(super) async fn backstop_claim(
                 | ClaimOutcome::Superseded { .. }),
             ) => return multi_cluster(ctx, sj, claim, o).await,
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
-                // The claim's own token never reached the fence (the transaction rolled back):
-                // nothing to retire.
-                let p = naming::period_rfc3339(period);
-                let note = match claim.supersedes {
-                    Some(old) => format!(
-                        "rerun of period {p} not started: its backstop claim moved from token {old} to {token} ({job_name}) since the rerun was accepted; no Job created"
-                    ),
-                    None => format!(
-                        "period {p} was already claimed in the backstop by {job_name} with token {token}; no Job created"
-                    ),
-                };
-                let d = decided::Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note);
+                let d = deduplicated(&claim, token, &job_name);
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
@@ -88,12 +77,7 @@ pub(super) async fn backstop_claim(
             Ok(ClaimOutcome::Duplicate { token, .. })
                 if token == claim.token && Box::pin(retired_itself(b, &key, token)).await? =>
             {
-                let p = naming::period_rfc3339(period);
-                let note = format!(
-                    "the claim of period {p} (token {token}) was retired before its run was recorded: its Job was stopped (started by someone else); no other Job is created for it"
-                );
-                let d =
-                    decided::Decision::new(Outcome::Failed, reason::STARTED_BEFORE_CONFIRM, note);
+                let d = retired_before_recorded(period, token);
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
                 return Ok(Backstopped::Decided);
             }
@@ -124,6 +108,31 @@ pub(super) async fn backstop_claim(
         "the backstop's fence kept rising above the claim of {}",
         claim.job_name
     )))
+}
+
+/// The period was claimed in the backstop by another token (another replica, cluster or an
+/// earlier rerun). The claim's own token never reached the fence (the transaction rolled back):
+/// nothing to retire.
+fn deduplicated(claim: &RunRef, token: u64, job_name: &str) -> decided::Decision {
+    let p = naming::period_rfc3339(claim.period.0);
+    let note = match claim.supersedes {
+        Some(old) => format!(
+            "rerun of period {p} not started: its backstop claim moved from token {old} to {token} ({job_name}) since the rerun was accepted; no Job created"
+        ),
+        None => format!(
+            "period {p} was already claimed in the backstop by {job_name} with token {token}; no Job created"
+        ),
+    };
+    decided::Decision::new(Outcome::Deduplicated, reason::DEDUPLICATED, note)
+}
+
+/// Our own earlier claim whose token a stop of its Job retired before the decision was recorded.
+fn retired_before_recorded(period: Timestamp, token: u64) -> decided::Decision {
+    let p = naming::period_rfc3339(period);
+    let note = format!(
+        "the claim of period {p} (token {token}) was retired before its run was recorded: its Job was stopped (started by someone else); no other Job is created for it"
+    );
+    decided::Decision::new(Outcome::Failed, reason::STARTED_BEFORE_CONFIRM, note)
 }
 
 /// Whether `token` itself was retired: it is still the stored fence and the retired mark reached

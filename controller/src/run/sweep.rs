@@ -27,32 +27,7 @@ pub async fn check_jobs(
     owned: &[observe::OwnedJob],
     db: &Availability,
 ) -> Result<bool> {
-    let ns = sj.namespace().unwrap_or_default();
-    for job in observe::unknown(status, owned) {
-        let bg = Propagation::Background;
-        if kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await? {
-            let ran = if job.suspended {
-                "it never ran"
-            } else {
-                "it was running: a second run of a decided period"
-            };
-            let note = format!(
-                "removed Job {} (token {}): no claim knows it, its period is decided; {ran}",
-                job.name,
-                job.token.unwrap_or_default()
-            );
-            tracing::warn!(sj = %sj.key(), job = %job.name, uid = %job.uid, "{note}");
-            ctx.events
-                .publish(
-                    sj,
-                    EventType::Warning,
-                    "UnknownJobRemoved",
-                    "ObserveJobs",
-                    note,
-                )
-                .await;
-        }
-    }
+    remove_unknown(ctx, sj, status, owned).await?;
     if let Some((run, job)) = observe::started_outside(status, owned).into_iter().next() {
         let note = format!(
             "Job {} (token {}) was started by someone other than the controller (spec.suspend cleared by a person, a tool, a webhook or a queue without the controller's release): only the controller starts a run, after its claim is confirmed; the Job was deleted, its token retired, and the period is decided Failed",
@@ -107,6 +82,44 @@ pub async fn check_jobs(
         }
     }
     Ok(false)
+}
+
+/// G1's last line: the SingletonJob's Jobs of decided periods that no claim knows are removed
+/// by uid, with an Event.
+async fn remove_unknown(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &SingletonJobStatus,
+    owned: &[observe::OwnedJob],
+) -> Result<()> {
+    let ns = sj.namespace().unwrap_or_default();
+    for job in observe::unknown(status, owned) {
+        let bg = Propagation::Background;
+        if !kube_io::delete_job_uid(ctx, &ns, &job.name, &job.uid, bg, Lane::Create).await? {
+            continue;
+        }
+        let ran = if job.suspended {
+            "it never ran"
+        } else {
+            "it was running: a second run of a decided period"
+        };
+        let note = format!(
+            "removed Job {} (token {}): no claim knows it, its period is decided; {ran}",
+            job.name,
+            job.token.unwrap_or_default()
+        );
+        tracing::warn!(sj = %sj.key(), job = %job.name, uid = %job.uid, "{note}");
+        ctx.events
+            .publish(
+                sj,
+                EventType::Warning,
+                "UnknownJobRemoved",
+                "ObserveJobs",
+                note,
+            )
+            .await;
+    }
+    Ok(())
 }
 
 /// How a run the sweep stops is decided.
