@@ -86,6 +86,48 @@ pub async fn billing_database(name: &str) -> Result<String> {
 /// The SingletonJob `invoices` on `schedule`: the billing workload's image on the real node, as a
 /// pod the restricted standard admits.
 pub fn billing_sj(schedule: &str, policy: &str, work_seconds: u32) -> String {
+    billing_sj_on(schedule, policy, work_seconds, Placement::FirstNode)
+}
+
+/// Where the billing workload's pods go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// The first real node only; a run is not retried (`backoffLimit: 0`).
+    FirstNode,
+    /// Either real node; a run whose pod failed (or was declared gone with its node) is
+    /// retried twice, and a pod on a node that stops answering is evicted after 2 s: the
+    /// attempts rows of the chaos suite (issue 31).
+    EitherNode,
+}
+
+/// [`billing_sj`] with its pods placed as `placement` says.
+pub fn billing_sj_on(
+    schedule: &str,
+    policy: &str,
+    work_seconds: u32,
+    placement: Placement,
+) -> String {
+    let (backoff, placement) = match placement {
+        Placement::FirstNode => (
+            0,
+            "          nodeSelector: {singleton.dev/node: real}
+          tolerations: [{key: singleton.dev/node, operator: Exists, effect: NoSchedule}]
+",
+        ),
+        Placement::EitherNode => (
+            2,
+            "          affinity:
+            nodeAffinity:
+              requiredDuringSchedulingIgnoredDuringExecution:
+                nodeSelectorTerms:
+                - matchExpressions: [{key: singleton.dev/node, operator: In, values: [real, real-2]}]
+          tolerations:
+          - {key: singleton.dev/node, operator: Exists, effect: NoSchedule}
+          - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+          - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+",
+        ),
+    };
     format!(
         r#"apiVersion: singleton.dev/v1alpha1
 kind: SingletonJob
@@ -102,14 +144,12 @@ spec:
       tablePrefix: singleton_
   jobTemplate:
     spec:
-      backoffLimit: 0
+      backoffLimit: {backoff}
       template:
         spec:
           restartPolicy: Never
           terminationGracePeriodSeconds: 120
-          nodeSelector: {{singleton.dev/node: real}}
-          tolerations: [{{key: singleton.dev/node, operator: Exists, effect: NoSchedule}}]
-          securityContext:
+{placement}          securityContext:
             runAsNonRoot: true
             runAsUser: 65532
             seccompProfile: {{type: RuntimeDefault}}
@@ -344,8 +384,16 @@ pub async fn setup(name: &str) -> Result<Setup> {
         .args(["--set", &format!("rbac.backstopNamespaces={{{}}}", work.ns)])
         .output()?;
     if !install.status.success() {
-        let dump = run_ok(kubectl().args(["describe", "pods", "-n", &env.ns]))
+        let mut dump = run_ok(kubectl().args(["describe", "pods", "-n", &env.ns]))
             .unwrap_or_else(|e| e.to_string());
+        // A crash at start-up says why only in the log of the container that ended.
+        let selector = format!("app.kubernetes.io/instance={release}");
+        for previous in ["--previous=true", "--previous=false"] {
+            let logs = kubectl()
+                .args(["logs", "-n", &env.ns, "-l", &selector, "--tail=20", previous])
+                .output()?;
+            dump.push_str(&String::from_utf8_lossy(&logs.stdout));
+        }
         bail!(
             "helm install on the real node failed (images missing? run `make image`):\n{}\n{}\n{dump}",
             String::from_utf8_lossy(&install.stdout),

@@ -10,6 +10,7 @@ pub mod dr;
 pub mod dr_check;
 pub mod evidence;
 pub mod real;
+pub mod real_pods;
 pub mod world;
 
 use std::collections::HashSet;
@@ -196,6 +197,14 @@ pub enum Fault {
     /// Real pods: a running workload container frozen past the Replace of its run, then
     /// thawed: its fenced write must be refused.
     RealWorkloadFreeze,
+    /// Real pods ([`real_pods`]): a run's pod deleted while it works, its grace longer than the
+    /// work: no replacement while it terminates, one attempt commits.
+    RealPodDeleteWorking,
+    /// Real pods: the second real node drained while a run's pod works there.
+    RealNodeDrain,
+    /// Real pods: the kubelet of the node where a run's pod works frozen past the node's
+    /// eviction; the pod replaced on the other node; the old process, still running, refused.
+    RealKubeletPartition,
 }
 
 pub const SCENARIOS: &[Fault] = &[
@@ -217,6 +226,9 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::RealContainerKill,
     Fault::RealPodDelete,
     Fault::RealWorkloadFreeze,
+    Fault::RealPodDeleteWorking,
+    Fault::RealNodeDrain,
+    Fault::RealKubeletPartition,
 ];
 
 impl Fault {
@@ -241,6 +253,9 @@ impl Fault {
             Fault::RealContainerKill => "real-container-kill",
             Fault::RealPodDelete => "real-pod-delete",
             Fault::RealWorkloadFreeze => "real-workload-freeze",
+            Fault::RealPodDeleteWorking => "real-pod-delete-working",
+            Fault::RealNodeDrain => "real-node-drain",
+            Fault::RealKubeletPartition => "real-kubelet-partition",
         }
     }
 
@@ -252,6 +267,9 @@ impl Fault {
                 | Fault::RealContainerKill
                 | Fault::RealPodDelete
                 | Fault::RealWorkloadFreeze
+                | Fault::RealPodDeleteWorking
+                | Fault::RealNodeDrain
+                | Fault::RealKubeletPartition
         )
     }
 
@@ -933,7 +951,10 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
         Fault::RealLeaderFreeze
         | Fault::RealContainerKill
         | Fault::RealPodDelete
-        | Fault::RealWorkloadFreeze => {
+        | Fault::RealWorkloadFreeze
+        | Fault::RealPodDeleteWorking
+        | Fault::RealNodeDrain
+        | Fault::RealKubeletPartition => {
             anyhow::bail!("{} runs on the real node (real::run)", fault.name())
         }
     }

@@ -27,16 +27,16 @@ use super::check::{
     self, Claim, CommittedAttempt, Expect, FaultWindow, Observations, Proof, Write, WriteResult,
 };
 use super::world::observe_sjs;
-use super::{CATCH_UP, Fault, HANDOVER_MAX, Mode, Outcome};
+use super::{CATCH_UP, Fault, HANDOVER_MAX, Mode, Outcome, real_pods};
 use crate::commands::repo_root;
 use crate::observer::{JobRecord, Observer};
 use crate::real_node::{
-    Setup, billing_sj, freezer_of, leader_container, lease_holder, ready_pods, running_pod_of,
-    set_freezer, setup, wait,
+    Placement, Setup, billing_sj_on, freezer_of, leader_container, lease_holder, ready_pods,
+    running_pod_of, second_node_up, set_freezer, setup, wait,
 };
 use crate::{Env, kubectl};
 
-/// The SingletonJob of [`billing_sj`].
+/// The SingletonJob of [`crate::real_node::billing_sj`].
 const SJ: &str = "invoices";
 /// How long to wait for a takeover at most.
 const LEASE_WAIT: Duration = Duration::from_secs(60);
@@ -81,9 +81,9 @@ pub(super) fn expect(fault: Fault, mode: Mode) -> Expect {
 }
 
 /// One real-pod scenario's world: the chart, the work namespace and a watch of its Jobs.
-struct RealWorld {
-    s: Setup,
-    observer: Observer,
+pub(super) struct RealWorld {
+    pub(super) s: Setup,
+    pub(super) observer: Observer,
     schedule: &'static str,
 }
 
@@ -105,12 +105,23 @@ impl RealWorld {
         // The workload's runs take a real pod's start (about a second here) plus their work:
         // Forbid every 5 s leaves room; the Replace case works 5 s of a 10 s period, so that a
         // run frozen before its write is still active when the next period replaces it.
-        let (schedule, policy, work) = match fault {
-            Fault::RealWorkloadFreeze => ("*/10 * * * * *", "Replace", 5),
-            _ => ("*/5 * * * * *", "Forbid", 0),
+        // The rows on a run's pods (real_pods) work long enough to be hit while working, on
+        // either real node, retried when a pod fails.
+        let (schedule, policy, work, placement) = match fault {
+            Fault::RealWorkloadFreeze => ("*/10 * * * * *", "Replace", 5, Placement::FirstNode),
+            Fault::RealPodDeleteWorking | Fault::RealNodeDrain | Fault::RealKubeletPartition => (
+                "*/10 * * * * *",
+                "Forbid",
+                real_pods::WORK,
+                Placement::EitherNode,
+            ),
+            _ => ("*/5 * * * * *", "Forbid", 0, Placement::FirstNode),
         };
+        if placement == Placement::EitherNode {
+            second_node_up().await?;
+        }
         s.work
-            .create_sj(&billing_sj(schedule, policy, work))
+            .create_sj(&billing_sj_on(schedule, policy, work, placement))
             .await?;
         Ok(RealWorld {
             s,
@@ -176,6 +187,15 @@ impl RealWorld {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The schedule's next instant after now.
+    fn next_instant(&self) -> Result<Timestamp> {
+        let schedule =
+            singleton::schedule::Schedule::parse(self.schedule, None, Default::default())?;
+        schedule
+            .next_after(Timestamp::now())
+            .context("the schedule has no next instant")
     }
 
     /// Sleeps until [`BEFORE_INSTANT`] before the schedule's next instant (at least 1 s away).
@@ -436,9 +456,16 @@ async fn inject(
             )
             .await?;
         }
-        // The frozen workload's round is timed by its own run; the others come just before an
+        // The rows on a run's pods are timed by their own run; the others come just before an
         // instant.
-        if fault != Fault::RealWorkloadFreeze {
+        let on_a_run = matches!(
+            fault,
+            Fault::RealWorkloadFreeze
+                | Fault::RealPodDeleteWorking
+                | Fault::RealNodeDrain
+                | Fault::RealKubeletPartition
+        );
+        if !on_a_run {
             instants.push(w.before_next_instant().await?);
         }
         inj.from.get_or_insert_with(Timestamp::now);
@@ -487,7 +514,17 @@ async fn inject(
                 ));
                 stale.push(s);
             }
+            Fault::RealPodDeleteWorking => inj.proofs.push(real_pods::delete_working(w).await?),
+            Fault::RealNodeDrain => inj.proofs.push(real_pods::drain_working(w).await?),
+            Fault::RealKubeletPartition => {
+                inj.proofs.push(real_pods::partition_working(w).await?);
+            }
             other => bail!("{} is not a real-pod scenario", other.name()),
+        }
+        // A run's fault ends no sooner than the next instant of the schedule: a period falls due
+        // while it is on.
+        if on_a_run && fault != Fault::RealWorkloadFreeze {
+            instants.push(w.next_instant()?);
         }
     }
     w.wait_two_ready().await?;
