@@ -205,6 +205,11 @@ pub fn wait_bound(spec: &SingletonJobSpec, period: Timestamp) -> Option<Timestam
     if let Some(d) = spec.starting_deadline_seconds {
         return period.checked_add(SignedDuration::from_secs(d)).ok();
     }
+    next_instant(spec, period)
+}
+
+/// The schedule's next instant after `period`, if the spec parses and has one.
+pub fn next_instant(spec: &SingletonJobSpec, period: Timestamp) -> Option<Timestamp> {
     let exprs = expressions(spec);
     let schedule = Schedule::parse_all(&exprs, spec.time_zone.as_deref(), spec.dst_policy).ok()?;
     schedule.next_after(period)

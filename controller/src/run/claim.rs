@@ -374,7 +374,8 @@ async fn unavailable(
 /// Step 4 when an open transaction holds the fence row past the lock timeout. A run this claim
 /// replaces is the usual holder (a hung run is why people pick Replace): its Job is deleted now,
 /// which ends its pods and with them their transaction, and the claim waits while that Job still
-/// exists (foreground deletion: until its pods are gone), up to the wait bound. Any other holder
+/// exists (foreground deletion: until its pods are gone), past the starting deadline, up to the
+/// next period. Any other holder
 /// (a workload on a node that died mid-transaction keeps its session and lock until TCP
 /// keepalive gives up, hours) is waited for until the wait bound ([`past_wait_bound`]: the
 /// starting deadline, else the next period), then the period is Missed (F6); `kubectl singleton
@@ -395,7 +396,14 @@ fn fence_held<'a>(
                 .await?
                 .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);
         }
-        if (!stopping && past_deadline(sj, &claim)) || past_wait_bound(sj, &claim) {
+        // While the replaced run is being stopped the claim waits past its starting deadline
+        // (its period is not lost to the hung run it replaces), up to the next period.
+        let waited_enough = match stopping {
+            true => crate::decide::next_instant(&sj.spec, claim.period.0)
+                .is_some_and(|next| Timestamp::now() > next),
+            false => past_deadline(sj, &claim) || past_wait_bound(sj, &claim),
+        };
+        if waited_enough {
             let note =
                 format!("the backstop's fence stayed locked past the starting deadline: {why}");
             let d = decided::Decision::new(Outcome::Missed, reason::FENCE_HELD, note);
