@@ -390,7 +390,15 @@ pub async fn setup(name: &str) -> Result<Setup> {
         let selector = format!("app.kubernetes.io/instance={release}");
         for previous in ["--previous=true", "--previous=false"] {
             let logs = kubectl()
-                .args(["logs", "-n", &env.ns, "-l", &selector, "--tail=20", previous])
+                .args([
+                    "logs",
+                    "-n",
+                    &env.ns,
+                    "-l",
+                    &selector,
+                    "--tail=20",
+                    previous,
+                ])
                 .output()?;
             dump.push_str(&String::from_utf8_lossy(&logs.stdout));
         }

@@ -393,8 +393,11 @@ async fn the_readmes_commands_after_make_demo_run_in_a_clean_shell() -> Result<(
         .context("a ```sh block after it")?;
     let script = block.script.replace("singleton-demo", &work.ns);
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    // A new shell of a user who has the README's prerequisites (Go, cargo) on its PATH, and
+    // nothing this session exported.
+    let path = prerequisites_path()?;
     let out = std::process::Command::new("env")
-        .args(["-i", &format!("HOME={home}"), "PATH=/usr/bin:/bin"])
+        .args(["-i", &format!("HOME={home}"), &format!("PATH={path}")])
         .args(["bash", "-euo", "pipefail", "-c", &script])
         .current_dir(e2e::repo_file(""))
         .output()?;
@@ -419,4 +422,18 @@ async fn the_readmes_commands_after_make_demo_run_in_a_clean_shell() -> Result<(
     )
     .await?;
     Ok(())
+}
+
+/// `/usr/bin:/bin` and the directories of the README's prerequisites `go` and `cargo`, as found
+/// on this process's PATH.
+fn prerequisites_path() -> Result<String> {
+    let mut dirs: Vec<String> = Vec::new();
+    for tool in ["go", "cargo"] {
+        let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .find(|d| d.join(tool).is_file())
+            .with_context(|| format!("{tool} (a prerequisite) is not on PATH"))?;
+        dirs.push(found.display().to_string());
+    }
+    dirs.extend(["/usr/bin".to_string(), "/bin".to_string()]);
+    Ok(dirs.join(":"))
 }

@@ -108,13 +108,24 @@ async fn ready(env: &Env, name: &str, prefix: &str, stuck: bool) -> Result<Times
         .context("no period before creation")
 }
 
-/// Runs `period` once with a backfill (it never ran: the SingletonJob is newer), and returns its
-/// Job.
+/// Runs `period` once with a backfill (it never ran: the SingletonJob is newer, so the backfill
+/// says it knows, `--before-creation`), and returns its Job.
 async fn backfill(env: &Env, name: &str, period: Timestamp) -> Result<Job> {
     let p = period.to_string();
     let out = plugin(
         &[
-            "backfill", name, "-n", &env.ns, "--from", &p, "--to", &p, "--wait", "-o", "json",
+            "backfill",
+            name,
+            "-n",
+            &env.ns,
+            "--from",
+            &p,
+            "--to",
+            &p,
+            "--before-creation",
+            "--wait",
+            "-o",
+            "json",
         ],
         &[],
     )?;
