@@ -9,6 +9,8 @@ pub struct Proxy {
     up: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
     generation: tokio::sync::watch::Sender<u64>,
+    /// Connections accepted while stalled (held, never answered): evidence a stall was hit.
+    held: std::sync::Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -21,7 +23,9 @@ impl Proxy {
         let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (generation, _) = tokio::sync::watch::channel(0u64);
+        let held = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (up2, stalled2, gen2) = (up.clone(), stalled.clone(), generation.clone());
+        let held2 = held.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if !up2.load(Ordering::SeqCst) {
@@ -29,6 +33,7 @@ impl Proxy {
                 }
                 if stalled2.load(Ordering::SeqCst) {
                     // Accepted, never answered: a server that hangs.
+                    held2.fetch_add(1, Ordering::SeqCst);
                     let mut cut = gen2.subscribe();
                     tokio::spawn(async move {
                         let _held = inbound;
@@ -53,8 +58,14 @@ impl Proxy {
             up,
             stalled,
             generation,
+            held,
             task,
         })
+    }
+
+    /// How many connections were accepted while stalled, so far.
+    pub fn held(&self) -> u64 {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Refuses new connections and cuts the open ones.

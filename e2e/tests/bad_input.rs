@@ -585,8 +585,10 @@ async fn bad_input_battery() -> Result<()> {
         .collect();
     let distinct: BTreeSet<&String> = periods.iter().collect();
     let elapsed = battery_start.elapsed().as_secs();
-    // A period every 2 s since the battery began, less two for edges.
-    let want = (elapsed / 2).saturating_sub(2) as usize;
+    // A period every 2 s since the battery began; at least half of them ran. Other tests share
+    // the two cores, so a period may be late past its deadline (Missed); a good SingletonJob held
+    // up by the bad ones would run none or one.
+    let want = (elapsed / 4).saturating_sub(1) as usize;
     if distinct.len() != periods.len() {
         failures.push(format!("good: two Jobs for one period: {periods:?}"));
     }
