@@ -19,6 +19,7 @@ pub mod multicluster;
 mod proxy;
 pub mod real_node;
 mod service_account;
+pub mod sim_pods;
 mod tls;
 
 pub use backstop::{

@@ -3,7 +3,9 @@
 //! `dr-*` ones last, with the second control plane of e2e/src/multicluster.rs. It restarts the
 //! API server, etcd and PostgreSQL, so `make e2e` runs it after the other tests, alone; `make
 //! chaos` runs it with `CHAOS=full`. `CHAOS_SCENARIOS=leader-sigstop,partition` picks scenarios
-//! by name. The table is printed and written to `CHAOS_REPORT` (make sets it under target/).
+//! by name, `CHAOS_SCOPE=namespace` by what they touch (`Fault::scope`), `CHAOS_SHARD=2/3` every
+//! third of those from the second on: hack/e2e.sh runs what shares nothing side by side. The
+//! table is printed and written to `CHAOS_REPORT` (make sets it under target/).
 
 use anyhow::{Result, bail};
 use e2e::chaos::{Fault, Mode, all_scenarios, run_all};
@@ -24,8 +26,25 @@ async fn chaos_suite() -> Result<()> {
                 .filter(|f| names.contains(&f.name()))
                 .collect()
         }
-        _ => all,
+        // hack/e2e.sh runs the scopes that share nothing side by side.
+        _ => match std::env::var("CHAOS_SCOPE") {
+            Ok(scope) if !scope.trim().is_empty() => {
+                let scope = scope.trim();
+                let chosen: Vec<Fault> = all
+                    .into_iter()
+                    .filter(|f| f.scope().name() == scope)
+                    .collect();
+                if chosen.is_empty() {
+                    bail!(
+                        "CHAOS_SCOPE={scope:?} names no scenario's scope (namespace, cluster, real-nodes, second-cluster)"
+                    );
+                }
+                chosen
+            }
+            _ => all,
+        },
     };
+    let chosen = shard(chosen)?;
     let (outcomes, report) = run_all(&chosen, mode).await?;
     println!("\n{report}");
     if let Some(path) = std::env::var_os("CHAOS_REPORT") {
@@ -40,4 +59,26 @@ async fn chaos_suite() -> Result<()> {
         bail!("chaos checks failed:\n{}", violations.join("\n"));
     }
     Ok(())
+}
+
+/// `CHAOS_SHARD=i/n`: the i-th of every n scenarios (1-based), for side-by-side processes.
+fn shard(chosen: Vec<Fault>) -> Result<Vec<Fault>> {
+    let Ok(spec) = std::env::var("CHAOS_SHARD") else {
+        return Ok(chosen);
+    };
+    let parsed = spec.split_once('/').and_then(|(i, n)| {
+        Some((
+            i.trim().parse::<usize>().ok()?,
+            n.trim().parse::<usize>().ok()?,
+        ))
+    });
+    let Some((i, n)) = parsed.filter(|(i, n)| (1..=*n).contains(i)) else {
+        bail!("CHAOS_SHARD={spec:?}: expected i/n with 1 <= i <= n, e.g. 1/2");
+    };
+    Ok(chosen
+        .into_iter()
+        .enumerate()
+        .filter(|(k, _)| k % n == i - 1)
+        .map(|(_, f)| f)
+        .collect())
 }

@@ -3,15 +3,19 @@
 //! freezes there (SIGSTOP, as a GC or VM pause would freeze it) past its Lease while the other
 //! replica completes the period, the period's Job runs and is pruned (history limits 0); then the
 //! frozen leader resumes with everything it held. An outside watch of Job objects, started before
-//! the first run, must show no period with two Jobs that ran, and the backstop must refuse the
-//! period's token afterwards (it was retired when the period was decided).
+//! the first run, must show no period with two Jobs that ran; a simulated pod per Job that ran
+//! (e2e/src/sim_pods.rs) registers as its run's attempt and commits a fenced write, and the
+//! database's rows must show at most one attempt per period committed, none overlapping; the
+//! backstop must refuse the period's token afterwards (it was retired when the period was
+//! decided).
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use e2e::sim_pods::SimulatedPods;
 use e2e::{
-    Env, FAST_ELECTION, Observer, backstop_secret, backstop_spec, database_url, ensure, once_at,
-    pg, sj_yaml, table_prefix,
+    Env, FAST_ELECTION, backstop_secret, backstop_spec, database_url, ensure, once_at, pg, sj_yaml,
+    table_prefix,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -48,7 +52,10 @@ async fn stale_leader_at(point: &str, fault: Fault) -> Result<()> {
     let mut env = Env::new(&format!("fp-{point}")).await?;
     let prefix = table_prefix(&env);
     backstop_secret(&env, "db", &database_url()?, true).await?;
-    let watch = Observer::watch(env.client.clone(), &env.ns).await?;
+    // The watch, and a simulated pod for every Job it sees run: each registers as its run's
+    // attempt and commits a fenced write, so that attempts are counted from the database too.
+    let pods = SimulatedPods::start(env.client.clone(), &env.ns, &prefix).await?;
+    let watch = &pods.watch;
 
     // Replica 0 leads, with the point armed; replica 1 stands by.
     let action = match fault {
@@ -162,6 +169,22 @@ async fn stale_leader_at(point: &str, fault: Fault) -> Result<()> {
             &seconds,
             ("watch restarts", watch.relists()),
             watch.jobs(),
+        ),
+    )
+    .await?;
+
+    // G1 at the level of processes, from the database's rows: at most one attempt of the period
+    // committed, none after a newer one registered, and the period's pod did write.
+    let (attempts, started, committed) = pods.verdict().await?;
+    ensure(
+        &env,
+        attempts.max <= 1 && attempts.overlapping == 0 && started >= 1,
+        (
+            format!(
+                "{point}: attempts that committed per period (max) {}, overlapping {}, pods started {started}, committed {committed}",
+                attempts.max, attempts.overlapping
+            ),
+            &attempts.details,
         ),
     )
     .await?;

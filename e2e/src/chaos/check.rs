@@ -259,6 +259,10 @@ pub struct Expect {
     pub failover_max: Option<Duration>,
     /// How many failovers the row's fault must have caused (measured ones).
     pub min_failovers: usize,
+    /// The row's fault starts Jobs from outside the controller (queue-resumer): a Job seen
+    /// running before its release is the fault, not a violation, but it must have been stopped
+    /// (gone by the check) and at least one must have been seen.
+    pub outside_starts: bool,
 }
 
 /// One row of the table.
@@ -708,8 +712,20 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         }
     }
 
-    // Only the controller starts a run: no Job seen running before its release.
+    // Only the controller starts a run: no Job seen running before its release; where the fault
+    // starts them, each is stopped.
     for j in sj.jobs.iter().filter(|j| j.ran && j.unreleased) {
+        if ctx.expect.outside_starts {
+            if !j.removed {
+                row.details.push(format!(
+                    "{} period {}: Job {} was started by someone other than the controller and never stopped",
+                    sj.key,
+                    j.period,
+                    describe(j)
+                ));
+            }
+            continue;
+        }
         row.details.push(format!(
             "{} period {}: Job {} ran while its singleton.dev/released annotation said false (started by someone other than the controller)",
             sj.key,
@@ -949,28 +965,45 @@ fn evaluate_attempts(attempts: Option<&[CommittedAttempt]>, row: &mut Row) {
             row.writes_accepted
         ));
     }
+    let verdict = judge_attempts(attempts);
+    row.details.extend(verdict.details);
+    row.attempts_max = Some(verdict.max);
+    row.attempts_overlapping = Some(verdict.overlapping);
+}
+
+/// What the committed attempts say: the most distinct attempts that committed for one (job,
+/// period), the pairs where an older attempt committed at or after a newer one registered, and
+/// each violation in words (also a committed attempt without a registration row).
+#[derive(Clone, Debug, Default)]
+pub struct AttemptVerdict {
+    pub max: u64,
+    pub overlapping: u64,
+    pub details: Vec<String>,
+}
+
+/// The attempt columns' verdict (see [`evaluate_attempts`]); the failpoint tests use it too.
+pub fn judge_attempts(attempts: &[CommittedAttempt]) -> AttemptVerdict {
+    let mut v = AttemptVerdict::default();
     let mut by: BTreeMap<(&str, Timestamp), Vec<&CommittedAttempt>> = BTreeMap::new();
     for a in attempts {
         by.entry((&a.job, a.period)).or_default().push(a);
         if a.registered_at.is_none() {
-            row.details.push(format!(
+            v.details.push(format!(
                 "{} period {}: attempt {} (token {}) committed without a registration row",
                 a.job, a.period, a.attempt, a.token
             ));
         }
     }
-    let mut max = 0;
-    let mut overlapping = 0;
     for ((job, period), mut list) in by {
         list.sort_by_key(|a| (a.token, a.seq.unwrap_or(i64::MAX), a.committed_at));
         let distinct: BTreeSet<&str> = list.iter().map(|a| a.attempt.as_str()).collect();
-        max = max.max(distinct.len() as u64);
+        v.max = v.max.max(distinct.len() as u64);
         if distinct.len() > 1 {
             let names: Vec<String> = list
                 .iter()
                 .map(|a| format!("{} (token {}, #{:?})", a.attempt, a.token, a.seq))
                 .collect();
-            row.details.push(format!(
+            v.details.push(format!(
                 "{job} period {period} committed by {} attempts: {}",
                 distinct.len(),
                 names.join(", ")
@@ -984,8 +1017,8 @@ fn evaluate_attempts(attempts: Option<&[CommittedAttempt]>, row: &mut Row) {
                 if let Some(r) = newer.registered_at
                     && older.committed_at >= r
                 {
-                    overlapping += 1;
-                    row.details.push(format!(
+                    v.overlapping += 1;
+                    v.details.push(format!(
                         "{job} period {period}: attempt {} (token {}) committed at {} after attempt {} (token {}) registered at {r}",
                         older.attempt, older.token, older.committed_at, newer.attempt, newer.token
                     ));
@@ -993,8 +1026,7 @@ fn evaluate_attempts(attempts: Option<&[CommittedAttempt]>, row: &mut Row) {
             }
         }
     }
-    row.attempts_max = Some(max);
-    row.attempts_overlapping = Some(overlapping);
+    v
 }
 
 fn evaluate_hung(hung: &[HungTx], row: &mut Row) {

@@ -9,6 +9,7 @@ pub mod check;
 pub mod dr;
 pub mod dr_check;
 pub mod evidence;
+mod outside;
 pub mod real;
 pub mod real_pods;
 pub mod world;
@@ -133,6 +134,13 @@ const FENCE_HUNG: &[&str] = &[
     reason::DEADLINE_EXCEEDED,
     reason::FENCE_HELD,
 ];
+/// A resumer outside the controller: also a period whose Job it started before the release
+/// (stopped, decided Failed).
+const STARTED_OUTSIDE: &[&str] = &[
+    reason::SUPERSEDED,
+    reason::DEADLINE_EXCEEDED,
+    reason::STARTED_BEFORE_CONFIRM,
+];
 /// burst-pause: every SingletonJob of the burst must run its one period.
 const NOTHING: &[&str] = &[];
 
@@ -205,6 +213,36 @@ pub enum Fault {
     /// Real pods: the kubelet of the node where a run's pod works frozen past the node's
     /// eviction; the pod replaced on the other node; the old process, still running, refused.
     RealKubeletPartition,
+    /// Something outside the controller (a queue admitting every Job, a tool, a person) clears
+    /// `spec.suspend` on every suspended Job it sees ([`outside`]).
+    QueueResumer,
+    /// The replicas' link to PostgreSQL cut while a run works, until after it completed
+    /// ([`outside`]): its outcome waits for its token's retirement.
+    DbCutAtCompletion,
+}
+
+/// What a scenario shares with others while it runs ([`Fault::scope`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Its own namespace and replicas only (the shared API server sees its load).
+    Namespace,
+    /// It stops or pauses what every test uses: the API server, etcd or PostgreSQL. Alone.
+    Cluster,
+    /// The real nodes' pods, containers and kubelets (it may drain or freeze node 2).
+    RealNodes,
+    /// The second control plane of e2e/src/multicluster.rs, which it stops and restarts.
+    SecondCluster,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Namespace => "namespace",
+            Scope::Cluster => "cluster",
+            Scope::RealNodes => "real-nodes",
+            Scope::SecondCluster => "second-cluster",
+        }
+    }
 }
 
 pub const SCENARIOS: &[Fault] = &[
@@ -229,6 +267,8 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::RealPodDeleteWorking,
     Fault::RealNodeDrain,
     Fault::RealKubeletPartition,
+    Fault::QueueResumer,
+    Fault::DbCutAtCompletion,
 ];
 
 impl Fault {
@@ -256,6 +296,22 @@ impl Fault {
             Fault::RealPodDeleteWorking => "real-pod-delete-working",
             Fault::RealNodeDrain => "real-node-drain",
             Fault::RealKubeletPartition => "real-kubelet-partition",
+            Fault::QueueResumer => "queue-resumer",
+            Fault::DbCutAtCompletion => "db-cut-at-completion",
+        }
+    }
+
+    /// What else the scenario touches, so that scenarios of disjoint scopes can run side by
+    /// side (`make e2e`, hack/e2e.sh).
+    pub fn scope(self) -> Scope {
+        match self {
+            Fault::ApiserverRestart
+            | Fault::EtcdPause
+            | Fault::EtcdRestart
+            | Fault::PostgresStop => Scope::Cluster,
+            Fault::Dr(_) => Scope::SecondCluster,
+            f if f.on_real_node() => Scope::RealNodes,
+            _ => Scope::Namespace,
         }
     }
 
@@ -290,7 +346,8 @@ impl Fault {
             Fault::LeaderSigkill => (CATCH_UP, lease, mode.kills()),
             Fault::RollingSigterm => (CATCH_UP, Some(HANDOVER_MAX), mode.rolling_rounds()),
             Fault::ApiserverRestart | Fault::EtcdPause | Fault::EtcdRestart => (API_DOWN, None, 0),
-            Fault::PostgresStop => (DB_DOWN, None, 0),
+            Fault::PostgresStop | Fault::DbCutAtCompletion => (DB_DOWN, None, 0),
+            Fault::QueueResumer => (STARTED_OUTSIDE, None, 0),
             Fault::ClockAhead | Fault::ClockBehind => (CATCH_UP, None, 1),
             Fault::ReplacePause => (CATCH_UP, None, 0),
             Fault::BurstPause => (NOTHING, None, 1),
@@ -305,6 +362,7 @@ impl Fault {
             // claim never waits out the backstop's lock timeout.
             no_backstop_missed: self == Fault::ReplaceHungTx,
             hung_replace: self == Fault::ReplaceHungTx,
+            outside_starts: self == Fault::QueueResumer,
             reasons,
             min_due_in_fault: min_due(self.planned(mode), &self.sjs()),
             failover_max,
@@ -396,7 +454,11 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     }
     let began = Instant::now();
     let proxied = (fault == Fault::Partition).then_some(0);
-    let mut w = World::start(&format!("chaos-{}", fault.name()), fault.sjs(), proxied).await?;
+    let name = format!("chaos-{}", fault.name());
+    let mut w = match fault {
+        Fault::DbCutAtCompletion => World::start_with_db_link(&name, fault.sjs()).await?,
+        _ => World::start(&name, fault.sjs(), proxied).await?,
+    };
     w.wait_leader(None, Instant::now(), Duration::from_secs(60))
         .await?;
     w.wait(
@@ -520,7 +582,7 @@ impl Outcome {
 async fn run_burst(mode: Mode) -> Result<Outcome> {
     let began = Instant::now();
     let lease_wait = Duration::from_secs(60);
-    let mut w = World::empty("chaos-burst-pause", None).await?;
+    let mut w = World::empty("chaos-burst-pause", None, false).await?;
     w.wait_leader(None, Instant::now(), lease_wait).await?;
     // An hourly schedule at a whole second: the burst comes once in the scenario.
     let at = Timestamp::from_second((Timestamp::now() + BURST_LEAD).as_second())?;
@@ -947,6 +1009,8 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
                 ),
             ));
         }
+        Fault::QueueResumer => return outside::queue_resumer(w, window).await,
+        Fault::DbCutAtCompletion => return outside::db_cut_at_completion(w, window).await,
         Fault::BurstPause => anyhow::bail!("burst-pause runs its own course (run_burst)"),
         Fault::RealLeaderFreeze
         | Fault::RealContainerKill

@@ -211,6 +211,9 @@ pub struct World {
     /// Replica slot routed to the API server through [`World::proxy`].
     pub proxy: Option<Proxy>,
     proxy_slot: Option<usize>,
+    /// The replicas' link to PostgreSQL (the backstop Secret points through it), when the row
+    /// cuts it ([`World::start_with_db_link`]); the workload connects directly.
+    pub db_link: Option<Proxy>,
 }
 
 /// Runs `hack/cluster.sh ACTION COMPONENT` (the ports come from the environment, as for make).
@@ -232,16 +235,30 @@ impl World {
     /// Namespace, backstop Secret, the Job observer, three replicas (slot `proxied`, if any,
     /// reaches the API server through a test-owned proxy), the SingletonJobs, and the workload.
     pub async fn start(name: &str, sjs: Vec<SjDef>, proxied: Option<usize>) -> Result<World> {
-        let mut world = World::empty(name, proxied).await?;
+        let mut world = World::empty(name, proxied, false).await?;
         world.add_sjs(sjs).await?;
         Ok(world)
     }
 
-    /// A world without SingletonJobs yet ([`World::add_sjs`]).
-    pub async fn empty(name: &str, proxied: Option<usize>) -> Result<World> {
+    /// [`World::start`], the replicas reaching PostgreSQL through [`World::db_link`].
+    pub async fn start_with_db_link(name: &str, sjs: Vec<SjDef>) -> Result<World> {
+        let mut world = World::empty(name, None, true).await?;
+        world.add_sjs(sjs).await?;
+        Ok(world)
+    }
+
+    /// A world without SingletonJobs yet ([`World::add_sjs`]); with `db_link`, the backstop
+    /// Secret points through a proxy of the test's.
+    pub async fn empty(name: &str, proxied: Option<usize>, db_link: bool) -> Result<World> {
         let env = Env::new(name).await?;
         let prefix = table_prefix(&env);
-        backstop_secret(&env, "db", &database_url()?, true).await?;
+        let db_link = match db_link {
+            true => Some(crate::proxied_backstop_secret(&env, "db").await?),
+            false => {
+                backstop_secret(&env, "db", &database_url()?, true).await?;
+                None
+            }
+        };
         let proxy = match proxied {
             Some(_) => Some(apiserver_proxy().await?),
             None => None,
@@ -259,6 +276,7 @@ impl World {
             dispatcher: None,
             proxy,
             proxy_slot: proxied,
+            db_link,
         };
         // Before any Job can exist: the observer must see the first one.
         world
@@ -916,7 +934,7 @@ pub fn schedule_interval(schedule: &singleton::schedule::Schedule, t: Timestamp)
 
 /// The simulated workload's table of committed writes (one row per accepted fenced write, with
 /// the attempt that wrote it when attempts are registered).
-pub(super) async fn create_writes_table(db: &tokio_postgres::Client, prefix: &str) -> Result<()> {
+pub async fn create_writes_table(db: &tokio_postgres::Client, prefix: &str) -> Result<()> {
     db.batch_execute(&format!(
         "CREATE TABLE IF NOT EXISTS {prefix}chaos_writes (id bigserial PRIMARY KEY, job text NOT NULL, \
          period timestamptz NOT NULL, token bigint NOT NULL, held boolean NOT NULL, attempt text, \
@@ -1300,7 +1318,7 @@ where
 
 /// A pod's registration of its attempt (`<p>attempt(job, token, attempt)`, autocommit), retried
 /// while the database is unreachable; a refusal is final.
-pub(super) async fn register_with_retry(
+pub async fn register_with_retry(
     prefix: &str,
     key: &str,
     token: u64,
@@ -1327,7 +1345,7 @@ pub(super) async fn register_with_retry(
 
 /// The workload's transaction: the fence first (with the attempt when there is one), then its
 /// write. Retried while the database is unreachable (at most 90 s); a refusal is final.
-pub(super) async fn write_with_retry(
+pub async fn write_with_retry(
     prefix: &str,
     key: &str,
     period: Timestamp,
