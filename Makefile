@@ -12,6 +12,8 @@ SHELL := bash
 
 CARGO ?= cargo
 E2E_THREADS ?= 4
+E2E_LANES ?= 2
+CHAOS_LANES ?= 2
 CRD_FILE ?= crds/singletonjob.yaml
 CALENDAR_CRD_FILE ?= crds/singletoncalendar.yaml
 CHART_DIR ?= charts/singleton-controller
@@ -109,12 +111,21 @@ chart:
 	  --set networkPolicy.enabled=true --set 'networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}' --set metrics.tlsSecret=metrics-tls
 	HELM=$$helm $(CARGO) test -p e2e --test chart_render
 
-# The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs).
+# The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs). Built
+# once, then the integration test binaries (the model check, ~2 min of CPU, among them) beside
+# the crates' own unit tests and doc tests: a row per test binary in `make test`'s table, each
+# side's output printed whole when it ends.
 unit:
 	hack/postgres.sh up >/dev/null
 	export DATABASE_URL=$$(hack/postgres.sh url)
-	# A row per test binary in `make test`'s table.
-	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e
+	$(TIMED) "unit build" $(CARGO) test --workspace --exclude e2e --no-run -q
+	log=$(TARGET_DIR)/unit-integration.log rc=0
+	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --test '*' > "$$log" 2>&1 & side=$$!
+	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --lib --bins || rc=$$?
+	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --doc || rc=$$?
+	wait $$side || rc=$$?
+	cat "$$log"
+	exit $$rc
 
 # The start of the e2e and chaos recipes (one shell each, .ONESHELL): the cluster up, the
 # controller built, the CRD installed, the environment the tests read exported. Tear down
@@ -142,18 +153,14 @@ export KUBECTL HELM
 trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 
-# In `make test`'s table: a row per test binary (each binary's own time; they run one after
-# another, their tests in parallel) and per chaos scenario.
+# The e2e test binaries side by side (E2E_LANES at a time), then make demo-dr's short form and
+# the chaos suite's short form, what shares nothing side by side and what restarts the API
+# server, etcd or PostgreSQL alone (hack/e2e.sh). In `make test`'s table: a row per test binary,
+# per chaos process and per chaos scenario.
 e2e:
 	$(CLUSTER_FOR_TESTS)
-	$(TIMED) --suites "tests ($(E2E_THREADS) threads)" \
-	  $(CARGO) test -p e2e -- --test-threads=$(E2E_THREADS) --skip chaos_suite --skip demo_dr
-	# make demo-dr in CI form (about 2 min): two more control planes of its own, so alone.
-	$(TIMED) demo_dr $(CARGO) test -p e2e --test demo_dr -- --nocapture
-	# The chaos suite's short form last and alone: it restarts the API server, etcd and PostgreSQL
-	# under everyone's feet. --nocapture: its progress (a line per scenario) and its table.
-	CHAOS_REPORT=$(TARGET_DIR)/chaos/short.md $(TIMED) --chaos "chaos (short)" \
-	  $(CARGO) test -p e2e --test chaos -- --nocapture
+	E2E_LANES=$(E2E_LANES) E2E_THREADS=$(E2E_THREADS) CHAOS_LANES=$(CHAOS_LANES) \
+	  CHAOS_REPORT=$(TARGET_DIR)/chaos/short.md $(TIMED) . hack/e2e.sh
 
 # The fault-injection suite, full length (docs/reliability.md). Like e2e, it starts the cluster
 # when it is not running and then stops it again; the table is printed and kept in $(CHAOS_REPORT).
