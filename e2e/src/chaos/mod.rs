@@ -9,7 +9,7 @@ pub mod check;
 pub mod dr;
 pub mod dr_check;
 pub mod evidence;
-mod outside;
+pub mod outside;
 pub mod real;
 pub mod real_pods;
 pub mod world;
