@@ -981,7 +981,7 @@ pub struct AttemptVerdict {
     pub details: Vec<String>,
 }
 
-/// The attempt columns' verdict (see [`evaluate_attempts`]); the failpoint tests use it too.
+/// The attempt columns' verdict, for the chaos rows and the failpoint tests.
 pub fn judge_attempts(attempts: &[CommittedAttempt]) -> AttemptVerdict {
     let mut v = AttemptVerdict::default();
     let mut by: BTreeMap<(&str, Timestamp), Vec<&CommittedAttempt>> = BTreeMap::new();
