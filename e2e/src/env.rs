@@ -66,6 +66,24 @@ pub fn skewed_clock(offset: &str) -> Result<Vec<(String, String)>> {
     ])
 }
 
+/// How far off the wall clock of a process started with `vars` runs, in seconds: `date`'s time
+/// under them minus this process's (the midpoint of the call). Evidence that a skew applies
+/// (libfaketime preloaded and honoured), for a skew too small to see in a log's timestamps.
+pub fn clock_offset_under(vars: &[(String, String)]) -> Result<f64> {
+    let before = jiff::Timestamp::now();
+    let out = std::process::Command::new("date")
+        .arg("+%s.%N")
+        .envs(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()?;
+    let after = jiff::Timestamp::now();
+    let seen: f64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .with_context(|| format!("date under {vars:?} printed {:?}", out.stdout))?;
+    let mid = (before.as_nanosecond() + after.as_nanosecond()) as f64 / 2e9;
+    Ok(seen - mid)
+}
+
 /// The controller binary: `SINGLETON_CONTROLLER_BIN`, or the workspace's debug build.
 pub fn controller_bin() -> PathBuf {
     std::env::var_os("SINGLETON_CONTROLLER_BIN")

@@ -39,6 +39,8 @@ pub struct JobRecord {
     pub token: Option<u64>,
     /// Ever seen allowed to run pods (see [`allowed_to_run`]).
     pub ran: bool,
+    /// When the watch first saw it allowed to run (the watch's time).
+    pub ran_at: Option<Timestamp>,
     /// Seen allowed to run while its `singleton.dev/released` annotation still said `false`:
     /// someone other than the controller started it (issue 31).
     pub ran_unreleased: bool,
@@ -273,6 +275,7 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
             .get("singleton.dev/fencing-token")
             .and_then(|t| t.parse().ok()),
         ran: false,
+        ran_at: None,
         ran_unreleased: false,
         finished: false,
         finished_at: None,
@@ -288,6 +291,7 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
         allowed_to_run(job) && a.get("singleton.dev/released").map(String::as_str) == Some("false");
     if !r.ran && allowed_to_run(job) {
         r.ran = true;
+        r.ran_at = Some(Timestamp::now());
         if let (Some(sj), Some(period), Some(token)) = (r.sj.clone(), r.period, r.token) {
             let _ = tx.send(Seen::Ran {
                 uid,

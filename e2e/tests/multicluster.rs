@@ -70,6 +70,29 @@ impl Two {
     }
 }
 
+/// Waits (up to 10 s) until each cluster's watch has seen every Job its API server lists now:
+/// the checks that follow read the watches, and one lagging behind would hide a duplicate.
+async fn watches_caught_up(t: &Two, east: &Observer, west: &Observer) -> Result<()> {
+    for (env, o) in [(&t.east, east), (&t.west, west)] {
+        let listed: Vec<String> = env
+            .job_list()
+            .await?
+            .iter()
+            .filter_map(|j| j.metadata.uid.clone())
+            .collect();
+        env.wait_for(
+            "the watch to catch up with the list",
+            Duration::from_secs(10),
+            || async {
+                let seen: Vec<String> = o.jobs().into_iter().map(|j| j.uid).collect();
+                Ok(listed.iter().all(|u| seen.contains(u)).then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// Periods -> the clusters in which a Job of the period ran (was allowed to run pods).
 fn ran(east: &Observer, west: &Observer) -> BTreeMap<Timestamp, Vec<&'static str>> {
     let mut by: BTreeMap<Timestamp, Vec<&'static str>> = BTreeMap::new();
@@ -126,7 +149,7 @@ async fn both_active_every_period_runs_once_in_exactly_one_cluster() -> Result<(
         .await?;
     t.east.stop_controller(0, true).await?;
     t.west.stop_controller(0, true).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await; // the observers' last events
+    watches_caught_up(&t, &eo, &wo).await?;
     let by = ran(&eo, &wo);
     ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
     // Every confirmed claim up to the last period that ran has its one Job, in its cluster.
@@ -238,7 +261,7 @@ async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<(
     tokio::time::sleep(Duration::from_secs(2)).await;
     t.east.stop_controller(0, true).await?;
     t.west.stop_controller(0, true).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    watches_caught_up(&t, &eo, &wo).await?;
     let by = ran(&eo, &wo);
     ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
     // The primary, back, claims the newest period at once while the standby comes to the ones
@@ -404,6 +427,7 @@ async fn clocks_40s_apart_the_database_clock_decides() -> Result<()> {
     t.west
         .create_sj(&t.yaml("    takeoverAfterSeconds: 10\n"))
         .await?;
+    let started = Timestamp::now();
     t.east
         .start_controller_with_env(
             &e2e::skewed_clock("+40s")?,
@@ -433,9 +457,18 @@ async fn clocks_40s_apart_the_database_clock_decides() -> Result<()> {
             },
         )
         .await?;
+    // The skew applied: the standby's log runs 40 s ahead of real time (its first line, minus
+    // when it was started: a start-up of a few seconds at most on top).
+    let offset = e2e::chaos::evidence::log_clock_offset(&t.east.controller_log(0), started);
+    ensure(
+        &t.east,
+        offset.is_some_and(|o| (38.0..50.0).contains(&o)),
+        ("the standby's log runs 40 s ahead", offset),
+    )
+    .await?;
     t.east.stop_controller(0, true).await?;
     t.west.stop_controller(0, true).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    watches_caught_up(&t, &eo, &wo).await?;
     let by = ran(&eo, &wo);
     ensure(&t.east, twice(&by).is_empty(), ("ran twice", twice(&by))).await?;
     ensure(

@@ -98,6 +98,7 @@ async fn forbid_with_catch_up_none_skips() -> Result<()> {
 async fn replace_deletes_the_old_run_before_the_new_one() -> Result<()> {
     let mut env = Env::new("replace").await?;
     env.start_controller(&[]).await?;
+    let watch = Observer::watch(env.client.clone(), &env.ns).await?;
     env.create_sj(&stuck_yaml(
         "r",
         "*/2 * * * * *",
@@ -145,6 +146,25 @@ async fn replace_deletes_the_old_run_before_the_new_one() -> Result<()> {
         .filter(|j| j.metadata.deletion_timestamp.is_none())
         .collect();
     ensure(&env, live.len() <= 2, ("old Jobs deleted", live.len())).await?;
+    // From outside: each run (no backstop to fence the old one) started only once the run it
+    // replaced was gone, as the watch saw them.
+    let mut runs: Vec<_> = watch.jobs().into_iter().filter(|j| j.ran).collect();
+    runs.sort_by_key(|j| j.period);
+    let overlaps: Vec<_> = runs
+        .windows(2)
+        .filter(|w| !matches!((w[0].deleted, w[1].ran_at), (Some(gone), Some(ran)) if gone <= ran))
+        .map(|w| (&w[0].name, w[0].deleted, &w[1].name, w[1].ran_at))
+        .collect();
+    ensure(
+        &env,
+        runs.len() >= 3 && overlaps.is_empty() && watch.relists() == 0,
+        (
+            "each run started after the one it replaced was gone",
+            runs.len(),
+            &overlaps,
+        ),
+    )
+    .await?;
     Ok(())
 }
 
@@ -625,8 +645,17 @@ async fn a_controller_whose_clock_is_half_a_second_ahead_never_starts_a_run_earl
     let mut env = Env::new("clock-ahead").await?;
     // Within the tolerated skew, so this controller runs; but by its clock (libfaketime) every
     // instant comes half a second before the API server's clock reaches it.
-    env.start_controller_with_env(&e2e::skewed_clock("+0.5s")?, &[])
-        .await?;
+    let skew = e2e::skewed_clock("+0.5s")?;
+    // The skew applies: a process started with the same environment runs half a second ahead
+    // (otherwise this test would pass without its fault).
+    let offset = e2e::clock_offset_under(&skew)?;
+    ensure(
+        &env,
+        (0.3..0.7).contains(&offset),
+        ("a process under the skew runs 0.5 s ahead", offset),
+    )
+    .await?;
+    env.start_controller_with_env(&skew, &[]).await?;
     // Allow: each period starts at its instant, none waits for an earlier run to finish.
     env.create_sj(&stuck_yaml(
         "a",
