@@ -1,8 +1,8 @@
 //! The fault-injection suite (issue #8, docs/reliability.md): every scenario of
 //! `e2e::chaos::all_scenarios()`, one after another, against the shared cluster; the two-cluster
-//! `dr-*` ones last, with the second control plane of e2e/src/multicluster.rs. It restarts the
-//! API server, etcd and PostgreSQL, so `make e2e` runs it after the other tests, alone; `make
-//! chaos` runs it with `CHAOS=full`. `CHAOS_SCENARIOS=leader-sigstop,partition` picks scenarios
+//! `dr-*` ones last, with the second control plane of e2e/src/multicluster.rs. Some restart the
+//! API server, etcd and PostgreSQL, so `make e2e` runs those alone (hack/e2e.sh); `make chaos`
+//! runs them all, one after another, with `CHAOS=full`. `CHAOS_SCENARIOS=leader-sigstop,partition` picks scenarios
 //! by name, `CHAOS_SCOPE=namespace` by what they touch (`Fault::scope`), `CHAOS_SHARD=2/3` every
 //! third of those from the second on: hack/e2e.sh runs what shares nothing side by side. The
 //! table is printed and written to `CHAOS_REPORT` (make sets it under target/).
