@@ -91,6 +91,14 @@ pub(super) async fn queue_resumer(w: &mut World, window: Duration) -> Result<Inj
 /// queue admitting everything would; counts the patches that found the Job still suspended.
 async fn resume_everything(jobs: Api<Job>, started: Arc<AtomicUsize>) {
     let lp = ListParams::default().labels("singleton.dev/job");
+    // Only a Job still suspended: the count is of runs this resumer started.
+    let ops = serde_json::json!([
+        {"op": "test", "path": "/spec/suspend", "value": true},
+        {"op": "replace", "path": "/spec/suspend", "value": false},
+    ]);
+    let Ok(unsuspend) = serde_json::from_value::<json_patch::Patch>(ops) else {
+        return;
+    };
     loop {
         if let Ok(list) = jobs.list(&lp).await {
             for job in list {
@@ -98,17 +106,9 @@ async fn resume_everything(jobs: Api<Job>, started: Arc<AtomicUsize>) {
                     continue;
                 }
                 let name = job.metadata.name.clone().unwrap_or_default();
-                // Only a Job still suspended: the count is of runs this resumer started.
-                let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
-                    {"op": "test", "path": "/spec/suspend", "value": true},
-                    {"op": "replace", "path": "/spec/suspend", "value": false},
-                ])) {
-                    Ok(p) => p,
-                    Err(_) => return,
-                };
                 let pp = PatchParams::default();
                 if jobs
-                    .patch(&name, &pp, &Patch::Json::<()>(patch))
+                    .patch(&name, &pp, &Patch::Json::<()>(unsuspend.clone()))
                     .await
                     .is_ok()
                 {
