@@ -114,14 +114,17 @@ chart:
 # The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs). Built
 # once, then the integration test binaries (the model check, ~2 min of CPU, among them) beside
 # the crates' own unit tests and doc tests: a row per test binary in `make test`'s table, each
-# side's output printed whole when it ends.
+# side's output printed whole when it ends. The e2e crate's own unit tests (the chaos checker's
+# judgements, no cluster) run here too; its test binaries are `make e2e`'s.
 unit:
 	hack/postgres.sh up >/dev/null
 	export DATABASE_URL=$$(hack/postgres.sh url)
 	$(TIMED) "unit build" $(CARGO) test --workspace --exclude e2e --no-run -q
+	$(TIMED) "unit build (e2e lib)" $(CARGO) test -p e2e --lib --no-run -q
 	log=$(TARGET_DIR)/unit-integration.log rc=0
 	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --test '*' > "$$log" 2>&1 & side=$$!
 	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --lib --bins || rc=$$?
+	$(TIMED) --suites . $(CARGO) test -p e2e --lib || rc=$$?
 	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --doc || rc=$$?
 	wait $$side || rc=$$?
 	cat "$$log"

@@ -17,8 +17,8 @@
 #           start, restart only). pause is SIGSTOP, resume SIGCONT. Idempotent: stopping what is
 #           stopped, starting what runs, resuming what runs are no-ops. start and restart wait
 #           until the component is healthy.
-# Env: SINGLETON_ETCD_PORT (32379), SINGLETON_ETCD_PEER_PORT (32380), SINGLETON_APISERVER_PORT
-#      (36443), SINGLETON_KCM_PORT (36257), SINGLETON_SCHEDULER_PORT (36259), SINGLETON_PG_PORT (35432)
+# Env: SINGLETON_ETCD_PORT (22379), SINGLETON_ETCD_PEER_PORT (22380), SINGLETON_APISERVER_PORT
+#      (26443), SINGLETON_KCM_PORT (26257), SINGLETON_SCHEDULER_PORT (26259), SINGLETON_PG_PORT (25432)
 #      SINGLETON_APISERVER_EXTRA_ARGS, SINGLETON_KCM_EXTRA_ARGS: extra flags for kube-apiserver and
 #      kube-controller-manager, split on whitespace (so no spaces inside one flag), read by `up`
 #      only. make bench passes an audit policy and log to the API server and
@@ -40,11 +40,16 @@ LOG_TAG=cluster
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$REPO/hack/lib.sh"
 
-ETCD_PORT=${SINGLETON_ETCD_PORT:-32379}
-ETCD_PEER_PORT=${SINGLETON_ETCD_PEER_PORT:-32380}
-APISERVER_PORT=${SINGLETON_APISERVER_PORT:-36443}
-KCM_PORT=${SINGLETON_KCM_PORT:-36257}
-SCHEDULER_PORT=${SINGLETON_SCHEDULER_PORT:-36259}
+# The default ports (and the second cluster's, demo-dr's: +1000 to +3000) are below Linux's
+# ephemeral range (ip_local_port_range, 32768-60999 by default), from which the kernel picks the
+# local port of every outgoing connection: a listener inside it can find its port taken by, say,
+# an API server's connection to etcd (CI once lost the second cluster's etcd to "bind: address
+# already in use" on 33380 that way). check_ports_free warns about a port moved into it.
+ETCD_PORT=${SINGLETON_ETCD_PORT:-22379}
+ETCD_PEER_PORT=${SINGLETON_ETCD_PEER_PORT:-22380}
+APISERVER_PORT=${SINGLETON_APISERVER_PORT:-26443}
+KCM_PORT=${SINGLETON_KCM_PORT:-26257}
+SCHEDULER_PORT=${SINGLETON_SCHEDULER_PORT:-26259}
 SERVICE_CIDR=10.96.0.0/16
 NODE=kwok-node-0
 
@@ -178,10 +183,15 @@ start() { # start <name> <binary> [args...]
 }
 
 check_ports_free() {
-  local p
+  local p lo=32768 hi=60999
+  [ -r /proc/sys/net/ipv4/ip_local_port_range ] && read -r lo hi </proc/sys/net/ipv4/ip_local_port_range
   for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT" "$KCM_PORT" "$SCHEDULER_PORT"; do
     port_taken "$p" && die "127.0.0.1:$p is already taken by another process (not one of ours);" \
       "set SINGLETON_*_PORT to move the cluster (see hack/cluster.sh header)"
+    if [ "$p" -ge "$lo" ] && [ "$p" -le "$hi" ]; then
+      log "warning: port $p is in the kernel's ephemeral range ($lo-$hi): an outgoing connection" \
+        "may take it before the listener starts; prefer a port below $lo"
+    fi
   done
   return 0
 }

@@ -23,9 +23,9 @@
 #      DEMO_DR_RESUME (1): phase 3, west back (0: end with west down),
 #      DEMO_DR_RESUME_GRACE (15): seconds west may take to claim again once its API server is ready,
 #      DEMO_DR_KEEP (0): 1 leaves everything running at the end,
-#      DEMO_DR_WEST_PORTS ("32411 32412 36411 36412 36413"), DEMO_DR_EAST_PORTS ("32421 32422
-#      36421 36422 36423"): etcd, etcd peer, kube-apiserver, kube-controller-manager and
-#      kube-scheduler ports; DEMO_DR_PG_PORT (35411): PostgreSQL's.
+#      DEMO_DR_WEST_PORTS ("22411 22412 26411 26412 26413"), DEMO_DR_EAST_PORTS ("22421 22422
+#      26421 26422 26423"): etcd, etcd peer, kube-apiserver, kube-controller-manager and
+#      kube-scheduler ports; DEMO_DR_PG_PORT (25411): PostgreSQL's.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=demo-dr
@@ -40,10 +40,10 @@ TAKEOVER=${DEMO_DR_TAKEOVER_AFTER:-6}
 RESUME=${DEMO_DR_RESUME:-1}
 RESUME_GRACE=${DEMO_DR_RESUME_GRACE:-15}
 KEEP=${DEMO_DR_KEEP:-0}
-WEST_PORTS=${DEMO_DR_WEST_PORTS:-32411 32412 36411 36412 36413}
-EAST_PORTS=${DEMO_DR_EAST_PORTS:-32421 32422 36421 36422 36423}
+WEST_PORTS=${DEMO_DR_WEST_PORTS:-22411 22412 26411 26412 26413}
+EAST_PORTS=${DEMO_DR_EAST_PORTS:-22421 22422 26421 26422 26423}
 # The demo's own PostgreSQL (hack/postgres.sh), whatever the caller's environment says.
-export SINGLETON_PG_NAME=demo-dr SINGLETON_PG_PORT=${DEMO_DR_PG_PORT:-35411}
+export SINGLETON_PG_NAME=demo-dr SINGLETON_PG_PORT=${DEMO_DR_PG_PORT:-25411}
 unset SINGLETON_APISERVER_EXTRA_ARGS SINGLETON_KCM_EXTRA_ARGS
 
 NS=singleton-demo

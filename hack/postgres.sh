@@ -4,7 +4,7 @@
 # TLS is on too (ssl=on with a throwaway CA, server certificate for 127.0.0.1 and localhost), while
 # plain connections keep working; the CA certificate is at `hack/postgres.sh ca` for sslmode tests.
 # Usage: hack/postgres.sh up|down|stop|url|status|ca   (stop keeps the data; `up` starts it again)
-# Env: SINGLETON_PG_PORT (default 35432)
+# Env: SINGLETON_PG_PORT (default 25432)
 #      SINGLETON_PG_NAME: a server of its own beside the default one (state in .cache/postgres-NAME,
 #      on its own SINGLETON_PG_PORT), e.g. make demo-dr's, so `make up`/`make down` never touch it.
 set -euo pipefail
@@ -21,7 +21,7 @@ TLS_DIR=$ROOT/tls
 PORT_FILE=$ROOT/port
 DB=singleton
 # The port of a running server wins over the environment, so `url` keeps pointing at what runs.
-if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_PG_PORT:-35432}; fi
+if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_PG_PORT:-25432}; fi
 
 have_initdb() { local d; d=$(newest_bin); [ -n "$d" ] && [ -x "$d/initdb" ]; }
 newest_bin() { printf '%s\n' /usr/lib/postgresql/*/bin | { grep -v '\*' || true; } | sort -V | tail -n 1; }
@@ -128,7 +128,7 @@ up() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if ! running; then
     # A server stopped by `stop` comes back on its port (clients hold URLs with it).
-    if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_PG_PORT:-35432}; fi
+    if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_PG_PORT:-25432}; fi
     if [ ! -s "$DATA/PG_VERSION" ]; then
       log "initdb in $DATA"
       rm -rf "$DATA"

@@ -15,6 +15,12 @@ use crate::commands::{kubectl, repo_root};
 /// The second cluster's name for `hack/cluster.sh` (state in `.cache/cluster-second`).
 pub const SECOND: &str = "second";
 
+/// What the second cluster adds to each of the first cluster's ports.
+pub const SECOND_PORT_OFFSET: u16 = 1000;
+/// What `tests/demo_dr.rs` adds to the first cluster's ports for west and east (and to
+/// PostgreSQL's, west's, for their database), so that demo-dr runs beside both clusters.
+pub const DEMO_DR_PORT_OFFSETS: [u16; 2] = [2000, 3000];
+
 static HELD: Mutex<bool> = Mutex::const_new(false);
 
 /// The second control plane, held by one test at a time.
@@ -28,7 +34,8 @@ fn port(var: &str, default: u16) -> String {
         .ok()
         .and_then(|p| p.parse::<u16>().ok())
         .unwrap_or(default);
-    std::env::var(format!("SINGLETON_SECOND_{var}")).unwrap_or_else(|_| (first + 1000).to_string())
+    std::env::var(format!("SINGLETON_SECOND_{var}"))
+        .unwrap_or_else(|_| (first + SECOND_PORT_OFFSET).to_string())
 }
 
 /// `hack/cluster.sh ARGS` for the second cluster.
@@ -36,11 +43,11 @@ pub fn script(args: &[&str]) -> Command {
     let mut cmd = Command::new(repo_root().join("hack/cluster.sh"));
     cmd.args(args).env("SINGLETON_CLUSTER_NAME", SECOND);
     for (var, default) in [
-        ("ETCD_PORT", 32379),
-        ("ETCD_PEER_PORT", 32380),
-        ("APISERVER_PORT", 36443),
-        ("KCM_PORT", 36257),
-        ("SCHEDULER_PORT", 36259),
+        ("ETCD_PORT", 22379),
+        ("ETCD_PEER_PORT", 22380),
+        ("APISERVER_PORT", 26443),
+        ("KCM_PORT", 26257),
+        ("SCHEDULER_PORT", 26259),
     ] {
         cmd.env(format!("SINGLETON_{var}"), port(var, default));
     }
@@ -106,5 +113,70 @@ impl Drop for SecondCluster {
     fn drop(&mut self) {
         // Leave it serving for the next test, whatever this one did.
         let _ = script(&["start", "kube-apiserver"]).output();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The `NAME:-PORT` defaults a script gives its port variables, and demo-dr's port lists.
+    fn defaults(script: &str) -> Vec<(String, u16)> {
+        let text = std::fs::read_to_string(repo_root().join(script)).unwrap();
+        let mut found = Vec::new();
+        for part in text.split("${").skip(1) {
+            let Some((name, rest)) = part.split_once(":-") else {
+                continue;
+            };
+            if !name.ends_with("PORT") && !name.ends_with("PORTS") {
+                continue;
+            }
+            let value = rest.split('}').next().unwrap_or_default();
+            for p in value.split_whitespace() {
+                found.push((name.to_string(), p.parse().unwrap()));
+            }
+        }
+        found
+    }
+
+    /// Every port the local clusters listen on (the first, the second, demo_dr's west and east,
+    /// `make demo-dr`'s) lies below the kernel's ephemeral range, where an outgoing connection
+    /// can take it first (CI lost the second cluster's etcd to "address already in use" so),
+    /// and no two of the clusters that run at once share one.
+    #[test]
+    fn the_clusters_ports_are_distinct_and_below_the_ephemeral_range() {
+        let cluster = defaults("hack/cluster.sh");
+        let pg = defaults("hack/postgres.sh");
+        assert_eq!(cluster.len(), 5, "{cluster:?}");
+        assert!(!pg.is_empty());
+        let pg = pg[0].1;
+        let mut all = BTreeSet::new();
+        let mut add = |p: u16, what: &str| {
+            assert!(p < 32768, "{what}: {p} is in the ephemeral range");
+            assert!(all.insert(p), "{what}: {p} is used twice");
+        };
+        add(pg, "PostgreSQL");
+        for offset in [0, SECOND_PORT_OFFSET]
+            .into_iter()
+            .chain(DEMO_DR_PORT_OFFSETS)
+        {
+            for (name, p) in &cluster {
+                add(p + offset, &format!("{name} + {offset}"));
+            }
+        }
+        add(pg + DEMO_DR_PORT_OFFSETS[0], "demo_dr's PostgreSQL");
+        // `make demo-dr` runs alone (the e2e test moves it), but beside the first cluster.
+        let mut own = BTreeSet::new();
+        for (name, p) in defaults("hack/demo-dr.sh") {
+            assert!(p < 32768, "{name}: {p} is in the ephemeral range");
+            assert!(own.insert(p), "{name}: {p} is used twice");
+            assert!(
+                cluster.iter().all(|(_, c)| *c != p) && p != pg,
+                "{name}: {p} is the first cluster's"
+            );
+        }
+        assert_eq!(own.len(), 11);
     }
 }

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
+use e2e::multicluster::DEMO_DR_PORT_OFFSETS;
 
 fn port(var: &str, default: u16, plus: u16) -> String {
     let base = std::env::var(format!("SINGLETON_{var}"))
@@ -23,11 +24,11 @@ fn port(var: &str, default: u16, plus: u16) -> String {
 
 fn ports(plus: u16) -> String {
     [
-        port("ETCD_PORT", 32379, plus),
-        port("ETCD_PEER_PORT", 32380, plus),
-        port("APISERVER_PORT", 36443, plus),
-        port("KCM_PORT", 36257, plus),
-        port("SCHEDULER_PORT", 36259, plus),
+        port("ETCD_PORT", 22379, plus),
+        port("ETCD_PEER_PORT", 22380, plus),
+        port("APISERVER_PORT", 26443, plus),
+        port("KCM_PORT", 26257, plus),
+        port("SCHEDULER_PORT", 26259, plus),
     ]
     .join(" ")
 }
@@ -44,9 +45,12 @@ fn demo_dr_ends_with_a_passing_verdict() -> Result<()> {
         .env("DEMO_DR_TAKEOVER_AFTER", "6")
         .env("DEMO_DR_RESUME_GRACE", "15")
         .env("DEMO_DR_KEEP", "0")
-        .env("DEMO_DR_WEST_PORTS", ports(2000))
-        .env("DEMO_DR_EAST_PORTS", ports(3000))
-        .env("DEMO_DR_PG_PORT", port("PG_PORT", 35432, 2000))
+        .env("DEMO_DR_WEST_PORTS", ports(DEMO_DR_PORT_OFFSETS[0]))
+        .env("DEMO_DR_EAST_PORTS", ports(DEMO_DR_PORT_OFFSETS[1]))
+        .env(
+            "DEMO_DR_PG_PORT",
+            port("PG_PORT", 25432, DEMO_DR_PORT_OFFSETS[0]),
+        )
         .output()
         .context("run hack/demo-dr.sh")?;
     let stdout = String::from_utf8_lossy(&out.stdout);

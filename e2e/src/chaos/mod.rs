@@ -1036,7 +1036,7 @@ fn etcd_port() -> u16 {
     std::env::var("SINGLETON_ETCD_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
-        .unwrap_or(32379)
+        .unwrap_or(22379)
 }
 
 /// When PostgreSQL's postmaster started (changes with each restart), if it answers within 30 s.
