@@ -25,6 +25,12 @@ pub(super) fn status_after_confirm(
 ) -> SingletonJobStatus {
     let mut status = fresh.status.clone().unwrap_or_default();
     status.pending_claim = None;
+    // The confirmed status carries its run's token (G3), also when the status was wiped between
+    // the claim and its completion and kept only the pending claim: a later claim then issues a
+    // higher token without a backstop too, and this process's own copies are told from older
+    // ones by it (`OwnWrites::predates`; with the token 0 every later copy looked older than
+    // the confirm, and the SingletonJob waited for a change that never came).
+    status.fencing_token = status.fencing_token.max(claim.token);
     status
         .active
         .retain(|r| !claim.replaces.iter().any(|o| o.job_name == r.job_name));

@@ -299,6 +299,41 @@ async fn a_won_confirm_resumes_its_job_by_uid_and_reconciles_wait_for_both() {
     assert!(ctx.own_writes.predates(&sj, sj.status.as_ref().unwrap()));
 }
 
+/// A status wiped between a claim and its completion, the pending claim kept (a merge patch
+/// that removed what its author saw, the claim landing in between): the confirm written over it
+/// carries the claim's token, so that the copy the watch brings back is not taken for one read
+/// before the confirm (CI: a SingletonJob waited half a minute for a change that never came,
+/// until the Lease changed hands, and its periods were recorded Missed).
+#[test]
+fn a_confirm_over_a_wiped_status_carries_its_token() {
+    let (mut sj, claim) = claimed();
+    sj.status = Some(SingletonJobStatus {
+        pending_claim: Some(claim.clone()),
+        ..Default::default()
+    });
+    let status = confirm::status_after_confirm(&sj, &claim, false);
+    assert_eq!(status.fencing_token, claim.token);
+    assert_eq!(status.active, vec![claim.clone()]);
+    let own = OwnWrites::default();
+    own.remember(&sj, claim.token);
+    assert!(
+        own.predates(&sj, sj.status.as_ref().unwrap()),
+        "the wiped copy"
+    );
+    assert!(
+        !own.predates(&sj, &status),
+        "the confirmed copy is this process's own write"
+    );
+    // A status that was never wiped keeps its (higher) token.
+    let (sj, claim) = claimed();
+    let mut higher = sj.clone();
+    higher.status.as_mut().unwrap().fencing_token = 9;
+    assert_eq!(
+        confirm::status_after_confirm(&higher, &claim, false).fencing_token,
+        9
+    );
+}
+
 /// What the status that beat a confirm says of the confirm's claim and Job.
 #[derive(Clone, Copy, Debug)]
 enum Winner {
