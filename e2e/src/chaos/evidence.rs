@@ -175,6 +175,23 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
+/// Waits until process `pid` is seen stopped (state `T`), at most `within`: `kill -STOP` returns
+/// before the kernel stops the process, which on a busy machine can take a scheduling round, so
+/// the window whose every sample must show it stopped starts once it is (a sample taken before
+/// failed a CI run's etcd-pause, 69 of 70). Whether it stopped in time.
+pub async fn wait_stopped(pid: u32, within: Duration) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        if process_state(pid) == Some('T') {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Process `pid` exists and is not a zombie.
 pub fn process_alive(pid: u32) -> bool {
     !matches!(process_state(pid), None | Some('Z') | Some('X'))

@@ -855,6 +855,10 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
         Fault::EtcdPause => {
             let pid = evidence::cluster_pid(None, "etcd");
             cluster("pause", "etcd").await?;
+            if let Some(pid) = pid {
+                // Not judged here: a process never seen stopped fails the samples below.
+                evidence::wait_stopped(pid, Duration::from_secs(2)).await;
+            }
             inj.from = Some(Timestamp::now());
             let sampler = pid.map(StateSampler::start);
             w.run_for(window).await?;
