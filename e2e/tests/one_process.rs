@@ -809,11 +809,14 @@ async fn a_replaced_run_without_a_backstop_is_gone_before_the_new_one_starts() -
     .await?;
     // The old pod goes; the next period starts its run.
     let release = serde_json::json!({"metadata": {"finalizers": null}});
+    // The old Job cannot be gone before its pod is released. Judged against this instant, not
+    // against when the poll below saw it gone: that lags the deletion, and a Job created right
+    // after it (its creationTimestamp cut to the second) failed a CI run by 1.6 ms.
+    let released_at = Timestamp::now();
     pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&release))
         .await?;
     env.wait_job_gone("the replaced run's Job", &first.job_name)
         .await?;
-    let gone_at = Timestamp::now();
     env.wait_for("the new run", Duration::from_secs(30), || async {
         let later = watch
             .jobs()
@@ -832,11 +835,11 @@ async fn a_replaced_run_without_a_backstop_is_gone_before_the_new_one_starts() -
         &env,
         created
             .iter()
-            .all(|c| *c >= gone_at - SignedDuration::from_secs(1)),
+            .all(|c| *c >= released_at - SignedDuration::from_secs(1)),
         (
-            "new Jobs created before the replaced one was gone",
+            "new Jobs created before the replaced run's pod was released",
             &created,
-            gone_at,
+            released_at,
         ),
     )
     .await
