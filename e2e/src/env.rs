@@ -362,6 +362,28 @@ impl Env {
         }
     }
 
+    /// Polls `check` every 200 ms through `window`, failing at its first `false` with a dump of
+    /// what the cluster and the controllers showed: for what must not happen, observed over a
+    /// bounded window rather than looked at once after a sleep.
+    pub async fn holds_for<F, Fut>(&self, what: &str, window: Duration, mut check: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let start = Instant::now();
+        loop {
+            if !check().await? {
+                self.no_foreign_controller().await?;
+                let dump = self.dump().await;
+                bail!("{what}: no longer true after {:?}\n{dump}", start.elapsed());
+            }
+            if start.elapsed() >= window {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Waits up to 30 s until the Job `name` no longer exists (`what` says which Job, for the
     /// failure's message).
     pub async fn wait_job_gone(&self, what: &str, name: &str) -> Result<()> {

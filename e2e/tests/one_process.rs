@@ -440,7 +440,14 @@ async fn a_wiped_status_adopts_a_confirmed_run_waiting_in_its_queue() -> Result<
             .then_some(()))
     })
     .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Later reconciles (the sweep among them) must leave it alone: watched for 3 s.
+    let kept = || async {
+        let job = env.jobs().get_opt(&run.job_name).await?;
+        let removed = events_with_reason(&env, "UnknownJobRemoved").await?;
+        Ok(job.is_some_and(|j| j.metadata.deletion_timestamp.is_none()) && removed.is_empty())
+    };
+    env.holds_for("the queued run's Job kept", Duration::from_secs(3), kept)
+        .await?;
     let job = env.jobs().get_opt(&run.job_name).await?;
     let removed = events_with_reason(&env, "UnknownJobRemoved").await?;
     ensure(
@@ -702,7 +709,13 @@ async fn a_stale_replica_cannot_retire_the_token_of_a_run_another_replica_starte
         .await?;
     // Past the starting deadline, the frozen replica resumes: its create is refused (the quota
     // is full with the live run's Job) and it exits once it notices its lost Lease.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deadline = at + SignedDuration::from_secs(5);
+    env.wait_for(
+        "the period's starting deadline",
+        Duration::from_secs(30),
+        || async { Ok((Timestamp::now() > deadline).then_some(())) },
+    )
+    .await?;
     env.signal_controller(0, "CONT").await?;
     env.wait_for("replica 0 to exit", Duration::from_secs(30), || async {
         Ok(env.controller_exited(0).then_some(()))

@@ -398,10 +398,11 @@ fn fence_held<'a>(
         }
         // While the replaced run is being stopped the claim waits past its starting deadline
         // (its period is not lost to the hung run it replaces), up to the next period.
-        let waited_enough = match stopping {
-            true => crate::decide::next_instant(&sj.spec, claim.period.0)
-                .is_some_and(|next| Timestamp::now() > next),
-            false => past_deadline(sj, &claim) || past_wait_bound(sj, &claim),
+        let waited_enough = if stopping {
+            crate::decide::next_instant(&sj.spec, claim.period.0)
+                .is_some_and(|next| Timestamp::now() > next)
+        } else {
+            past_deadline(sj, &claim) || past_wait_bound(sj, &claim)
         };
         if waited_enough {
             let note =
