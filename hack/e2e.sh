@@ -10,8 +10,9 @@
 #   2. make demo-dr's short form (two control planes of its own, its own PostgreSQL) beside the
 #      chaos scenarios that touch only their own namespace (CHAOS_SCOPE=namespace, in
 #      CHAOS_LANES processes);
-#   3. alone, one after another: the scenarios that stop what every test uses (the API server,
-#      etcd, PostgreSQL: CHAOS_SCOPE=cluster), then the two-cluster ones (second-cluster).
+#   3. alone, one after another: the scenarios that stop or flood what every test uses (the API
+#      server, etcd, PostgreSQL, kwok: CHAOS_SCOPE=cluster), then the two-cluster ones
+#      (second-cluster).
 #
 # Each binary's and each chaos process's output is printed whole when it ends (not interleaved),
 # with its row in `make test`'s table (hack/timed.sh). The chaos tables go to $CHAOS_REPORT, one
@@ -131,7 +132,8 @@ log "phase 2: demo_dr and the chaos scenarios of a namespace ($CHAOS_LANES proce
 lanes "$(wc -l < "$jobs")" "$jobs"
 collect
 
-# 3. Alone: what stops the API server, etcd or PostgreSQL, then the second control plane's.
+# 3. Alone: what stops or floods the API server, etcd, PostgreSQL or kwok, then the second
+# control plane's.
 jobs=$LOGS/alone.jobs
 {
   chaos chaos-cluster CHAOS_SCOPE=cluster
