@@ -7,12 +7,13 @@
 #      (all but chaos and demo_dr), E2E_LANES at a time, longest first (by their times in the
 #      last run, kept in target/e2e-times.tsv), each with E2E_THREADS threads; every test makes
 #      its own namespace, so binaries do not meet;
-#   2. make demo-dr's short form (two control planes of its own, its own PostgreSQL) beside the
+#   2. make demo-dr's short form (two control planes of its own, its own PostgreSQL), then in
+#      the same lane the two-cluster scenarios (the second control plane of
+#      e2e/src/multicluster.rs, which only the multicluster tests of step 1 also use), beside the
 #      chaos scenarios that touch only their own namespace (CHAOS_SCOPE=namespace, in
 #      CHAOS_LANES processes);
-#   3. alone, one after another: the scenarios that stop or flood what every test uses (the API
-#      server, etcd, PostgreSQL, kwok: CHAOS_SCOPE=cluster), then the two-cluster ones
-#      (second-cluster).
+#   3. alone: the scenarios that stop or flood what every test uses (the API server, etcd,
+#      PostgreSQL, kwok: CHAOS_SCOPE=cluster).
 #
 # Each binary's and each chaos process's output is printed whole when it ends (not interleaved),
 # with its row in `make test`'s table (hack/timed.sh). The chaos tables go to $CHAOS_REPORT, one
@@ -119,7 +120,8 @@ for f in "$LOGS"/*.log; do
 done > "$TIMES.new" || true
 mv "$TIMES.new" "$TIMES"
 
-# 2. demo-dr and the chaos scenarios that share nothing, side by side.
+# 2. demo-dr, then the two-cluster scenarios in its lane, beside the chaos scenarios that share
+# nothing. The lanes take the jobs in order: the two-cluster ones start when demo_dr ends.
 demo_bin=$(awk -F'\t' '$1 == "demo_dr" { print $2 }' <<< "$list")
 jobs=$LOGS/side.jobs
 {
@@ -127,19 +129,16 @@ jobs=$LOGS/side.jobs
   for i in $(seq 1 "$CHAOS_LANES"); do
     chaos "chaos-namespace-$i" CHAOS_SCOPE=namespace "CHAOS_SHARD=$i/$CHAOS_LANES"
   done
-} > "$jobs"
-log "phase 2: demo_dr and the chaos scenarios of a namespace ($CHAOS_LANES processes) side by side"
-lanes "$(wc -l < "$jobs")" "$jobs"
-collect
-
-# 3. Alone: what stops or floods the API server, etcd, PostgreSQL or kwok, then the second
-# control plane's.
-jobs=$LOGS/alone.jobs
-{
-  chaos chaos-cluster CHAOS_SCOPE=cluster
   chaos chaos-second-cluster CHAOS_SCOPE=second-cluster
 } > "$jobs"
-log "phase 3: the chaos scenarios that stop shared components, one at a time"
+log "phase 2: demo_dr then the two-cluster scenarios, beside the chaos scenarios of a namespace ($CHAOS_LANES processes)"
+lanes "$((CHAOS_LANES + 1))" "$jobs"
+collect
+
+# 3. Alone: what stops or floods the API server, etcd, PostgreSQL or kwok.
+jobs=$LOGS/alone.jobs
+chaos chaos-cluster CHAOS_SCOPE=cluster > "$jobs"
+log "phase 3: the chaos scenarios that stop or flood shared components"
 lanes 1 "$jobs"
 collect
 
