@@ -98,6 +98,16 @@ impl Mode {
             Mode::Full => 6,
         }
     }
+
+    /// burst-pause: SingletonJobs in the burst, all due at one instant. The short form's half
+    /// still has the leader paused mid-burst (a quarter created) and takes about 40 s less:
+    /// completing and pruning the burst is paced by the job controller's 20 requests a second.
+    fn burst_sjs(self) -> usize {
+        match self {
+            Mode::Short => 100,
+            Mode::Full => 200,
+        }
+    }
 }
 
 /// The kwok rows' leader election ([`crate::FAST_ELECTION`]): lease duration and retry period.
@@ -187,8 +197,9 @@ pub enum Fault {
     Partition,
     /// The workload of a Replace SingletonJob paused past the Replace of its run.
     ReplacePause,
-    /// 200 SingletonJobs due at the same instant; the leader SIGSTOPped in the middle of the
-    /// burst, held while another replica completes it and pruning removes the Jobs, then SIGCONT.
+    /// 200 SingletonJobs (100 in the short form) due at the same instant; the leader
+    /// SIGSTOPped in the middle of the burst, held while another replica completes it and
+    /// pruning removes the Jobs, then SIGCONT.
     BurstPause,
     /// The running workload of a Replace SingletonJob hangs in its transaction holding the fence
     /// row when the next period falls due.
@@ -227,8 +238,8 @@ pub enum Scope {
     /// Its own namespace and replicas only (the shared API server sees its load).
     Namespace,
     /// It stops, pauses or floods what every test uses: the API server, etcd or PostgreSQL, or
-    /// (burst-pause) the API server, job controller, scheduler and kwok's fake node with 200
-    /// runs at once. Alone.
+    /// (burst-pause) the API server, job controller, scheduler and kwok's fake node with 100
+    /// (short form) or 200 runs at once. Alone.
     Cluster,
     /// The real nodes' pods, containers and kubelets (it may drain or freeze node 2).
     RealNodes,
@@ -269,7 +280,8 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::RealPodDeleteWorking,
     Fault::RealNodeDrain,
     Fault::RealKubeletPartition,
-    // In this order, CHAOS_SHARD=1/2 and 2/2 of the namespace-only ones take about as long.
+    // In this order the namespace-only ones split into CHAOS_SHARD=1/3, 2/3 and 3/3 of about a
+    // minute to a minute and a half each (hack/e2e.sh).
     Fault::QueueResumer,
     Fault::DbCutAtCompletion,
 ];
@@ -312,9 +324,9 @@ impl Fault {
             | Fault::EtcdPause
             | Fault::EtcdRestart
             | Fault::PostgresStop => Scope::Cluster,
-            // Its 200 pods queue in kwok (4 stage workers for every namespace) for about 45 s:
-            // beside it, another row's runs stayed Running that long, an Allow job reached its
-            // 10 active runs and its periods fell past their deadline (CI, 2026-12-05).
+            // Its 200 pods (then) queued in kwok (4 stage workers for every namespace) for about
+            // 45 s: beside it, another row's runs stayed Running that long, an Allow job reached
+            // its 10 active runs and its periods fell past their deadline (CI, 2026-12-05).
             Fault::BurstPause => Scope::Cluster,
             Fault::Dr(_) => Scope::SecondCluster,
             f if f.on_real_node() => Scope::RealNodes,
@@ -425,9 +437,7 @@ impl Fault {
 /// a run of `kept` active).
 const PRECONDITION_WAIT: Duration = Duration::from_secs(30);
 
-/// burst-pause: SingletonJobs in the burst. All are due at one instant.
-const BURST_SJS: usize = 200;
-/// Of those, how many have the backstop. The controller holds a connection per SingletonJob with
+/// Of the burst's SingletonJobs ([`Mode::burst_sjs`]), how many have the backstop. The controller holds a connection per SingletonJob with
 /// one, and a paused leader keeps its connections while the next opens its own: 200 each would
 /// be 400 against PostgreSQL's default of 100. The rest rely on the Kubernetes layers alone.
 const BURST_BACKSTOPPED: usize = 32;
@@ -580,7 +590,7 @@ impl Outcome {
     }
 }
 
-/// burst-pause: a burst of [`BURST_SJS`] runs due at one instant (history limits 0, Forbid);
+/// burst-pause: a burst of [`Mode::burst_sjs`] runs due at one instant (history limits 0, Forbid);
 /// the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its lease
 /// while another replica completes the burst and pruning removes the Jobs, then SIGCONT. A
 /// resumed leader that sends what it had in flight (a Job create) re-creates a pruned run.
@@ -593,13 +603,14 @@ impl Outcome {
 async fn run_burst(mode: Mode) -> Result<Outcome> {
     let began = Instant::now();
     let lease_wait = Duration::from_secs(60);
+    let burst = mode.burst_sjs();
     let mut w = World::empty("chaos-burst-pause", None, false).await?;
     w.wait_leader(None, Instant::now(), lease_wait).await?;
     // An hourly schedule at a whole second: the burst comes once in the scenario.
     let at = Timestamp::from_second((Timestamp::now() + BURST_LEAD).as_second())?;
     let z = at.to_zoned(jiff::tz::TimeZone::UTC);
     let schedule = format!("{} {} * * * *", z.second(), z.minute());
-    let sjs = (0..BURST_SJS)
+    let sjs = (0..burst)
         .map(|i| SjDef::new(format!("b-{i:03}"), schedule.clone()).backstop(i < BURST_BACKSTOPPED))
         .collect();
     w.add_sjs(sjs).await?;
@@ -621,7 +632,7 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
                             == Some(next.as_str())
                     })
                     .count();
-                Ok((n == BURST_SJS).then_some(()))
+                Ok((n == burst).then_some(()))
             })
         },
     )
@@ -629,13 +640,13 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
     let ready = Timestamp::now();
     if ready + SignedDuration::from_secs(2) > at {
         anyhow::bail!(
-            "setting up {BURST_SJS} SingletonJobs took until {ready}, too close to the burst at {at}: raise BURST_LEAD"
+            "setting up {burst} SingletonJobs took until {ready}, too close to the burst at {at}: raise BURST_LEAD"
         );
     }
 
     // Mid-burst: a quarter of the burst's Jobs exist. Polled every 10 ms from the watch.
     let of_burst = move |j: &crate::observer::JobRecord| j.period == Some(at);
-    let quarter = BURST_SJS / 4;
+    let quarter = burst / 4;
     let wait_burst = at.duration_since(Timestamp::now()).unsigned_abs() + Duration::from_secs(60);
     if !w
         .wait_jobs(wait_burst, Duration::from_millis(10), |jobs| {
@@ -660,8 +671,8 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
     let t0 = Instant::now();
     let at_pause = w.observer.jobs().iter().filter(|j| of_burst(j)).count();
     let mut proofs = vec![Proof::new(
-        at_pause < BURST_SJS,
-        format!("the leader was paused with {at_pause} of the burst's {BURST_SJS} Jobs created"),
+        at_pause < burst,
+        format!("the leader was paused with {at_pause} of the burst's {burst} Jobs created"),
     )];
     let (_, took) = match w.wait_leader(Some(leader), t0, lease_wait).await {
         Ok(l) => l,
@@ -682,7 +693,7 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
                     .filter(|j| of_burst(j) && j.ran)
                     .filter_map(|j| j.sj.as_deref())
                     .collect();
-                ran.len() == BURST_SJS
+                ran.len() == burst
                     && jobs
                         .iter()
                         .filter(|j| of_burst(j))
