@@ -523,14 +523,23 @@ impl World {
             let others: Vec<usize> = (0..self.slots.len())
                 .filter(|s| *s != slot && *s != l)
                 .collect();
+            let mut paused = Vec::new();
+            let mut handed = Ok(());
             for s in &others {
-                self.signal(*s, "STOP").await?;
+                match self.signal(*s, "STOP").await {
+                    Ok(()) => paused.push(*s),
+                    Err(e) => handed = Err(e),
+                }
             }
-            self.slots[l].held = true;
-            let handed = self.hand_over(l).await;
-            self.slots[l].held = false;
-            for s in &others {
-                self.signal(*s, "CONT").await?;
+            if handed.is_ok() {
+                self.slots[l].held = true;
+                handed = self.hand_over(l).await;
+                self.slots[l].held = false;
+            }
+            // Every paused standby resumes, whatever failed.
+            for s in paused {
+                let resumed = self.signal(s, "CONT").await;
+                handed = handed.and(resumed);
             }
             handed?;
         }
