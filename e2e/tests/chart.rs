@@ -59,6 +59,14 @@ impl Release {
         for s in sets {
             cmd.args(["--set", s]);
         }
+        // Without watchNamespaces the operation-requester policy is bound cluster-wide, and every
+        // test running beside this one would have its hand-written operation requests judged by
+        // it (limits.rs's trigger spam, written without `by`, was refused so, 2026-12-05). It is
+        // tested where it is scoped: bad_input.rs applies the chart's own, and the release of
+        // chart_with_watch_namespaces_cannot_reach_other_namespaces has it.
+        if !sets.iter().any(|s| s.starts_with("watchNamespaces=")) {
+            cmd.args(["--set", "admissionPolicies.operationRequester=false"]);
+        }
         // Installed from here on: a failed install may have created some objects.
         let release = Release {
             name,
