@@ -35,7 +35,7 @@ help:
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
-	echo 'make lint     rustfmt, cargo deny, clippy, rustdoc links, the image context, the CRD drift check, the alert rules (promtool) and that every tool a script runs is obtained first'
+	echo 'make lint     rustfmt, cargo deny (the RustSec advisories fail when their database cannot be read; SINGLETON_ADVISORIES=skip skips them), clippy, rustdoc links, the image context, the CRD drift check, the alert rules (promtool) and that every tool a script runs is obtained first'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
