@@ -100,7 +100,7 @@ impl Mode {
     }
 
     /// burst-pause: SingletonJobs in the burst, all due at one instant. The short form's half
-    /// still has the leader paused mid-burst (a quarter created) and takes about 40 s less:
+    /// still has the leader paused mid-burst (a quarter created) and takes about 30 s less:
     /// completing and pruning the burst is paced by the job controller's 20 requests a second.
     fn burst_sjs(self) -> usize {
         match self {
@@ -280,8 +280,8 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::RealPodDeleteWorking,
     Fault::RealNodeDrain,
     Fault::RealKubeletPartition,
-    // In this order the namespace-only ones split into CHAOS_SHARD=1/3, 2/3 and 3/3 of about a
-    // minute to a minute and a half each (hack/e2e.sh).
+    // In this order the namespace-only ones split into CHAOS_SHARD=1/3, 2/3 and 3/3 of 50 s to
+    // 2 min each (hack/e2e.sh starts them as lanes free up).
     Fault::QueueResumer,
     Fault::DbCutAtCompletion,
 ];
@@ -437,9 +437,10 @@ impl Fault {
 /// a run of `kept` active).
 const PRECONDITION_WAIT: Duration = Duration::from_secs(30);
 
-/// Of the burst's SingletonJobs ([`Mode::burst_sjs`]), how many have the backstop. The controller holds a connection per SingletonJob with
-/// one, and a paused leader keeps its connections while the next opens its own: 200 each would
-/// be 400 against PostgreSQL's default of 100. The rest rely on the Kubernetes layers alone.
+/// Of the burst's SingletonJobs ([`Mode::burst_sjs`]), how many have the backstop. The
+/// controller holds a connection per SingletonJob with one, and a paused leader keeps its
+/// connections while the next opens its own: 200 each would be 400 against PostgreSQL's default
+/// of 100. The rest rely on the Kubernetes layers alone.
 const BURST_BACKSTOPPED: usize = 32;
 /// From creating the SingletonJobs to the burst: time for the leader's first reconcile of each.
 const BURST_LEAD: SignedDuration = SignedDuration::from_secs(40);
@@ -590,8 +591,8 @@ impl Outcome {
     }
 }
 
-/// burst-pause: a burst of [`Mode::burst_sjs`] runs due at one instant (history limits 0, Forbid);
-/// the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its lease
+/// burst-pause: a burst of [`Mode::burst_sjs`] runs due at one instant (history limits 0,
+/// Forbid); the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its lease
 /// while another replica completes the burst and pruning removes the Jobs, then SIGCONT. A
 /// resumed leader that sends what it had in flight (a Job create) re-creates a pruned run.
 ///
