@@ -592,9 +592,9 @@ impl Outcome {
 }
 
 /// burst-pause: a burst of [`Mode::burst_sjs`] runs due at one instant (history limits 0,
-/// Forbid); the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its lease
-/// while another replica completes the burst and pruning removes the Jobs, then SIGCONT. A
-/// resumed leader that sends what it had in flight (a Job create) re-creates a pruned run.
+/// Forbid); the leader SIGSTOPped once some but not all of the burst's Jobs exist, held past its
+/// lease while another replica completes the burst and pruning removes the Jobs, then SIGCONT.
+/// A resumed leader that sends what it had in flight (a Job create) re-creates a pruned run.
 ///
 /// Its preconditions are proofs the row requires, not notes: the pause came in the middle of the
 /// burst, the burst was completed and pruned while the leader was paused, the leader was still
