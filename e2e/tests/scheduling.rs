@@ -292,7 +292,7 @@ async fn catch_up_all_runs_every_period_missed_while_the_controller_was_down() -
         Ok((!ran(&watch).is_empty()).then_some(()))
     })
     .await?;
-    // The fault: the controller is down across several periods.
+    // The fault (a fixed sleep on purpose): the controller is down across several periods.
     env.stop_controller(c, true).await?;
     let down_at = Timestamp::now();
     tokio::time::sleep(Duration::from_secs(9)).await;
@@ -360,8 +360,9 @@ async fn a_schedule_edit_never_fires_retroactively() -> Result<()> {
         },
     )
     .await?;
-    // The scenario itself: time passes under the old schedule; an edit that counted from
-    // creation (kubernetes#63371) would now owe the new schedule's periods since then.
+    // The scenario itself (a fixed sleep on purpose): time passes under the old schedule; an
+    // edit that counted from creation (kubernetes#63371) would now owe the new schedule's
+    // periods since then.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let edited = Timestamp::now();
     let patch = serde_json::json!({"spec": {"schedule": "*/2 * * * * *"}});
