@@ -125,6 +125,25 @@ fn falls<'a>(
         .collect()
 }
 
+/// A spec line for [`Two::yaml_with`]: runs may overlap, so that the primary claims every
+/// period at its instant even while its last Job is still active.
+const ALLOW: &str = "  concurrencyPolicy: Allow\n";
+
+/// Waits (up to 60 s) until the primary (west, started alone) has run a period, so that a
+/// standby started next finds it claiming; the number of periods run so far.
+async fn primary_ran(t: &Two, east: &Observer, west: &Observer) -> Result<usize> {
+    t.west
+        .wait_for(
+            "the primary's first run",
+            Duration::from_secs(60),
+            || async {
+                let by = ran(east, west);
+                Ok((!by.is_empty()).then_some(by.len()))
+            },
+        )
+        .await
+}
+
 fn twice(by: &BTreeMap<Timestamp, Vec<&'static str>>) -> Vec<(Timestamp, Vec<&'static str>)> {
     by.iter()
         .filter(|(_, cs)| cs.len() > 1)
@@ -180,22 +199,29 @@ async fn both_active_every_period_runs_once_in_exactly_one_cluster() -> Result<(
     Ok(())
 }
 
-/// Active/standby: the standby (east, standbyDelaySeconds 3) runs nothing while the primary
+/// Active/standby: the standby (east, standbyDelaySeconds 5) runs nothing while the primary
 /// (west) runs; with the primary's API server stopped, the standby runs the next periods, each
 /// once; with it back, the primary runs periods again within 20 s.
+///
+/// As in the clock test below, the primary starts first and its runs may overlap (`Allow`), so
+/// that a slow Job of the primary's does not rightly hand a period to the standby while it is up.
 #[tokio::test]
 async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<()> {
     let mut t = two("dr-standby").await?;
     let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
     let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
     t.east
-        .create_sj(&t.yaml("    takeoverAfterSeconds: 6\n    standbyDelaySeconds: 3\n"))
+        .create_sj(&t.yaml_with(
+            ALLOW,
+            "    takeoverAfterSeconds: 6\n    standbyDelaySeconds: 5\n",
+        ))
         .await?;
     t.west
-        .create_sj(&t.yaml("    takeoverAfterSeconds: 6\n"))
+        .create_sj(&t.yaml_with(ALLOW, "    takeoverAfterSeconds: 6\n"))
         .await?;
-    t.east.start_controller(&["--cluster-id", "east"]).await?;
     t.west.start_controller(&["--cluster-id", "west"]).await?;
+    primary_ran(&t, &eo, &wo).await?;
+    t.east.start_controller(&["--cluster-id", "east"]).await?;
     t.east
         .wait_for(
             "three periods run by the primary",
@@ -242,8 +268,7 @@ async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<(
     // The primary comes back: its controller creates a Job again within seconds (its watches
     // retry at least every 4 s, 410 Gone at once; kube's default back-off left it blind for a
     // minute or two, watch_backoff.rs), and it must not run what the standby ran. A Job
-    // created, not run: the fake node's own watches may take longer to recover, and under
-    // Forbid the primary then leaves the next periods to the standby.
+    // created, not run: the fake node's own watches may take longer to recover.
     let ready = Timestamp::now();
     let back = t
         .east
@@ -428,23 +453,17 @@ async fn clocks_40s_apart_the_database_clock_decides() -> Result<()> {
     let mut t = two("dr-skew").await?;
     let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
     let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
-    let allow = "  concurrencyPolicy: Allow\n";
     t.east
         .create_sj(&t.yaml_with(
-            allow,
+            ALLOW,
             "    takeoverAfterSeconds: 10\n    standbyDelaySeconds: 6\n",
         ))
         .await?;
     t.west
-        .create_sj(&t.yaml_with(allow, "    takeoverAfterSeconds: 10\n"))
+        .create_sj(&t.yaml_with(ALLOW, "    takeoverAfterSeconds: 10\n"))
         .await?;
     t.west.start_controller(&["--cluster-id", "west"]).await?;
-    t.west
-        .wait_for("the primary's first run", Duration::from_secs(60), || async {
-            Ok((!ran(&eo, &wo).is_empty()).then_some(()))
-        })
-        .await?;
-    let first = ran(&eo, &wo).len();
+    let first = primary_ran(&t, &eo, &wo).await?;
     let started = Timestamp::now();
     t.east
         .start_controller_with_env(
