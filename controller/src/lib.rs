@@ -46,6 +46,8 @@ pub mod observe;
 pub mod record;
 pub mod run;
 pub mod operate;
+// Each watched SingletonJob decoded on its own, and the reconcile of one that does not decode.
+pub mod watch_decode;
 pub mod reconcile;
 
 // Wiring: the watches, leader election, the probes and one replica's life.

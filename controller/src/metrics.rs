@@ -146,6 +146,7 @@ pub struct Metrics {
     // Reconcile.
     pub reconcile_duration_seconds: Histogram,
     pub reconcile_errors: Family<KindLabels, Counter>,
+    pub undecodable: Family<JobLabels, Gauge>,
     /// When this replica last started leading (for `leader_hold_seconds`).
     leading_since: Mutex<Option<Instant>>,
     /// Every SingletonJob with a series, and the reasons of its periods_* series, so a deleted
@@ -193,6 +194,7 @@ impl Metrics {
             // 1 ms .. 16 s.
             reconcile_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             reconcile_errors: Family::default(),
+            undecodable: Family::default(),
             leading_since: Mutex::new(None),
             series: Mutex::default(),
         };
@@ -320,6 +322,11 @@ impl Metrics {
             "reconcile_errors",
             "Reconciles that ended in an error, by kind",
             m.reconcile_errors.clone(),
+        );
+        r.register(
+            "undecodable_singletonjobs",
+            "1 for each SingletonJob the controller cannot decode (nested too deep): nothing is scheduled for it until it is fixed; its Ready condition says why",
+            m.undecodable.clone(),
         );
         m
     }
@@ -518,6 +525,15 @@ impl Metrics {
         }
     }
 
+    /// Whether `sj` is a SingletonJob the controller cannot decode ([`crate::watch_decode`]).
+    pub fn undecodable(&self, sj: &SingletonJob, undecodable: bool) {
+        if undecodable {
+            self.undecodable.get_or_create(&job(sj)).set(1);
+        } else {
+            self.undecodable.remove(&job(sj));
+        }
+    }
+
     pub fn reconcile_error(&self, err: &Error) {
         self.reconcile_errors
             .get_or_create(&KindLabels {
@@ -536,6 +552,7 @@ impl Metrics {
     fn forget_labels(&self, key: JobLabels) {
         let reasons = crate::sync::lock(&self.series).remove(&key);
         crate::sync::lock(&self.next_runs.0).remove(&key);
+        self.undecodable.remove(&key);
         for family in [
             &self.runs_started,
             &self.claims_conflicted,

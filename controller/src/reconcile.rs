@@ -33,13 +33,18 @@ use crate::lanes::Lane;
 use crate::operate::{self, ManualGates, ManualRun, Operations};
 use crate::record::{self, BackstopSeen, Facts};
 use crate::schedule::{DayRules, Schedule, ScheduleError};
-use crate::{Result, observe, run};
+use crate::{Result, observe, run, watch_decode};
 use kube::runtime::reflector::ObjectRef;
 
 pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
     if let Some(action) = guard(&sj, &ctx) {
         return Ok(action);
     }
+    // An object the watch could not decode: said on itself, nothing scheduled (issue 34, N1).
+    if let Some(why) = watch_decode::undecodable(&sj) {
+        return watch_decode::report(&ctx, &sj, why).await;
+    }
+    crate::metrics::global().undecodable(&sj, false);
     let _timer = crate::metrics::global().reconcile_timer();
 
     // Observe. A verdict on the clocks no older than --clock-check-seconds (G4; at rest none is

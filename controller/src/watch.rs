@@ -21,11 +21,12 @@ use crate::api::{SingletonCalendar, SingletonJob};
 use crate::backstop::health::Health;
 use crate::backstop::{AllowedHosts, BackstopCache};
 use crate::clock::Clock;
-use crate::context::{Context, InFlight, OwnWrites, Recent, slim_sj};
+use crate::context::{Context, InFlight, OwnWrites, Recent};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
 use crate::watch_backoff::{WatchBackoff, retrying};
+use crate::watch_decode::{self, Listed};
 use crate::{Error, Result, naming};
 
 /// How long in-flight reconciles get to finish their writes once the controller stops.
@@ -129,7 +130,11 @@ pub async fn run(
         Some(selector) => watcher::Config::default().labels(selector),
         None => watcher::Config::default(),
     };
-    let sj_events = reflector::reflector(sj_writer, watcher(sjs, sj_watch).modify(slim_sj));
+    // Decoded object by object, slimmed for the cache (watch_decode.rs).
+    let sj_events = reflector::reflector(
+        sj_writer,
+        watcher(sjs, sj_watch).map_ok(watch_decode::unwrap_event),
+    );
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
     // SingletonJob.
@@ -266,13 +271,13 @@ fn naming_calendar(
         .collect()
 }
 
-/// The SingletonJobs, SingletonCalendars and Jobs watched: of `namespace`, or of all. Fails fast,
-/// with a clear message, when a CRD is not installed.
+/// The SingletonJobs (each decoded on its own: [`Listed`]), SingletonCalendars and Jobs watched:
+/// of `namespace`, or of all. Fails fast, with a clear message, when a CRD is not installed.
 async fn apis(
     client: &Client,
     namespace: Option<&str>,
-) -> Result<(Api<SingletonJob>, Api<SingletonCalendar>, Api<Job>)> {
-    let (sjs, cals, jobs): (Api<SingletonJob>, Api<SingletonCalendar>, Api<Job>) = match namespace {
+) -> Result<(Api<Listed>, Api<SingletonCalendar>, Api<Job>)> {
+    let (sjs, cals, jobs): (Api<Listed>, Api<SingletonCalendar>, Api<Job>) = match namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
