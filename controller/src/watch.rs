@@ -125,16 +125,7 @@ pub async fn run(
         "singletoncalendars",
         watcher(cals, watcher::Config::default()),
     );
-    let (sj_reader, sj_writer) = reflector::store::<SingletonJob>();
-    let sj_watch = match &cfg.label_selector {
-        Some(selector) => watcher::Config::default().labels(selector),
-        None => watcher::Config::default(),
-    };
-    // Decoded object by object, slimmed for the cache (watch_decode.rs).
-    let sj_events = reflector::reflector(
-        sj_writer,
-        watcher(sjs, sj_watch).map_ok(watch_decode::unwrap_event),
-    );
+    let (sj_reader, sj_events) = singletonjobs(sjs, cfg.label_selector.as_deref());
 
     // A clock verdict that changes, or this replica starting to lead, re-evaluates every
     // SingletonJob.
@@ -181,6 +172,24 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// The SingletonJobs' cache and watch, of those with `labels` (all when None): decoded object by
+/// object, slimmed for the cache ([`watch_decode`]).
+fn singletonjobs(
+    sjs: Api<Listed>,
+    labels: Option<&str>,
+) -> (
+    reflector::Store<SingletonJob>,
+    impl futures::Stream<Item = watcher::Result<watcher::Event<SingletonJob>>> + Send + 'static,
+) {
+    let (reader, writer) = reflector::store::<SingletonJob>();
+    let config = match labels {
+        Some(selector) => watcher::Config::default().labels(selector),
+        None => watcher::Config::default(),
+    };
+    let events = watcher(sjs, config).map_ok(watch_decode::unwrap_event);
+    (reader, reflector::reflector(writer, events))
 }
 
 /// `shutdown` as a watch receiver (kube's graceful shutdown wants a Sync future; a receiver is

@@ -35,6 +35,9 @@ pub enum Decision {
     Unauthenticated,
     /// A valid token whose user may not `get /metrics`: 403.
     Forbidden,
+    /// Not reviewed: the budget of reviews is spent (a flood of unknown tokens). 429; never
+    /// cached, so the caller's next request is reviewed once the budget refills.
+    Throttled,
 }
 
 /// How long a decision is reused, and how many are kept.
@@ -46,6 +49,62 @@ pub struct CachePolicy {
     pub refused_ttl: Duration,
     /// At most this many tokens are remembered.
     pub capacity: usize,
+    /// How many tokens not in the cache are reviewed.
+    pub reviews: ReviewBudget,
+}
+
+/// How often the API server is asked about a token the cache does not know. Each review is a
+/// request under the controller's own identity, in the same API Priority and Fairness flow as its
+/// Job creates and status writes, so without a budget anyone who reaches `/metrics` could slow
+/// scheduling with made-up tokens (security review N6). A scraper's token is cached for a
+/// minute; only new tokens spend the budget.
+#[derive(Clone, Copy, Debug)]
+pub struct ReviewBudget {
+    /// Reviews a second, sustained.
+    pub per_second: u32,
+    /// Reviews at once after a quiet spell.
+    pub burst: u32,
+}
+
+impl Default for ReviewBudget {
+    fn default() -> Self {
+        ReviewBudget {
+            per_second: 5,
+            burst: 10,
+        }
+    }
+}
+
+/// A token bucket on tokio's clock, so tests can stop time. Written here rather than taken from a
+/// rate-limiting crate: it is a few lines, and such crates keep a clock of their own.
+#[derive(Debug)]
+struct Bucket {
+    budget: ReviewBudget,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(budget: ReviewBudget, now: Instant) -> Self {
+        Bucket {
+            budget,
+            tokens: f64::from(budget.burst),
+            at: now,
+        }
+    }
+
+    /// Takes one review from the budget at `now`, if there is one.
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64()
+            * f64::from(self.budget.per_second);
+        self.tokens = (self.tokens + refill).min(f64::from(self.budget.burst));
+        self.at = now;
+        let ok = self.tokens >= 1.0;
+        if ok {
+            self.tokens -= 1.0;
+        }
+        ok
+    }
 }
 
 impl Default for CachePolicy {
@@ -54,6 +113,7 @@ impl Default for CachePolicy {
             allowed_ttl: Duration::from_secs(60),
             refused_ttl: Duration::from_secs(10),
             capacity: 256,
+            reviews: ReviewBudget::default(),
         }
     }
 }
@@ -109,6 +169,7 @@ impl DecisionCache {
         let ttl = match decision {
             Decision::Allowed => self.policy.allowed_ttl,
             Decision::Unauthenticated | Decision::Forbidden => self.policy.refused_ttl,
+            Decision::Throttled => return,
         };
         self.entries.insert(key, (decision, now + ttl));
     }
@@ -133,22 +194,29 @@ pub fn bearer_token(header: Option<&str>) -> Option<&str> {
 pub struct Authorizer {
     client: Client,
     cache: Mutex<DecisionCache>,
+    budget: Mutex<Bucket>,
 }
 
 impl Authorizer {
     pub fn new(client: Client, policy: CachePolicy) -> Self {
         Authorizer {
             client,
+            budget: Mutex::new(Bucket::new(policy.reviews, Instant::now())),
             cache: Mutex::new(DecisionCache::new(policy)),
         }
     }
 
-    /// The decision for `token`. Errors (the API server unreachable, this controller not allowed
+    /// The decision for `token`: from the cache, else reviewed while the budget lasts, else
+    /// [`Decision::Throttled`]. Errors (the API server unreachable, this controller not allowed
     /// to create reviews) are not cached: the next scrape asks again.
     pub async fn check(&self, token: &str) -> Result<Decision> {
         let key = token_key(token);
         if let Some(d) = self.lock_cache().get(&key, Instant::now()) {
             return Ok(d);
+        }
+        let spent = !crate::sync::lock(&self.budget).take(Instant::now());
+        if spent {
+            return Ok(Decision::Throttled);
         }
         let decision = self.review(token).await?;
         self.lock_cache().insert(key, decision, Instant::now());
@@ -205,13 +273,14 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{CachePolicy, Decision, DecisionCache, bearer_token, token_key};
+    use super::{CachePolicy, Decision, DecisionCache, ReviewBudget, bearer_token, token_key};
 
     fn policy(capacity: usize) -> CachePolicy {
         CachePolicy {
             allowed_ttl: Duration::from_secs(60),
             refused_ttl: Duration::from_secs(10),
             capacity,
+            reviews: ReviewBudget::default(),
         }
     }
 
@@ -354,6 +423,68 @@ mod tests {
             auth.check("new").await.is_err(),
             "an uncached token asks the API server"
         );
+    }
+
+    /// N6: a flood of made-up tokens costs the API server at most the review budget; a token
+    /// already decided is answered from the cache throughout.
+    #[tokio::test(start_paused = true)]
+    async fn made_up_tokens_cost_at_most_the_review_budget() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut p = policy(64);
+        p.reviews = ReviewBudget {
+            per_second: 5,
+            burst: 10,
+        };
+        let auth = super::Authorizer::new(kube::Client::new(svc, "default"), p);
+        let reviews = Arc::new(AtomicUsize::new(0));
+        let counted = reviews.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let path = req.uri().path().to_string();
+                counted.fetch_add(1, Ordering::SeqCst);
+                let reply = if path.ends_with("/tokenreviews") {
+                    let body: serde_json::Value =
+                        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                            .unwrap();
+                    let known = body["spec"]["token"] == "prometheus";
+                    serde_json::json!({"apiVersion": "authentication.k8s.io/v1",
+                        "kind": "TokenReview", "spec": {},
+                        "status": {"authenticated": known, "user": {"username": "prom"}}})
+                } else {
+                    serde_json::json!({"apiVersion": "authorization.k8s.io/v1",
+                        "kind": "SubjectAccessReview", "spec": {}, "status": {"allowed": true}})
+                };
+                send.send_response(Response::new(Body::from(
+                    serde_json::to_vec(&reply).unwrap(),
+                )));
+            }
+        });
+        // The scraper's token, decided before the flood (a review and an access review).
+        assert_eq!(auth.check("prometheus").await.unwrap(), Decision::Allowed);
+        let flood = async |from: usize, to: usize| {
+            let mut throttled = 0;
+            for i in from..to {
+                match auth.check(&format!("made-up-{i}")).await.unwrap() {
+                    Decision::Throttled => throttled += 1,
+                    Decision::Unauthenticated => {}
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(auth.check("prometheus").await.unwrap(), Decision::Allowed);
+            }
+            throttled
+        };
+        // Time stands still: the burst left after the scraper's review, then nothing.
+        assert_eq!(flood(0, 1000).await, 1000 - 9);
+        assert_eq!(reviews.load(Ordering::SeqCst), 2 + 9);
+        // A second refills five.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(flood(1000, 2000).await, 1000 - 5);
+        assert_eq!(reviews.load(Ordering::SeqCst), 2 + 9 + 5);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -195,6 +195,12 @@ async fn checked_metrics(State(auth): State<Arc<Authorizer>>, headers: HeaderMap
         Ok(Decision::Forbidden) => (
             StatusCode::FORBIDDEN,
             "forbidden: the token's user may not get /metrics\n",
+        )
+            .into_response(),
+        Ok(Decision::Throttled) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(RETRY_AFTER, "1")],
+            "too many new tokens to review; try again in a second\n",
         )
             .into_response(),
         Err(e) => {
