@@ -71,22 +71,9 @@ impl<'de> Deserialize<'de> for Listed {
     }
 }
 
-/// The largest SingletonJob decoded, as the API server sends it: 512 KiB. A template may hold
-/// 64 KiB ([`crate::api::MAX_JOB_TEMPLATE_BYTES`]), kubectl's last-applied annotation repeats it
-/// and the managed fields list its paths; a larger object is refused before it is decoded into
-/// the trees that take several times its size (issue 34: what one page of a list may cost).
-pub const MAX_OBJECT_BYTES: usize = 512 * 1024;
-
 /// One object's text: the SingletonJob (slimmed for the cache), or its stand-in. An error only
 /// when not even its metadata can be read (then it is no Kubernetes object).
 pub fn decode(raw: &str) -> serde_json::Result<SingletonJob> {
-    if raw.len() > MAX_OBJECT_BYTES {
-        let why = format!(
-            "it is {} bytes, more than the {MAX_OBJECT_BYTES} bytes (512 KiB) the controller decodes; keep spec.jobTemplate under 64 KiB and move large data into a ConfigMap or Secret",
-            raw.len()
-        );
-        return stand_in(raw, why);
-    }
     match serde_json::from_str::<SingletonJob>(raw) {
         Ok(mut sj) => {
             slim_sj(&mut sj);
@@ -291,19 +278,6 @@ mod tests {
         let sj = decode(&deep(100)).unwrap();
         assert_eq!(undecodable(&sj), None);
         assert_eq!(sj.status.unwrap().fencing_token, 5);
-    }
-
-    #[test]
-    fn an_object_over_the_size_limit_is_not_decoded() {
-        let big = "x".repeat(MAX_OBJECT_BYTES);
-        let text = GOOD.replace(r#""spoofed""#, &format!("\"{big}\""));
-        let sj = decode(&text).unwrap();
-        let why = undecodable(&sj).expect("a stand-in");
-        assert!(why.contains("512 KiB"), "{why}");
-        assert_eq!(sj.metadata.name.as_deref(), Some("good"));
-        // Just within the limit, it decodes.
-        let text = GOOD.replace("spoofed", &"x".repeat(MAX_OBJECT_BYTES - GOOD.len()));
-        assert_eq!(undecodable(&decode(&text).unwrap()), None);
     }
 
     #[test]
