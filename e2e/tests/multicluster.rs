@@ -308,16 +308,24 @@ async fn the_standby_takes_over_when_the_primarys_api_server_stops() -> Result<(
 /// database claim. Past the bound the standby takes the period over and runs it; the primary,
 /// resumed, creates no Job for it (its confirm is refused), records ClaimedElsewhere naming the
 /// standby, and a write with its token is refused by the fence.
+///
+/// Runs may overlap (`Allow`): under `Forbid` a standby whose own run of an earlier period is
+/// still active when the bound passes claims the next period first, and the frozen one is then
+/// rightly Superseded (tokens follow the periods) rather than taken over; on loaded cores a
+/// run outlasts the 2 s period (a warm `make test`, 2026-12-05).
 #[tokio::test]
 async fn a_paused_claimer_is_taken_over_its_job_never_created_and_its_token_fenced() -> Result<()> {
     let mut t = two("dr-paused").await?;
     let eo = Observer::watch(t.east.client.clone(), &t.east.ns).await?;
     let wo = Observer::watch(t.west.client.clone(), &t.west.ns).await?;
     t.east
-        .create_sj(&t.yaml("    takeoverAfterSeconds: 5\n    standbyDelaySeconds: 2\n"))
+        .create_sj(&t.yaml_with(
+            ALLOW,
+            "    takeoverAfterSeconds: 5\n    standbyDelaySeconds: 2\n",
+        ))
         .await?;
     t.west
-        .create_sj(&t.yaml("    takeoverAfterSeconds: 5\n"))
+        .create_sj(&t.yaml_with(ALLOW, "    takeoverAfterSeconds: 5\n"))
         .await?;
     t.east.start_controller(&["--cluster-id", "east"]).await?;
     let freeze = [(
