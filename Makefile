@@ -158,10 +158,10 @@ export KUBECTL HELM
 trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 
-# The e2e test binaries, make demo-dr's short form and the chaos suite's short form: what shares
-# nothing side by side (E2E_LANES + 1 lanes beside the real-node and two-cluster rows), then what
-# restarts the API server, etcd or PostgreSQL beside only demo-dr (hack/e2e.sh). In `make test`'s
-# table: a row per test binary, per chaos process and per chaos scenario.
+# The e2e test binaries side by side (E2E_LANES at a time), then the chaos suite's short form,
+# what shares nothing side by side, then what restarts the API server, etcd or PostgreSQL beside
+# only make demo-dr's short form (hack/e2e.sh). In `make test`'s table: a row per test binary,
+# per chaos process and per chaos scenario.
 e2e:
 	$(CLUSTER_FOR_TESTS)
 	E2E_LANES=$(E2E_LANES) E2E_THREADS=$(E2E_THREADS) CHAOS_LANES=$(CHAOS_LANES) \
