@@ -8,13 +8,13 @@
 //! this test's run, as tests/noisy.rs does): in one, a poisoned SingletonJob exists before the
 //! controller starts and another is created while it runs; in the other, an ordinary every-2-
 //! seconds SingletonJob must run. The poisoned ones must say what is wrong on themselves
-//! (`Ready=False`, reason `Undecodable`, a Warning Event, the metric), and one fixed in place must
-//! be scheduled again.
+//! (`Ready=False`, reason `Undecodable`, a Warning Event, the metric), `kubectl singleton list`
+//! must list them, and one fixed in place must be scheduled again.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use e2e::{Env, ensure, events_with_reason, kubectl, metric, run_ok, sj_yaml};
+use e2e::{Env, ensure, events_with_reason, kubectl, metric, plugin, run_ok, sj_yaml, stdout};
 use kube::api::{Api, PostParams};
 use singleton::api::SingletonJob;
 
@@ -164,6 +164,15 @@ async fn a_poisoned_singletonjob_never_stops_the_others() -> Result<()> {
         &good,
         bad.job_list().await?.is_empty(),
         "a poisoned SingletonJob ran",
+    )
+    .await?;
+    // The plugin lists them too, as the controller decodes them, instead of failing the list.
+    let out = plugin(&["list", "-n", &bad.ns], &[])?;
+    let listed = format!("{}{}", stdout(&out), e2e::stderr(&out));
+    ensure(
+        &bad,
+        out.status.success() && listed.matches("(undecodable)").count() == 2,
+        ("kubectl singleton list", &listed),
     )
     .await?;
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use super::error::PluginError;
 use crate::api::{DayRules, SingletonCalendar, SingletonJob};
+use crate::watch_decode::Listed;
 
 /// The cluster the kubeconfig selects: a client, and the namespace its context names.
 pub struct Cluster {
@@ -108,13 +109,15 @@ impl Cluster {
     }
 
     /// SingletonJobs of `ns`, or of all namespaces when `None`, sorted by namespace and name.
+    /// Decoded one by one as the controller does ([`crate::watch_decode`]): one that does not
+    /// decode is listed as its stand-in rather than failing the whole list.
     pub async fn list(&self, ns: Option<&str>) -> Result<Vec<SingletonJob>, PluginError> {
-        let api: Api<SingletonJob> = match ns {
+        let api: Api<Listed> = match ns {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };
-        let mut items = match api.list(&ListParams::default()).await {
-            Ok(l) => l.items,
+        let mut items: Vec<SingletonJob> = match api.list(&ListParams::default()).await {
+            Ok(l) => l.items.into_iter().map(|l| l.0).collect(),
             Err(kube::Error::Api(s)) if s.code == 404 => return Err(PluginError::CrdMissing),
             Err(e) => return Err(self.api_error(e, "list", ns)),
         };

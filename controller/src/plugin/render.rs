@@ -153,9 +153,14 @@ pub fn render_list(sjs: &[SingletonJob], all_namespaces: bool, now: Timestamp) -
         .iter()
         .map(|sj| {
             let st = sj.status.clone().unwrap_or_default();
+            // A stand-in has no spec to show (its status's Ready condition says why).
+            let schedule = match crate::watch_decode::undecodable(sj) {
+                Some(_) => "(undecodable)".to_string(),
+                None => sj.spec.schedule.clone(),
+            };
             let mut row = vec![
                 sj.name_any(),
-                sj.spec.schedule.clone(),
+                schedule,
                 sj.spec.suspend.unwrap_or(false).to_string(),
                 st.active_count.to_string(),
                 st.last_result.map(outcome).unwrap_or_else(|| "-".into()),

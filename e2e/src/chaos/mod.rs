@@ -423,7 +423,7 @@ impl Fault {
             // `wipe` has the backstop and keeps no Job; `kept` has no backstop, so only the Jobs
             // it keeps (default history limits) can tell the controller what ran.
             Fault::StatusWipe => vec![
-                SjDef::new("wipe", "*/2 * * * * *"),
+                SjDef::new("wipe", "*/5 * * * * *"),
                 SjDef::new("kept", "*/2 * * * * *")
                     .backstop(false)
                     .keep_history(),
