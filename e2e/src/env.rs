@@ -165,6 +165,16 @@ impl Env {
         Ok(self.sjs().create(&PostParams::default(), &sj).await?)
     }
 
+    /// [`Env::create_sj`] with the label [`RUN_LABEL`]`=run`, which puts it in the view of a
+    /// controller started with `--label-selector` [`RUN_LABEL`]`=run` (one that watches all
+    /// namespaces but must not act on other tests' objects).
+    pub async fn create_sj_labelled(&self, run: &str, yaml: &str) -> Result<SingletonJob> {
+        let mut sj: SingletonJob = serde_yaml::from_str(yaml)?;
+        sj.metadata.namespace = Some(self.ns.clone());
+        sj.metadata.labels = Some([(RUN_LABEL.to_string(), run.to_string())].into());
+        Ok(self.sjs().create(&PostParams::default(), &sj).await?)
+    }
+
     /// Jobs of this namespace, sorted by name.
     pub async fn job_list(&self) -> Result<Vec<Job>> {
         let mut jobs = self.jobs().list(&ListParams::default()).await?.items;
@@ -543,6 +553,10 @@ fn rand_u32() -> u32 {
         .unwrap_or_default();
     (t.subsec_nanos() ^ std::process::id().rotate_left(16)).wrapping_mul(2_654_435_761)
 }
+
+/// The label that puts a SingletonJob in the view of one test's all-namespace controller
+/// ([`Env::create_sj_labelled`]).
+pub const RUN_LABEL: &str = "singleton.dev/e2e-run";
 
 /// Asserts with the cluster dump on failure.
 pub async fn ensure(env: &Env, ok: bool, what: impl Debug) -> Result<()> {

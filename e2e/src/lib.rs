@@ -30,8 +30,8 @@ pub use commands::{
     chart_dir, helm, kubectl, plugin, plugin_bin, repo_file, run_ok, stderr, stdout, yaml_docs,
 };
 pub use env::{
-    Controller, Env, FAST_ELECTION, clock_offset_under, controller_bin, ensure, events_with_reason,
-    skewed_clock,
+    Controller, Env, FAST_ELECTION, RUN_LABEL, clock_offset_under, controller_bin, ensure,
+    events_with_reason, skewed_clock,
 };
 pub use http::{HttpResponse, health_addr_in, http_get, https_get, metric, metrics_addr_in};
 pub use manifest::{never_scheduled, once_at, periods, sj_yaml, token_of};

@@ -12,12 +12,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use e2e::observer::Seen;
 use e2e::{
-    Env, Observer, Proxy, backstop_secret, backstop_spec, database_port, database_url, ensure,
-    metric, sj_yaml, table_prefix,
+    Env, Observer, Proxy, RUN_LABEL, backstop_secret, backstop_spec, database_port, database_url,
+    ensure, metric, sj_yaml, table_prefix,
 };
 use jiff::Timestamp;
-use kube::api::{Api, PostParams};
-use singleton::api::SingletonJob;
 use tokio::sync::mpsc;
 
 /// SingletonJobs of the hostile namespace: more than the controller's 128 reconcile slots.
@@ -37,19 +35,6 @@ const WINDOW: Duration = Duration::from_secs(25);
 /// one) into a failure; a stall behind black-holed probes is the backstop's operation timeout
 /// (10 s), five times twice this.
 const BASELINE_FLOOR: f64 = 1.0;
-
-/// The label that puts a SingletonJob in this test's controller's view.
-const RUN_LABEL: &str = "singleton.dev/e2e-run";
-
-async fn create_labelled(env: &Env, run: &str, yaml: &str) -> Result<()> {
-    let mut sj: SingletonJob = serde_yaml::from_str(yaml)?;
-    sj.metadata.namespace = Some(env.ns.clone());
-    sj.metadata.labels = Some([(RUN_LABEL.to_string(), run.to_string())].into());
-    Api::<SingletonJob>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &sj)
-        .await?;
-    Ok(())
-}
 
 /// The skews seen so far: (scheduled instant, seconds from it until the Job could run).
 type Skews = Arc<Mutex<Vec<(Timestamp, f64)>>>;
@@ -161,12 +146,9 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
         "  concurrencyPolicy: Allow\n  catchUp: All\n",
     );
     for i in 0..HEALTHY {
-        create_labelled(
-            &healthy,
-            &run,
-            &sj_yaml(&format!("h{i}"), "* * * * * *", &spec),
-        )
-        .await?;
+        healthy
+            .create_sj_labelled(&run, &sj_yaml(&format!("h{i}"), "* * * * * *", &spec))
+            .await?;
     }
     healthy
         .wait_for(
@@ -209,7 +191,7 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
         let spec = backstop_spec(&format!("hole-{}", i % HOSTILE_SECRETS), "x_", "");
         let yaml = sj_yaml(&format!("x{i}"), "* * * * * *", &spec);
         let (hostile, run) = (&hostile, &run);
-        async move { create_labelled(hostile, run, &yaml).await }
+        async move { hostile.create_sj_labelled(run, &yaml).await }
     });
     for r in futures::future::join_all(creates).await {
         r?;

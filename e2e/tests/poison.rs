@@ -15,13 +15,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use e2e::{
-    Env, Observer, ensure, events_with_reason, kubectl, metric, plugin, run_ok, sj_yaml, stdout,
+    Env, Observer, RUN_LABEL, ensure, events_with_reason, kubectl, metric, plugin, run_ok, sj_yaml,
+    stdout,
 };
-use kube::api::{Api, PostParams};
-use singleton::api::SingletonJob;
-
-/// The label that puts a SingletonJob in this test's controller's view.
-const RUN_LABEL: &str = "singleton.dev/e2e-run";
 
 /// Levels of nesting inside the template: past serde_json's limit of 128 with what is above it.
 const DEPTH: usize = 130;
@@ -77,16 +73,6 @@ fn ready(ns: &str, name: &str) -> Result<(String, String)> {
     Ok((status.to_string(), reason.to_string()))
 }
 
-async fn create_labelled(env: &Env, run: &str, yaml: &str) -> Result<()> {
-    let mut sj: SingletonJob = serde_yaml::from_str(yaml)?;
-    sj.metadata.namespace = Some(env.ns.clone());
-    sj.metadata.labels = Some([(RUN_LABEL.to_string(), run.to_string())].into());
-    Api::<SingletonJob>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &sj)
-        .await?;
-    Ok(())
-}
-
 #[tokio::test]
 async fn a_poisoned_singletonjob_never_stops_the_others() -> Result<()> {
     let mut good = Env::new("poison-good").await?;
@@ -98,7 +84,8 @@ async fn a_poisoned_singletonjob_never_stops_the_others() -> Result<()> {
     // Counts the ordinary one's runs from outside (its Jobs are pruned to the last three).
     let watch = Observer::watch(good.client.clone(), &good.ns).await?;
     let runs = || watch.jobs().into_iter().filter(|j| j.ran).count();
-    create_labelled(&good, &run, &sj_yaml("tick", "*/2 * * * * *", "")).await?;
+    good.create_sj_labelled(&run, &sj_yaml("tick", "*/2 * * * * *", ""))
+        .await?;
     good.start_controller(&[
         "--namespace=",
         "--label-selector",
