@@ -12,7 +12,7 @@ SHELL := bash
 
 CARGO ?= cargo
 E2E_THREADS ?= 4
-E2E_LANES ?= 2
+E2E_LANES ?= 3
 CHAOS_LANES ?= 3
 CRD_FILE ?= crds/singletonjob.yaml
 CALENDAR_CRD_FILE ?= crds/singletoncalendar.yaml
@@ -154,14 +154,16 @@ export KUBECTL HELM
 "$$KUBECTL" apply --server-side -f crds/
 "$$KUBECTL" wait --for=condition=Established --timeout=60s -f crds/
 # Each test deletes its namespace; this catches those a crashed test left behind. The second
-# control plane the multi-cluster tests start (e2e/src/multicluster.rs) is stopped in any case.
-trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
+# control plane the multi-cluster tests start (e2e/src/multicluster.rs) and the one of the
+# cluster-wide chaos rows (hack/own-cluster.sh) are stopped in any case.
+trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; hack/own-cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 
-# The e2e test binaries side by side (E2E_LANES at a time), then the chaos suite's short form,
-# what shares nothing side by side, then what restarts the API server, etcd or PostgreSQL beside
-# only make demo-dr's short form (hack/e2e.sh). In `make test`'s table: a row per test binary,
-# per chaos process and per chaos scenario.
+# The e2e test binaries and the chaos suite's short form, all side by side (hack/e2e.sh): the
+# real nodes' rows, the two-cluster tests then their rows, and E2E_LANES at a time of the rest;
+# what stops the API server, etcd or PostgreSQL does so on a cluster of its own
+# (hack/own-cluster.sh). In `make test`'s table: a row per test binary, per chaos process and per
+# chaos scenario.
 e2e:
 	$(CLUSTER_FOR_TESTS)
 	E2E_LANES=$(E2E_LANES) E2E_THREADS=$(E2E_THREADS) CHAOS_LANES=$(CHAOS_LANES) \

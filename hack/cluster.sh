@@ -33,7 +33,10 @@
 #      SINGLETON_CLUSTER_NAME: a second (third, ...) control plane beside the default one, for
 #      multi-cluster tests (docs/multi-cluster.md): its state lives in .cache/cluster-NAME, it
 #      needs its own ports (the SINGLETON_*_PORT above), and it has no PostgreSQL of its own: it
-#      shares the one of SINGLETON_PG_PORT, which only the unnamed cluster starts and stops.
+#      shares the one of SINGLETON_PG_PORT, which only the unnamed cluster starts and stops,
+#      unless SINGLETON_CLUSTER_OWN_PG=1: then the PostgreSQL of SINGLETON_PG_NAME and
+#      SINGLETON_PG_PORT (hack/postgres.sh) is the cluster's own, started by `up`, removed by
+#      `down` and stopped and started as COMPONENT postgres (hack/own-cluster.sh).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=cluster
@@ -70,9 +73,17 @@ read -ra APISERVER_EXTRA_ARGS <<< "${SINGLETON_APISERVER_EXTRA_ARGS:-}"
 read -ra KCM_EXTRA_ARGS <<< "${SINGLETON_KCM_EXTRA_ARGS:-}"
 EXTRA_ARGS_FILE=$STATE/extra-args
 
-# PostgreSQL is the unnamed cluster's: a named one shares it and never starts or stops it.
+# PostgreSQL is the unnamed cluster's: a named one shares it and never starts or stops it, unless
+# it has one of its own (SINGLETON_CLUSTER_OWN_PG=1, a SINGLETON_PG_NAME server).
+OWN_PG=${SINGLETON_CLUSTER_OWN_PG:-0}
+case $OWN_PG in
+  0) ;;
+  1) [ -n "$CLUSTER_NAME" ] && [ -n "${SINGLETON_PG_NAME:-}" ] ||
+       die "SINGLETON_CLUSTER_OWN_PG=1 needs SINGLETON_CLUSTER_NAME and SINGLETON_PG_NAME (a server of the cluster's own)" ;;
+  *) die "SINGLETON_CLUSTER_OWN_PG is 0 or 1 (got '$OWN_PG')" ;;
+esac
 pg() {
-  if [ -n "$CLUSTER_NAME" ]; then
+  if [ -n "$CLUSTER_NAME" ] && [ "$OWN_PG" = 0 ]; then
     case $1 in url|status) "$REPO/hack/postgres.sh" "$1" ;; *) : ;; esac
   else
     "$REPO/hack/postgres.sh" "$@"
@@ -432,7 +443,8 @@ cmd_component() {
   local action=$1 comp=${2:-} f pid
   case $comp in
     postgres)
-      [ -z "$CLUSTER_NAME" ] || die "postgres belongs to the unnamed cluster (unset SINGLETON_CLUSTER_NAME)"
+      [ -z "$CLUSTER_NAME" ] || [ "$OWN_PG" = 1 ] ||
+        die "postgres belongs to the unnamed cluster (unset SINGLETON_CLUSTER_NAME, or give the named one its own: SINGLETON_CLUSTER_OWN_PG=1)"
       case $action in
         stop) pg stop ;;
         start) pg up ;;

@@ -1,31 +1,30 @@
 #!/usr/bin/env bash
 # make e2e's tests, once its recipe has the cluster up, the controller built and the environment
-# exported (Makefile: CLUSTER_FOR_TESTS). What shares nothing runs side by side, on 2 cores:
+# exported (Makefile: CLUSTER_FOR_TESTS). Everything runs side by side, in three kinds of lane,
+# because on 2 cores the suite is mostly waiting (vmstat in a warm `make test`, 2026-12-05: 50-75 %
+# idle with three processes at a time) and its length was set by what had to run alone:
 #
-#   1. the chaos scenarios on the real nodes (CHAOS_SCOPE=real-nodes: the chart's pods, node 2
-#      drained and partitioned; the e2e tests' pods run on node 1) beside the e2e test binaries
-#      (all but chaos and demo_dr), E2E_LANES at a time, longest first (by their times in the
-#      last run, kept in target/e2e-times.tsv), each with E2E_THREADS threads; every test makes
-#      its own namespace, so binaries do not meet;
-#   2. E2E_LANES + 1 at a time, longest first: the two-cluster scenarios (the second control
-#      plane of e2e/src/multicluster.rs, which only the multicluster tests of step 1 also use)
-#      and the chaos scenarios that touch only their own namespace (CHAOS_SCOPE=namespace, split
-#      into CHAOS_LANES processes);
-#   3. the scenarios that stop or flood what every test uses (the API server, etcd, PostgreSQL,
-#      kwok: CHAOS_SCOPE=cluster), beside only make demo-dr's short form, which has two control
-#      planes and a PostgreSQL of its own.
+#   - the chaos scenarios on the real nodes (CHAOS_SCOPE=real-nodes: the chart's pods, node 2
+#     drained and partitioned; the e2e tests' pods run on node 1), one after the other;
+#   - the two-cluster tests, then the two-cluster chaos scenarios (CHAOS_SCOPE=second-cluster):
+#     both use the second control plane of e2e/src/multicluster.rs;
+#   - E2E_LANES at a time, longest first (by their times in the last run, kept in
+#     target/e2e-times.tsv; unknown ones first): the other e2e test binaries, each with
+#     E2E_THREADS threads; the chaos scenarios that touch only their own namespace
+#     (CHAOS_SCOPE=namespace, split into CHAOS_LANES processes); demo_dr (two control planes and a
+#     PostgreSQL of its own); and the scenarios that stop or flood the API server, etcd,
+#     PostgreSQL or kwok (CHAOS_SCOPE=cluster), on a control plane and a PostgreSQL of their own
+#     (hack/own-cluster.sh) so that they stop nothing another test uses.
 #
-# More side by side was tried (2026-12-05: phase 2's processes in phase 1, three lanes beside the
-# real-node and two-cluster rows). vmstat still showed the machine 20-40 % idle, and a warm `make
-# test` took 11 min instead of 14, but each of three runs in a row failed a different test that
-# passes on a quieter machine (a two-cluster takeover missed its window, a Replace run replaced
-# before it ran, a ResourceQuota not yet enforced): the margin was gone, so it is not the layout.
+# Every test makes its own namespace, so tests on one cluster do not meet.
+# Until 2026-12-05 the cluster-wide rows stopped the shared cluster, so they ran alone, last, and
+# the namespace rows in a phase of their own: 12-13 min of e2e against 7 now.
 #
 # Each binary's and each chaos process's output is printed whole when it ends (not interleaved),
 # with its row in `make test`'s table (hack/timed.sh). The chaos tables go to $CHAOS_REPORT, one
 # per process. Exits non-zero when anything failed, after everything ran.
 #
-# Env: E2E_LANES (2), E2E_THREADS (4), CHAOS_LANES (3), CHAOS_REPORT (target/chaos/short.md),
+# Env: E2E_LANES (3), E2E_THREADS (4), CHAOS_LANES (3), CHAOS_REPORT (target/chaos/short.md),
 #      CARGO_TARGET_DIR.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +32,7 @@ LOG_TAG=e2e
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$REPO/hack/lib.sh"
 
-LANES=${E2E_LANES:-2}
+LANES=${E2E_LANES:-3}
 THREADS=${E2E_THREADS:-4}
 CHAOS_LANES=${CHAOS_LANES:-3}
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
@@ -107,49 +106,43 @@ chaos() { # chaos <name> <env...>: the chaos binary for some scenarios, its tabl
   printf '%s\tenv CHAOS_REPORT=%s %s %s --nocapture\n' "$name" "$REPORT.$name" "$*" "$chaos_bin"
 }
 
-# 1. The real nodes' chaos scenarios, and the e2e binaries longest first by the last run's
-# times (unknown ones first: the slowest guess), E2E_LANES at a time beside them.
+# The lanes: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios;
+# and the rest, longest first by the last run's times (unknown ones first: the slowest guess),
+# LANES at a time in a subshell of its own, so that its `wait -n` waits only for them.
+chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$LOGS/real.jobs"
+{
+  awk -F'\t' -v th="$THREADS" '$1 == "multicluster" { printf "%s\t%s --test-threads=%s\n", $1, $2, th }' <<< "$list"
+  chaos chaos-second-cluster CHAOS_SCOPE=second-cluster
+} > "$LOGS/second.jobs"
 jobs=$LOGS/e2e.jobs
-chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$jobs"
-awk -F'\t' -v times="$TIMES" '
+{
+  awk -F'\t' -v th="$THREADS" '
+    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" {
+      printf "%s\t%s --test-threads=%s\n", $1, $2, th
+    }
+    $1 == "demo_dr" { printf "%s\t%s --nocapture\n", $1, $2 }' <<< "$list"
+  for i in $(seq 1 "$CHAOS_LANES"); do
+    chaos "chaos-namespace-$i" CHAOS_SCOPE=namespace "CHAOS_SHARD=$i/$CHAOS_LANES"
+  done
+  printf 'chaos-cluster\t%s/hack/own-cluster.sh run env CHAOS_REPORT=%s CHAOS_SCOPE=cluster %s --nocapture\n' \
+    "$REPO" "$REPORT.chaos-cluster" "$chaos_bin"
+} | awk -F'\t' -v times="$TIMES" '
   BEGIN { while ((getline l < times) > 0) { split(l, f, "\t"); t[f[1]] = f[2] } }
-  $1 != "chaos" && $1 != "demo_dr" { printf "%s\t%s\t%s\n", ($1 in t ? t[$1] : 1e9), $1, $2 }
-' <<< "$list" | sort -t$'\t' -k1,1gr | awk -F'\t' -v th="$THREADS" '{ printf "%s\t%s --test-threads=%s\n", $2, $3, th }' >> "$jobs"
-log "phase 1: the real nodes' chaos scenarios beside $(($(wc -l < "$jobs") - 1)) test binaries, $LANES at a time, $THREADS threads each"
-lanes $((LANES + 1)) "$jobs"
+  { printf "%s\t%s\n", ($1 in t ? t[$1] : 1e9), $0 }
+' | sort -t$'\t' -k1,1gr | cut -f2- > "$jobs"
+log "side by side: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios; and $(wc -l < "$jobs") test binaries and chaos processes, $LANES at a time, $THREADS threads each"
+lanes 1 "$LOGS/real.jobs" &
+lanes 1 "$LOGS/second.jobs" &
+(lanes "$LANES" "$jobs") &
+wait
 collect
-# Keep each binary's own time for the next run's order.
+# Keep each binary's and chaos process's own time for the next run's order.
 for f in "$LOGS"/*.log; do
   name=${f##*/}; name=${name%.log}
   secs=$(sed -n 's/^test result: .* finished in \([0-9.]*\)s$/\1/p' "$f" | tail -n 1)
   [ -n "$secs" ] && printf '%s\t%s\n' "$name" "$secs"
 done > "$TIMES.new" || true
 mv "$TIMES.new" "$TIMES"
-
-# 2. The two-cluster scenarios and the chaos scenarios that share nothing, longest first (about
-# 1 m 50 s, then a minute or two per namespace process).
-jobs=$LOGS/side.jobs
-{
-  chaos chaos-second-cluster CHAOS_SCOPE=second-cluster
-  for i in $(seq 1 "$CHAOS_LANES"); do
-    chaos "chaos-namespace-$i" CHAOS_SCOPE=namespace "CHAOS_SHARD=$i/$CHAOS_LANES"
-  done
-} > "$jobs"
-log "phase 2: the two-cluster scenarios and the chaos scenarios of a namespace ($CHAOS_LANES processes), $((LANES + 1)) at a time"
-lanes "$((LANES + 1))" "$jobs"
-collect
-
-# 3. What stops or floods the API server, etcd, PostgreSQL or kwok, beside only demo-dr's short
-# form (its own two control planes and PostgreSQL; about 1 m 30 s of the phase's 3 min).
-demo_bin=$(awk -F'\t' '$1 == "demo_dr" { print $2 }' <<< "$list")
-jobs=$LOGS/alone.jobs
-{
-  chaos chaos-cluster CHAOS_SCOPE=cluster
-  [ -z "$demo_bin" ] || printf 'demo_dr\t%s --nocapture\n' "$demo_bin"
-} > "$jobs"
-log "phase 3: the chaos scenarios that stop or flood shared components, beside demo_dr"
-lanes 2 "$jobs"
-collect
 
 for f in "$REPORT".*; do
   [ -e "$f" ] || continue

@@ -142,9 +142,9 @@ mod tests {
     }
 
     /// Every port the local clusters listen on (the first, the second, demo_dr's west and east,
-    /// `make demo-dr`'s) lies below the kernel's ephemeral range, where an outgoing connection
-    /// can take it first (CI lost the second cluster's etcd to "address already in use" so),
-    /// and no two of the clusters that run at once share one.
+    /// hack/own-cluster.sh's, `make demo-dr`'s) lies below the kernel's ephemeral range, where an
+    /// outgoing connection can take it first (CI lost the second cluster's etcd to "address
+    /// already in use" so), and no two of the clusters that run at once share one.
     #[test]
     fn the_clusters_ports_are_distinct_and_below_the_ephemeral_range() {
         let cluster = defaults("hack/cluster.sh");
@@ -167,6 +167,12 @@ mod tests {
             }
         }
         add(pg + DEMO_DR_PORT_OFFSETS[0], "demo_dr's PostgreSQL");
+        // The cluster-wide chaos rows' own control plane and PostgreSQL, beside all of those.
+        let own_cluster = defaults("hack/own-cluster.sh");
+        assert_eq!(own_cluster.len(), 6, "{own_cluster:?}");
+        for (name, p) in own_cluster {
+            add(p, &format!("hack/own-cluster.sh's {name}"));
+        }
         // `make demo-dr` runs alone (the e2e test moves it), but beside the first cluster.
         let mut own = BTreeSet::new();
         for (name, p) in defaults("hack/demo-dr.sh") {

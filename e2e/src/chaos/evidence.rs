@@ -138,11 +138,13 @@ pub fn lease_kept_proof(replica: &str, samples: u64, held: u64) -> Proof {
     )
 }
 
-/// The pid in a `hack/cluster.sh` pidfile (`PID EXE`) of the default cluster (or the one named
-/// `cluster`), if that process still runs the binary it records (what `pid_alive` in hack/lib.sh
-/// checks).
+/// The pid in a `hack/cluster.sh` pidfile (`PID EXE`) of the cluster named `cluster`, or else of
+/// the one `hack/cluster.sh` acts on in this environment (`SINGLETON_CLUSTER_NAME`, as
+/// hack/own-cluster.sh sets it; unset: the default cluster), if that process still runs the
+/// binary it records (what `pid_alive` in hack/lib.sh checks).
 pub fn cluster_pid(cluster: Option<&str>, component: &str) -> Option<u32> {
-    let dir = match cluster {
+    let named = std::env::var("SINGLETON_CLUSTER_NAME").ok();
+    let dir = match cluster.or(named.as_deref().filter(|n| !n.is_empty())) {
         None => ".cache/cluster".to_string(),
         Some(n) => format!(".cache/cluster-{n}"),
     };
