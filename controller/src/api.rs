@@ -625,7 +625,10 @@ pub struct BackstopSpec {
     pub postgres: Option<PostgresBackstop>,
     /// The job's name in the backstop database (claims, fence, `SINGLETON_JOB`). Default
     /// `namespace/name`. SingletonJobs in several clusters that share one database and carry the
-    /// same key are one job: each period runs in one cluster only (docs/multi-cluster.md).
+    /// same key are one job: each period runs in one cluster only (docs/multi-cluster.md). A key
+    /// belongs to the namespace of its first claim (the same namespace in every cluster); a
+    /// SingletonJob in another namespace that names it runs nothing, its periods Missed with
+    /// reason JobKeyOwnedElsewhere (docs/security.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub job_key: Option<String>,

@@ -93,6 +93,14 @@ pub enum Error {
     #[error("waiting for the replaced run's Job {0} to be gone before the new run starts")]
     Stopping(String),
 
+    /// The job key belongs to another namespace in the backstop (the namespace of its first
+    /// claim; issue 34, N4): this SingletonJob may not claim it or retire its tokens. The owner
+    /// is not named here (the message reaches the SingletonJob's readers); the log names it.
+    #[error(
+        "job key {job} belongs to another namespace in this backstop: use a key of your own, or ask an administrator to share or move it (docs/security.md)"
+    )]
+    NotOwner { job: String },
+
     /// Multi-cluster standby: the period is not this cluster's to claim until the database's
     /// clock reaches `until` (`spec.backstop.standbyDelaySeconds`). Retried then.
     #[error("standby: period not claimable here before {until} (database time)")]
@@ -121,6 +129,7 @@ impl Error {
             Error::RunStarted { .. } => "RunStarted",
             Error::Stopping(_) => "Stopping",
             Error::StandbyWaiting { .. } => "StandbyWaiting",
+            Error::NotOwner { .. } => "NotOwner",
         }
     }
 

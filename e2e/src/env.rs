@@ -100,16 +100,41 @@ impl Env {
         Self::with_client(name, client, None).await
     }
 
-    /// Like [`Env::new`], in the cluster of `kubeconfig` (a second control plane): the
+    /// Like [`Env::new`], in the cluster of `kubeconfig` (a second control plane) and in a
+    /// namespace named `ns` (the first cluster's Env's): the same namespace in two clusters is
+    /// one owner of a backstop job key (issue 34, N4), as in docs/multi-cluster.md's set-up. The
     /// namespace, the client and the controllers this Env starts are all in that cluster.
-    pub async fn new_in(name: &str, kubeconfig: &std::path::Path) -> Result<Env> {
+    pub async fn new_in_namespace(ns: &str, kubeconfig: &std::path::Path) -> Result<Env> {
         let client = service_account::client_from_kubeconfig(kubeconfig).await?;
-        Self::with_client(name, client, Some(kubeconfig.to_path_buf())).await
+        // The other Env's logs are under the namespace's name: these under the cluster's too.
+        let cluster = kubeconfig
+            .parent()
+            .and_then(|d| d.file_name())
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "second".into());
+        let logs = format!("{ns}@{cluster}");
+        Self::in_namespace(
+            ns.to_string(),
+            &logs,
+            client,
+            Some(kubeconfig.to_path_buf()),
+        )
+        .await
     }
 
     async fn with_client(name: &str, client: Client, kubeconfig: Option<PathBuf>) -> Result<Env> {
         let suffix = format!("{:06x}", rand_u32() & 0xffffff);
         let ns = format!("e2e-{name}-{suffix}");
+        Self::in_namespace(ns.clone(), &ns, client, kubeconfig).await
+    }
+
+    /// Creates namespace `ns`; the Env's logs go to `.cache/e2e-logs/<logs>`.
+    async fn in_namespace(
+        ns: String,
+        logs: &str,
+        client: Client,
+        kubeconfig: Option<PathBuf>,
+    ) -> Result<Env> {
         let nss: Api<Namespace> = Api::all(client.clone());
         let obj = Namespace {
             metadata: ObjectMeta {
@@ -120,7 +145,7 @@ impl Env {
             ..Default::default()
         };
         nss.create(&PostParams::default(), &obj).await?;
-        let log_dir = repo_root().join(".cache/e2e-logs").join(&ns);
+        let log_dir = repo_root().join(".cache/e2e-logs").join(logs);
         std::fs::create_dir_all(&log_dir)?;
         Ok(Env {
             client,

@@ -1,8 +1,9 @@
 //! Multi-cluster disaster recovery (docs/multi-cluster.md): two real control planes on this
 //! machine (the second from `hack/cluster.sh` with `SINGLETON_CLUSTER_NAME`, see
 //! e2e/src/multicluster.rs) share one PostgreSQL; a controller per cluster (`--cluster-id east`
-//! in the default cluster, `west` in the second); one SingletonJob per cluster, in namespaces of
-//! different names, made one job by `spec.backstop.jobKey`. An outside checker (an
+//! in the default cluster, `west` in the second); one SingletonJob per cluster, of different
+//! names in namespaces of the same name (one owner of the job key, issue 34), made one job by
+//! `spec.backstop.jobKey`. An outside checker (an
 //! [`Observer`] per API server) counts the Jobs that ran per period across both clusters.
 
 use std::collections::BTreeMap;
@@ -25,7 +26,7 @@ struct Two {
 async fn two(name: &str) -> Result<Two> {
     let second = SecondCluster::hold().await?;
     let east = Env::new(name).await?;
-    let west = Env::new_in(name, &second.kubeconfig).await?;
+    let west = Env::new_in_namespace(&east.ns, &second.kubeconfig).await?;
     let url = e2e::database_url()?;
     backstop_secret(&east, "db", &url, true).await?;
     backstop_secret(&west, "db", &url, true).await?;

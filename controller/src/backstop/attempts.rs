@@ -99,7 +99,7 @@ impl Backstop {
     /// retirement happen under the fence row's lock, which every registration takes: a
     /// registration either precedes the check (and is seen) or follows the retirement (and is
     /// refused). Idempotent; a token already below the fence or retired changes nothing.
-    pub async fn retire_unstarted(&self, job: &str, token: u64) -> Result<()> {
+    pub async fn retire_unstarted(&self, job: &str, token: u64, namespace: &str) -> Result<()> {
         let token_i = to_i64(token)?;
         self.bounded("retire unstarted token", async {
             let mut slot = self.session().await?;
@@ -111,24 +111,28 @@ impl Backstop {
                 let row = tx
                     .query_opt(
                         &format!(
-                            "SELECT token, retired FROM {} WHERE job = $1 FOR UPDATE",
+                            "SELECT token, retired, namespace FROM {} WHERE job = $1 FOR UPDATE",
                             t.fences
                         ),
                         &[&job],
                     )
                     .await
                     .map_err(pg)?;
-                if row
-                    .is_some_and(|r| r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i)
-                {
-                    return Ok(());
+                if let Some(r) = &row {
+                    super::owner::check(job, r.get(2), namespace)?;
+                    if r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i {
+                        return Ok(());
+                    }
                 }
                 // A fresh snapshot, taken after the row lock: a registration that held it has
                 // committed and is seen here.
                 not_started(&tx, &t, job, token).await?;
-                tx.execute(&super::retire_sql(&t), &[&job, &token_i])
-                    .await
-                    .map_err(pg)?;
+                tx.execute(
+                    &super::retire_sql(&t),
+                    &[&job, &token_i, &super::owner::recorded(namespace)],
+                )
+                .await
+                .map_err(pg)?;
                 tx.commit().await.map_err(pg)
             }
             .await;
@@ -142,7 +146,16 @@ impl Backstop {
     /// database did not answer in the middle of the claim (F10c), so the row, if the claim did
     /// commit, names a Job that never existed. Refused ([`Error::RunStarted`]) if an attempt of
     /// the token registered. Idempotent.
-    pub async fn withdraw(&self, job: &str, period: Timestamp, token: u64) -> Result<()> {
+    /// Refused ([`Error::NotOwner`]) when the job key belongs to a namespace other than
+    /// `namespace` (empty: not checked): a planted `unsettledClaims` entry must not delete
+    /// another tenant's claim.
+    pub async fn withdraw(
+        &self,
+        job: &str,
+        period: Timestamp,
+        token: u64,
+        namespace: &str,
+    ) -> Result<()> {
         let token_i = to_i64(token)?;
         self.bounded("withdraw claim", async {
             let mut slot = self.session().await?;
@@ -151,12 +164,16 @@ impl Backstop {
             let r = async {
                 let pg = |e| Error::from_pg(e, false);
                 let tx = client.transaction().await.map_err(pg)?;
-                tx.execute(
-                    &format!("SELECT 1 FROM {} WHERE job = $1 FOR UPDATE", t.fences),
-                    &[&job],
-                )
-                .await
-                .map_err(pg)?;
+                let row = tx
+                    .query_opt(
+                        &format!("SELECT namespace FROM {} WHERE job = $1 FOR UPDATE", t.fences),
+                        &[&job],
+                    )
+                    .await
+                    .map_err(pg)?;
+                if let Some(r) = &row {
+                    super::owner::check(job, r.get(0), namespace)?;
+                }
                 not_started(&tx, &t, job, token).await?;
                 tx.execute(
                     &format!("DELETE FROM {} WHERE job = $1 AND period = $2 AND token = $3", t.claims),

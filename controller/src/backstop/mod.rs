@@ -32,6 +32,7 @@ mod error;
 mod guard;
 pub mod health;
 pub mod multi;
+pub mod owner;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -122,6 +123,9 @@ pub enum ClaimOutcome {
         cluster: String,
         token: u64,
     },
+    /// The job key belongs to another namespace in this backstop ([`owner`]): the namespace
+    /// recorded by its first claim. Nothing changed.
+    NotOwner { owner: String },
 }
 
 impl ClaimOutcome {
@@ -134,6 +138,7 @@ impl ClaimOutcome {
             ClaimOutcome::TookOver { .. } => "TookOver",
             ClaimOutcome::NotYet { .. } => "NotYet",
             ClaimOutcome::Superseded { .. } => "Superseded",
+            ClaimOutcome::NotOwner { .. } => "NotOwner",
         }
     }
 
@@ -144,7 +149,8 @@ impl ClaimOutcome {
             ClaimOutcome::Duplicate { token: t, .. } => *t == token,
             ClaimOutcome::ClaimedElsewhere { .. }
             | ClaimOutcome::NotYet { .. }
-            | ClaimOutcome::Superseded { .. } => false,
+            | ClaimOutcome::Superseded { .. }
+            | ClaimOutcome::NotOwner { .. } => false,
         }
     }
 }
@@ -428,7 +434,11 @@ impl Backstop {
     /// fence row's lock only when there is something to change, so an open transaction of a
     /// newer run (Allow) does not hold up the retirement of an older token, which the fence
     /// refuses already.
-    pub async fn retire(&self, job: &str, token: u64) -> Result<()> {
+    ///
+    /// For a SingletonJob of `namespace` (empty: not checked): refused ([`Error::NotOwner`]) when
+    /// the job key belongs to another namespace ([`owner`]), so that a SingletonJob naming another
+    /// tenant's key cannot fence out that tenant's run by retiring its token (a break-lock).
+    pub async fn retire(&self, job: &str, token: u64, namespace: &str) -> Result<()> {
         let token_i = to_i64(token)?;
         self.bounded("retire token", async {
             let mut slot = self.session().await?;
@@ -438,20 +448,31 @@ impl Backstop {
                 let pg = |e| Error::from_pg(e, false);
                 let row = client
                     .query_opt(
-                        &format!("SELECT token, retired FROM {} WHERE job = $1", t.fences),
+                        &format!(
+                            "SELECT token, retired, namespace FROM {} WHERE job = $1",
+                            t.fences
+                        ),
                         &[&job],
                     )
                     .await
                     .map_err(pg)?;
-                if row
-                    .is_some_and(|r| r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i)
-                {
-                    return Ok(());
+                if let Some(r) = &row {
+                    owner::check(job, r.get(2), namespace)?;
+                    if r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i {
+                        return Ok(());
+                    }
                 }
-                client
-                    .execute(&retire_sql(&t), &[&job, &token_i])
+                // The owner is checked again under the row's lock (its WHERE).
+                let changed = client
+                    .execute(
+                        &retire_sql(&t),
+                        &[&job, &token_i, &owner::recorded(namespace)],
+                    )
                     .await
                     .map_err(pg)?;
+                if changed == 0 {
+                    return Err(owner::not_owner(job));
+                }
                 Ok(())
             }
             .await;
@@ -711,15 +732,51 @@ fn upsert_fence_sql(t: &Tables) -> String {
     )
 }
 
+/// The claim's fence advance ([`upsert_fence_sql`]) that also records the job key's owner
+/// (`$3`, NULL for none) where none is recorded, and returns the owner now stored.
+fn claim_fence_sql(t: &Tables) -> String {
+    format!(
+        "INSERT INTO {} AS f (job, token, namespace) VALUES ($1, $2, $3) \
+         ON CONFLICT ON CONSTRAINT {}fences_pkey \
+         DO UPDATE SET token = EXCLUDED.token, namespace = coalesce(f.namespace, EXCLUDED.namespace) \
+         WHERE f.token < EXCLUDED.token \
+         RETURNING f.token, f.namespace",
+        t.fences, t.prefix
+    )
+}
+
+/// The job key's recorded owner, unlocked: the claim transaction's early answer, so that a claim
+/// from another namespace learns nothing of the key's claims (the check under the row's lock at
+/// the fence advance decides).
+async fn recorded_owner(
+    tx: &tokio_postgres::Transaction<'_>,
+    t: &Tables,
+    job: &str,
+) -> Result<Option<String>> {
+    let row = tx
+        .query_opt(
+            &format!("SELECT namespace FROM {} WHERE job = $1", t.fences),
+            &[&job],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, false))?;
+    Ok(row.and_then(|r| r.get(0)))
+}
+
 /// Retires the token `$2` of job `$1` (and raises the fence to it if it is lower): never lowers
-/// either.
+/// either. Changes nothing (no row) when the job key belongs to a namespace other than `$3`.
 fn retire_sql(t: &Tables) -> String {
     format!(
-        "INSERT INTO {} AS f (job, token, retired) VALUES ($1, $2, $2) \
+        "INSERT INTO {} AS f (job, token, retired, namespace) VALUES ($1, $2, $2, $3) \
          ON CONFLICT ON CONSTRAINT {}fences_pkey DO UPDATE \
          SET token = greatest(f.token, EXCLUDED.token), \
-             retired = greatest(f.retired, EXCLUDED.retired)",
-        t.fences, t.prefix
+             retired = greatest(f.retired, EXCLUDED.retired), \
+             namespace = coalesce(f.namespace, EXCLUDED.namespace) \
+         WHERE EXCLUDED.namespace IS NULL OR f.namespace IS NULL \
+            OR f.namespace IN (EXCLUDED.namespace, '{}')",
+        t.fences,
+        t.prefix,
+        owner::SHARED
     )
 }
 
@@ -743,9 +800,18 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
         claimer,
     } = *c;
     let cluster = claimer.cluster.as_str();
+    let namespace = claimer.namespace.as_str();
     let pg = |e| Error::from_pg(e, false);
     // Dropping the transaction without commit rolls it back (also on an early `?`).
     let tx = client.transaction().await.map_err(pg)?;
+    // N4: a job key belongs to the namespace of its first claim; another namespace's claim is
+    // refused before it reads or writes anything of the key's claims.
+    if let Some(owner) = recorded_owner(&tx, t, job).await?
+        && owner::refuses(Some(owner.as_str()), namespace)
+    {
+        tx.rollback().await.map_err(pg)?;
+        return Ok(ClaimOutcome::NotOwner { owner });
+    }
     // Across clusters a scheduled period is due by the database's clock, the one all clusters
     // share (F7: a cluster whose controller and API server agree but run ahead together must not
     // claim, and so win, early); and a standby's turn comes by it too.
@@ -869,20 +935,36 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
             }
         }
     }
-    // Only upward, and strictly: an equal token would mean two runs share it.
+    // Only upward, and strictly: an equal token would mean two runs share it. The owner is
+    // recorded by the first claim and checked again under the row's lock: two namespaces that
+    // both found none recorded are serialised here, and the second is refused.
     let advanced = tx
-        .query_opt(&upsert_fence_sql(t), &[&job, &token])
+        .query_opt(
+            &claim_fence_sql(t),
+            &[&job, &token, &owner::recorded(namespace)],
+        )
         .await
         .map_err(pg)?;
-    if advanced.is_none() {
-        let current: i64 = tx
-            .query_one(
-                &format!("SELECT token FROM {} WHERE job = $1", t.fences),
-                &[&job],
-            )
-            .await
-            .map_err(pg)?
-            .get(0);
+    let (current, owner): (Option<i64>, Option<String>) = match advanced {
+        Some(row) => (None, row.get(1)),
+        None => {
+            let row = tx
+                .query_one(
+                    &format!("SELECT token, namespace FROM {} WHERE job = $1", t.fences),
+                    &[&job],
+                )
+                .await
+                .map_err(pg)?;
+            (Some(row.get(0)), row.get(1))
+        }
+    };
+    if owner::refuses(owner.as_deref(), namespace) {
+        tx.rollback().await.map_err(pg)?;
+        return Ok(ClaimOutcome::NotOwner {
+            owner: owner.unwrap_or_default(),
+        });
+    }
+    if let Some(current) = current {
         tx.rollback().await.map_err(pg)?;
         return Err(Error::StaleToken {
             job: job.to_string(),

@@ -26,6 +26,10 @@ pub struct Claimer {
     /// one: an older period claimed after a newer one would get the higher token, and the
     /// newer run's writes after it would be refused by the fence.
     pub scheduled: bool,
+    /// The claiming SingletonJob's namespace, the job key's owner once recorded
+    /// ([`super::owner`]): a key recorded for another namespace is refused. Empty: not recorded
+    /// and not checked (library callers and tests; the controller always names it).
+    pub namespace: String,
 }
 
 /// The period's existing claim row, as the claim transaction read it (locked).
@@ -100,6 +104,7 @@ mod tests {
             takeover_after: bound.map(SignedDuration::from_secs),
             standby_delay: None,
             scheduled: true,
+            namespace: String::new(),
         }
     }
 

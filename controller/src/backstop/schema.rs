@@ -12,6 +12,7 @@
 //! |                              | retired one (its period decided: refused from then on), and |
 //! |                              | the role that owns the job (schema 3)                       |
 //! |                              | and the newest registered attempt of the token (schema 5)   |
+//! |                              | and the namespace that owns the job key (schema 6)          |
 //! | `<p>attempts`                | every attempt (pod) that registered, per (job, token) (5)   |
 //! | `<p>fence_rejections`        | sequence: stale tokens refused by `<p>fence()`             |
 //! | `<p>attempt(job, token, id)` | an attempt registers as its run's newest (schema 5)        |
@@ -42,7 +43,7 @@ pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
 pub const ATTEMPT_SQLSTATE: &str = "SF004";
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Fully qualified, ready-to-splice names of one backstop's objects.
 #[derive(Clone, Debug)]
@@ -219,6 +220,15 @@ COMMENT ON COLUMN {claims}.confirmed_at IS 'singleton-controller: the database t
 "#
         )),
         5 => Some(migration_5(t)),
+        // Job keys belong to a namespace (super::owner): the first claim's namespace, recorded
+        // by the claim transaction and checked there. Rows already there have none until their
+        // next claim records it; an older controller's claims neither record nor check it.
+        6 => Some(format!(
+            r#"
+ALTER TABLE {fences} ADD COLUMN namespace text;
+COMMENT ON COLUMN {fences}.namespace IS 'singleton-controller: the Kubernetes namespace that owns the job key (its first claim''s); claims from any other namespace are refused. ''*'': shared with every namespace (set by an administrator); NULL: recorded by the next claim';
+"#
+        )),
         _ => None,
     }
 }

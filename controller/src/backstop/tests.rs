@@ -994,8 +994,8 @@ async fn a_retired_token_is_refused_although_it_equals_the_fence() {
     );
     tx.commit().await.unwrap();
 
-    b.retire(job, 7).await.unwrap();
-    b.retire(job, 7).await.unwrap(); // idempotent
+    b.retire(job, 7, "").await.unwrap();
+    b.retire(job, 7, "").await.unwrap(); // idempotent
     assert_eq!(
         (b.fence(job).await.unwrap(), b.retired(job).await.unwrap()),
         (7, 7)
@@ -1030,7 +1030,7 @@ async fn a_retired_token_is_refused_although_it_equals_the_fence() {
     );
     tx.commit().await.unwrap();
     // Retiring a token no claim reached (a run without its claim row) still fences it out.
-    b.retire("billing/other", 3).await.unwrap();
+    b.retire("billing/other", 3, "").await.unwrap();
     let tx = w.transaction().await.unwrap();
     let e = tx
         .query_one(&fence, &[&"billing/other", &3i64])
@@ -1158,7 +1158,7 @@ async fn retiring_an_older_token_does_not_wait_for_a_newer_run() {
         .await
         .unwrap();
     let started = Instant::now();
-    b.retire(job, 5).await.unwrap();
+    b.retire(job, 5, "").await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",
@@ -1200,7 +1200,7 @@ async fn schema_1_is_upgraded_in_place() {
         ),
         (4, 0)
     );
-    b.retire("ns/old", 4).await.unwrap();
+    b.retire("ns/old", 4, "").await.unwrap();
     let e = admin
         .query_one(&format!("SELECT {p}fence($1, $2)"), &[&"ns/old", &4i64])
         .await
@@ -1652,6 +1652,7 @@ pub(super) fn cluster(id: &str, takeover_secs: Option<i64>, standby_secs: Option
         takeover_after: takeover_secs.map(jiff::SignedDuration::from_secs),
         standby_delay: standby_secs.map(jiff::SignedDuration::from_secs),
         scheduled: true,
+        namespace: String::new(),
     }
 }
 

@@ -131,6 +131,9 @@ pub mod reason {
     pub const RESUME_REFUSED: &str = "ResumeRefused";
     /// The backstop's fence row stayed locked by an open transaction past the deadline.
     pub const FENCE_HELD: &str = "FenceHeld";
+    /// The job key belongs to another namespace in the backstop (the namespace of its first
+    /// claim; issue 34, N4): this SingletonJob may not claim it.
+    pub const JOB_KEY_OWNED_ELSEWHERE: &str = "JobKeyOwnedElsewhere";
     /// A Job of the period existed already (an earlier run of it): no second Job.
     pub const JOB_EXISTS: &str = "JobExists";
     /// The period's Job name is taken by a Job that is not this SingletonJob's run.

@@ -59,7 +59,7 @@ pub async fn break_lock(
     if let Availability::Ready(b) = db {
         // 3. Fence.
         ctx.gate.check()?;
-        if let Err(e) = b.retire(&sj.backstop_key(), token).await {
+        if let Err(e) = b.retire(&sj.backstop_key(), token, &ns).await {
             if matches!(e, Error::FenceHeld(_)) {
                 stop_runs(ctx, &ns, &stopped).await?;
                 end_holders(ctx, sj, b).await?;

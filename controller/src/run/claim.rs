@@ -66,6 +66,8 @@ pub(super) async fn backstop_claim(
                 | ClaimOutcome::TookOver { .. }
                 | ClaimOutcome::Superseded { .. }),
             ) => return multi_cluster(ctx, sj, claim, o).await,
+            // N4: another namespace's job key. Its period is never this SingletonJob's.
+            Ok(ClaimOutcome::NotOwner { owner: o }) => return not_owner(ctx, &sj, &claim, o).await,
             Ok(ClaimOutcome::Duplicate { token, job_name }) if token != claim.token => {
                 let d = deduplicated(&claim, token, &job_name);
                 decided::decide_without_job(ctx, &sj, &claim, d, None).await?;
@@ -108,6 +110,26 @@ pub(super) async fn backstop_claim(
         "the backstop's fence kept rising above the claim of {}",
         claim.job_name
     )))
+}
+
+/// The claim was refused: the job key belongs to the namespace `owner` in the backstop. The
+/// period is decided without a Job; the decision (status, Event) does not name the owner, which
+/// the SingletonJob's readers need not know; the log, which operators read, does. The claim's
+/// transaction rolled back: nothing to retire.
+async fn not_owner(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+    owner: String,
+) -> Result<Backstopped> {
+    let key = sj.backstop_key();
+    tracing::warn!(sj = %sj.key(), job_key = %key, owner, "claim refused: the backstop's job key belongs to another namespace");
+    let note = format!(
+        "not run: the backstop's job key {key} belongs to another namespace (the namespace of its first claim); use a job key of your own, or ask an administrator to share or move it (docs/security.md)"
+    );
+    let d = decided::Decision::new(Outcome::Missed, reason::JOB_KEY_OWNED_ELSEWHERE, note);
+    decided::decide_without_job(ctx, sj, claim, d, None).await?;
+    Ok(Backstopped::Decided)
 }
 
 /// The period was claimed in the backstop by another token (another replica, cluster or an
@@ -156,6 +178,7 @@ pub(super) fn claimer(
         takeover_after: secs(spec.and_then(|b| b.takeover_after_seconds)),
         standby_delay: secs(spec.and_then(|b| b.standby_delay_seconds)),
         scheduled: claim.origin.is_none(),
+        namespace: sj.metadata.namespace.clone().unwrap_or_default(),
     }
 }
 
@@ -287,7 +310,9 @@ fn multi_cluster<'a>(
                     skipped: false,
                 })
             }
-            ClaimOutcome::Claimed | ClaimOutcome::Duplicate { .. } => {
+            ClaimOutcome::Claimed
+            | ClaimOutcome::Duplicate { .. }
+            | ClaimOutcome::NotOwner { .. } => {
                 Err(Error::Backstop("not a multi-cluster claim outcome".into()))
             }
         }

@@ -121,7 +121,13 @@ pub async fn settle(ctx: &Context, sj: &SingletonJob, b: &Backstop) -> Result<bo
     let key = sj.backstop_key();
     for c in &status.unsettled_claims {
         ctx.gate.check()?;
-        b.withdraw(&key, c.period.0, c.token).await?;
+        b.withdraw(
+            &key,
+            c.period.0,
+            c.token,
+            sj.metadata.namespace.as_deref().unwrap_or_default(),
+        )
+        .await?;
     }
     let mut next = status.clone();
     next.unsettled_claims.clear();
@@ -134,7 +140,14 @@ pub async fn settle(ctx: &Context, sj: &SingletonJob, b: &Backstop) -> Result<bo
 /// ([`Backstop::retire_unstarted`]). That refusal stops the caller whatever the purpose: the
 /// decision itself is wrong, not merely unrecorded.
 async fn retire_unstarted(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
-    match b.retire_unstarted(&sj.backstop_key(), token).await {
+    match b
+        .retire_unstarted(
+            &sj.backstop_key(),
+            token,
+            sj.metadata.namespace.as_deref().unwrap_or_default(),
+        )
+        .await
+    {
         Ok(()) => Ok(()),
         Err(e @ crate::Error::RunStarted { .. }) => Err(e),
         Err(e) if sj.purpose() == LockPurpose::Efficiency => {
@@ -148,7 +161,14 @@ async fn retire_unstarted(sj: &SingletonJob, b: &Backstop, token: u64) -> Result
 /// Retires `token` (its period is decided). Correctness: an error stops the caller from
 /// recording the decision (it is retried); Efficiency: logged, and the decision goes on.
 pub async fn retire(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {
-    match b.retire(&sj.backstop_key(), token).await {
+    match b
+        .retire(
+            &sj.backstop_key(),
+            token,
+            sj.metadata.namespace.as_deref().unwrap_or_default(),
+        )
+        .await
+    {
         Ok(()) => Ok(()),
         Err(e) if sj.purpose() == LockPurpose::Efficiency => {
             tracing::warn!(sj = %sj.key(), token, error = %e, "could not retire the token of a decided period; Efficiency: recording it anyway");

@@ -260,7 +260,8 @@ impl DrWorld {
         let second = SecondCluster::hold().await?;
         let name = format!("chaos-{}", fault.name());
         let east_env = Env::new(&name).await?;
-        let west_env = Env::new_in(&name, &second.kubeconfig).await?;
+        // The same namespace as east's: one owner of the shared job key (issue 34).
+        let west_env = Env::new_in_namespace(&east_env.ns, &second.kubeconfig).await?;
         let url = database_url()?;
         backstop_secret(&east_env, "db", &url, true).await?;
         backstop_secret(&west_env, "db", &url, true).await?;

@@ -292,7 +292,7 @@ async fn the_token_only_fence_cannot_tell_two_pods_of_a_run_apart() {
     let e = fenced_write(&mut c, p, 1, "pod-x").await.unwrap_err();
     assert_eq!(sqlstate(&e), Some(ATTEMPT_SQLSTATE));
     assert!(db_message(&e).contains("is not registered"), "{e}");
-    b.retire(JOB, 1).await.unwrap();
+    b.retire(JOB, 1, "").await.unwrap();
     let e = c.query_one(&fence2, &[&JOB, &1i64]).await.unwrap_err();
     assert_eq!(sqlstate(&e), Some(STALE_TOKEN_SQLSTATE));
     let e = c
@@ -354,7 +354,7 @@ async fn a_stale_decision_without_a_job_cannot_retire_a_run_that_started() {
     )
     .await
     .unwrap();
-    let e = b.retire_unstarted(JOB, 1).await.unwrap_err();
+    let e = b.retire_unstarted(JOB, 1, "").await.unwrap_err();
     assert!(
         matches!(&e, Error::RunStarted { token: 1, attempt, .. } if attempt == "pod-a"),
         "{e}"
@@ -367,7 +367,7 @@ async fn a_stale_decision_without_a_job_cannot_retire_a_run_that_started() {
     b.claim(JOB, ts("2027-01-01T07:00:00Z"), 2, "invoices-2", None)
         .await
         .unwrap();
-    b.retire_unstarted(JOB, 2).await.unwrap();
+    b.retire_unstarted(JOB, 2, "").await.unwrap();
     assert_eq!(b.retired(JOB).await.unwrap(), 2);
     let e = c
         .query_one(
@@ -423,7 +423,7 @@ async fn break_lock_ends_a_session_that_holds_the_fence() {
     assert_eq!(ended[0].result, Ok(()), "{ended:?}");
     assert!(tx.commit().await.is_err(), "its session is gone");
     let started = Instant::now();
-    b.retire(JOB, 1).await.unwrap();
+    b.retire(JOB, 1, "").await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "the fence row is free"
@@ -537,13 +537,13 @@ async fn a_claim_whose_period_never_ran_is_withdrawn() {
     let (prefix, b) = claimed("withdraw", 1).await;
     let p = ts("2027-01-01T06:00:00Z");
     assert!(b.claimed(JOB, p).await.unwrap().is_some());
-    b.withdraw(JOB, p, 1).await.unwrap();
+    b.withdraw(JOB, p, 1, "").await.unwrap();
     assert!(
         b.claimed(JOB, p).await.unwrap().is_none(),
         "the row is gone"
     );
     assert_eq!(b.retired(JOB).await.unwrap(), 1, "its token retired");
-    b.withdraw(JOB, p, 1).await.unwrap();
+    b.withdraw(JOB, p, 1, "").await.unwrap();
     // A backfill claims the period again, with a token above the fence.
     assert_eq!(
         b.claim(JOB, p, 2, "invoices-1-backfill", None)
@@ -552,7 +552,7 @@ async fn a_claim_whose_period_never_ran_is_withdrawn() {
         ClaimOutcome::Claimed
     );
     // A row another claim holds (another token) is left alone; a started run is never withdrawn.
-    b.withdraw(JOB, p, 1).await.unwrap();
+    b.withdraw(JOB, p, 1, "").await.unwrap();
     assert_eq!(b.claimed(JOB, p).await.unwrap().map(|r| r.token), Some(2));
     let c = workload().await;
     c.query_one(
@@ -561,7 +561,7 @@ async fn a_claim_whose_period_never_ran_is_withdrawn() {
     )
     .await
     .unwrap();
-    let e = b.withdraw(JOB, p, 2).await.unwrap_err();
+    let e = b.withdraw(JOB, p, 2, "").await.unwrap_err();
     assert!(matches!(e, Error::RunStarted { .. }), "{e}");
     assert!(b.claimed(JOB, p).await.unwrap().is_some());
     cleanup(&prefix).await;

@@ -203,7 +203,7 @@ async fn a_retired_token_and_a_token_never_issued_are_refused() {
     let e = billing_workload::run(w.args(jan, 2)).await.unwrap_err();
     assert_eq!(sqlstate(&e), "SF003", "{e}");
     // January is decided: its token is retired although it is still the stored fence.
-    w.backstop.retire(&w.job, 1).await.unwrap();
+    w.backstop.retire(&w.job, 1, "").await.unwrap();
     let e = billing_workload::run(w.args(jan, 1)).await.unwrap_err();
     assert_eq!(sqlstate(&e), "SF001", "{e}");
     assert!(w.invoices(jan).await.is_empty());
