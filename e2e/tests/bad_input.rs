@@ -676,7 +676,8 @@ impl RequesterPolicy {
                 .args(["--namespace", "singleton-system"])
                 .args(["--show-only", "templates/admission.yaml"])
                 .args(["--set", &format!("watchNamespaces={{{}}}", env.ns)])
-                .args(["--set", "admissionPolicies.controllerJobs=false"]),
+                .args(["--set", "admissionPolicies.controllerJobs=false"])
+                .args(["--set", "admissionPolicies.controllerStatus=false"]),
         )?;
         let file = env.log_dir().join("requester-policy.yaml");
         std::fs::write(&file, yaml)?;

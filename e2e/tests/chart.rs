@@ -59,13 +59,16 @@ impl Release {
         for s in sets {
             cmd.args(["--set", s]);
         }
-        // Without watchNamespaces the operation-requester policy is bound cluster-wide, and every
-        // test running beside this one would have its hand-written operation requests judged by
-        // it (limits.rs's trigger spam, written without `by`, was refused so, 2026-12-05). It is
-        // tested where it is scoped: bad_input.rs applies the chart's own, and the release of
-        // chart_with_watch_namespaces_cannot_reach_other_namespaces has it.
+        // Without watchNamespaces the operation-requester and controller-status policies are
+        // bound cluster-wide, and every test running beside this one would have its hand-written
+        // operation requests judged by the first (limits.rs's trigger spam, written without `by`,
+        // was refused so, 2026-12-05) and its controllers' status writes refused by the second.
+        // They are tested where they are scoped: bad_input.rs applies the chart's requester
+        // policy, and the release of chart_with_watch_namespaces_cannot_reach_other_namespaces
+        // has both.
         if !sets.iter().any(|s| s.starts_with("watchNamespaces=")) {
             cmd.args(["--set", "admissionPolicies.operationRequester=false"]);
+            cmd.args(["--set", "admissionPolicies.controllerStatus=false"]);
         }
         // Installed from here on: a failed install may have created some objects.
         let release = Release {
@@ -275,9 +278,10 @@ fn refused_by_policy<T: std::fmt::Debug>(r: &kube::Result<T>, says: &str) -> boo
 }
 
 /// RBAC lets the controller's ServiceAccount create, patch and delete Jobs in every namespace;
-/// the chart's controller-jobs policy lets it write only Jobs it owns, and none in kube-system or
-/// the release namespace. `owner_sj` is a SingletonJob of `env`'s namespace. Server-side dry
-/// runs: admission judges them, nothing is stored.
+/// the chart's controller-jobs policy lets it write only Jobs it owns, none in kube-system or
+/// the release namespace, and new ones only in namespaces that opted in (review N2). `owner_sj`
+/// is a SingletonJob of `env`'s namespace. Server-side dry runs: admission judges them, nothing
+/// is stored.
 async fn check_job_policy(env: &Env, sa: &Client, owner_sj: &str, release_ns: &str) -> Result<()> {
     // The ownerReference the controller puts on its Jobs (controller: true, blockOwnerDeletion).
     let owner = env
@@ -305,6 +309,15 @@ async fn check_job_policy(env: &Env, sa: &Client, owner_sj: &str, release_ns: &s
         )
         .await?;
     }
+    // A namespace that did not opt in (`default` has no singleton.dev/jobs label): even a Job
+    // like its own is refused, so a stolen token cannot run pods there.
+    let r = create("default", job_like("default", Some(&owner), true)).await;
+    ensure(
+        env,
+        refused_by_policy(&r, "only in namespaces that opted in"),
+        ("a Job in a namespace that did not opt in", &r),
+    )
+    .await?;
     for (owner, labelled) in [(None, true), (Some(&owner), false)] {
         let r = create(&env.ns, job_like(&env.ns, owner, labelled)).await;
         ensure(
@@ -350,6 +363,17 @@ async fn check_job_policy(env: &Env, sa: &Client, owner_sj: &str, release_ns: &s
         ("delete", &r),
     )
     .await?;
+    Ok(())
+}
+
+/// Labels `env`'s namespace singleton.dev/jobs=true: without watchNamespaces the chart's
+/// controller creates Jobs only in namespaces that opted in so.
+fn opt_in(env: &Env) -> Result<()> {
+    run_ok(
+        kubectl()
+            .args(["label", "namespace", &env.ns, "--overwrite"])
+            .arg("singleton.dev/jobs=true"),
+    )?;
     Ok(())
 }
 
@@ -441,6 +465,7 @@ async fn chart_rbac_suffices_for_a_full_run_and_grants_no_more() -> Result<()> {
     // from writing Jobs in the release namespace, so SingletonJobs live in another.
     let system = Env::new("chart-sys").await?;
     let mut env = Env::new("chart").await?;
+    opt_in(&env)?;
     let mut release = Release::install(&system, &["rbac.userRoles=true".into()])?;
     let full = release.fullname();
     let (ns, sys_ns) = (env.ns.clone(), system.ns.clone());
@@ -722,6 +747,7 @@ async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<(
     ensure(&env, holder.starts_with("e2e-0"), ("Lease holder", &holder)).await?;
     wait_succeeded(&env, "hello").await?;
     wait_events(&env).await?;
+    planted_status_is_refused(&env, &format!("{sys_ns}:{full}")).await?;
 
     let lease = format!("leases.coordination.k8s.io/{}", release.name);
     check_access(
@@ -793,6 +819,46 @@ async fn chart_with_watch_namespaces_cannot_reach_other_namespaces() -> Result<(
 }
 
 /// The BackstopReady condition of `name`: (status, message), once the controller set it.
+/// Review N8: a `status.pendingClaim` is completed as a run, with its token raised into the
+/// backstop's fence. Only the controller (`sa`, "namespace:name"; its status writes made "hello"
+/// run) may write status: the cluster admin's planted claim (a token of i64::MAX) is refused by
+/// the chart's controller-status policy, and the status keeps no pending claim.
+async fn planted_status_is_refused(env: &Env, sa: &str) -> Result<()> {
+    let planted = serde_json::json!({"status": {"pendingClaim": {
+        "period": "2026-12-05T00:00:00.000000Z",
+        "token": i64::MAX,
+        "jobName": "hello-planted",
+    }}});
+    let r = env
+        .sjs()
+        .patch_status("hello", &PatchParams::default(), &Patch::Merge(&planted))
+        .await;
+    let said = match &r {
+        Err(kube::Error::Api(s)) => s.message.clone(),
+        other => format!("{other:?}"),
+    };
+    ensure(
+        env,
+        said.contains("singleton-controller's record")
+            && said.contains(&format!("system:serviceaccount:{sa}")),
+        ("a planted status.pendingClaim refused by admission", &said),
+    )
+    .await?;
+    let pending = env
+        .get_sj("hello")
+        .await?
+        .status
+        .and_then(|s| s.pending_claim);
+    ensure(
+        env,
+        pending
+            .as_ref()
+            .is_none_or(|p| p.job_name != "hello-planted"),
+        ("the pending claim after the refusal", &pending),
+    )
+    .await
+}
+
 async fn backstop_ready(env: &Env, name: &str) -> Result<Option<(String, String)>> {
     let sj = env.get_sj(name).await?;
     Ok(sj
@@ -812,6 +878,8 @@ async fn chart_secret_access_is_opt_in_per_namespace_and_a_namespace_admin_may_g
     let system = Env::new("chart-sec-sys").await?;
     let team_a = Env::new("chart-sec-a").await?;
     let mut env = Env::new("chart-sec-b").await?;
+    opt_in(&team_a)?;
+    opt_in(&env)?;
     let mut release = Release::install(
         &system,
         &[format!("rbac.backstopNamespaces={{{}}}", team_a.ns)],

@@ -619,8 +619,9 @@ fn secret_access_is_bound_only_in_the_namespaces_listed() -> Result<()> {
 fn admission_policies_render_by_default_and_can_be_turned_off() -> Result<()> {
     let requester = format!("{FULLNAME}-operation-requester");
     let jobs = format!("{FULLNAME}-controller-jobs");
+    let status = format!("{FULLNAME}-controller-status");
     let docs = render(&[])?;
-    for name in [&requester, &jobs] {
+    for name in [&requester, &jobs, &status] {
         let p = one(&docs, "ValidatingAdmissionPolicy", name)?;
         ensure!(p["apiVersion"].as_str() == Some("admissionregistration.k8s.io/v1"));
         ensure!(p["spec"]["failurePolicy"].as_str() == Some("Fail"));
@@ -638,6 +639,19 @@ fn admission_policies_render_by_default_and_can_be_turned_off() -> Result<()> {
         .as_str()
         .unwrap_or_default();
     ensure!(cond.contains(&format!("\"{user}\"")), "{cond}");
+    // Only the controller writes status (N8).
+    let sp = one(&docs, "ValidatingAdmissionPolicy", &status)?;
+    ensure!(
+        strs(&sp["spec"]["matchConstraints"]["resourceRules"][0]["resources"])
+            == ["singletonjobs/status"]
+    );
+    let rule = sp["spec"]["validations"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(
+        rule == format!("request.userInfo.username == \"{user}\""),
+        "{rule}"
+    );
     let ns_rule = p["spec"]["validations"][0]["expression"]
         .as_str()
         .unwrap_or_default();
@@ -645,17 +659,42 @@ fn admission_policies_render_by_default_and_can_be_turned_off() -> Result<()> {
         ns_rule.contains(r#"["kube-system","kube-public","kube-node-lease","singleton-system"]"#),
         "{ns_rule}"
     );
-
-    // Serving one namespace: the requester policy is bound to it only.
-    let docs = render(&["watchNamespaces={team-a}"])?;
-    let b = one(&docs, "ValidatingAdmissionPolicyBinding", &requester)?;
+    // New Jobs only in namespaces that opted in (N2): by label, unless one namespace is served
+    // or the opt-in is turned off.
+    let opted_in = |p: &Value| {
+        p["spec"]["variables"]
+            .as_sequence()
+            .and_then(|v| v.iter().find(|v| v["name"] == "optedIn"))
+            .and_then(|v| v["expression"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let rule = opted_in(p);
     ensure!(
-        b["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
-            ["kubernetes.io/metadata.name"]
-            .as_str()
-            == Some("team-a"),
-        "{b:?}"
+        rule.contains("namespaceObject.metadata.labels['singleton.dev/jobs'] == 'true'"),
+        "{rule}"
     );
+    for set in [
+        "watchNamespaces={team-a}",
+        "admissionPolicies.jobNamespaceOptIn=false",
+    ] {
+        let docs = render(&[set])?;
+        let rule = opted_in(one(&docs, "ValidatingAdmissionPolicy", &jobs)?);
+        ensure!(rule == "true", "{set}: {rule}");
+    }
+
+    // Serving one namespace: the requester and status policies are bound to it only.
+    let docs = render(&["watchNamespaces={team-a}"])?;
+    for name in [&requester, &status] {
+        let b = one(&docs, "ValidatingAdmissionPolicyBinding", name)?;
+        ensure!(
+            b["spec"]["matchResources"]["namespaceSelector"]["matchLabels"]
+                ["kubernetes.io/metadata.name"]
+                .as_str()
+                == Some("team-a"),
+            "{b:?}"
+        );
+    }
     // A namespace served that is protected could run nothing: refused, unless opted in.
     let err = render_err(&[&format!("watchNamespaces={{{NS}}}")])?;
     ensure!(err.contains("is protected"), "{err}");
@@ -672,6 +711,7 @@ fn admission_policies_render_by_default_and_can_be_turned_off() -> Result<()> {
     let docs = render(&[
         "admissionPolicies.operationRequester=false",
         "admissionPolicies.controllerJobs=false",
+        "admissionPolicies.controllerStatus=false",
     ])?;
     ensure!(all(&docs, "ValidatingAdmissionPolicy").is_empty());
     ensure!(all(&docs, "ValidatingAdmissionPolicyBinding").is_empty());
