@@ -37,7 +37,7 @@ impl Error {
                     Error::BackstopConfig(msg)
                 };
             }
-            let msg = format!("{} (SQLSTATE {})", db.message(), code.code());
+            let msg = format!("{} (SQLSTATE {})", server_words(db.message()), code.code());
             return match class {
                 // Not an outage: a run's own transaction holds the fence row. Who holds it
                 // decides what to do (Replace deletes the run it replaces), so it has its own
@@ -63,5 +63,37 @@ impl Error {
             source = cause.source();
         }
         Error::BackstopUnavailable(msg)
+    }
+}
+
+/// The most of a server's message that reaches status, Events and logs.
+const SERVER_WORDS: usize = 200;
+
+/// A server's message as the controller repeats it (review N10): the server is whatever host a
+/// SingletonJob names, so its words are cut to [`SERVER_WORDS`] characters and cleared of control
+/// characters before they reach a condition, which, unlike an Event, was shown as it came.
+fn server_words(message: &str) -> String {
+    let printable = crate::text::printable(message);
+    match printable.char_indices().nth(SERVER_WORDS) {
+        Some((cut, _)) => format!("{}...", &printable[..cut]),
+        None => printable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_servers_words_are_cut_and_printable() {
+        assert_eq!(
+            server_words("relation \"x\" does not exist"),
+            "relation \"x\" does not exist"
+        );
+        assert_eq!(server_words("a\u{1b}[31mred\nline"), "a[31mred line");
+        let long = "é".repeat(SERVER_WORDS + 50);
+        let cut = server_words(&long);
+        assert_eq!(cut.chars().count(), SERVER_WORDS + 3, "{cut}");
+        assert!(cut.ends_with("..."));
     }
 }

@@ -554,6 +554,7 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
         .map_err(pg)?;
     }
     tx.commit().await.map_err(pg)?;
+    verify_owners(client, &schema, prefix).await?;
     if version > SCHEMA_VERSION {
         tracing::info!(
             version,
@@ -562,6 +563,64 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
         );
     }
     Ok((version, tables))
+}
+
+/// The backstop's tables, sequence and functions (by name, without the schema).
+fn object_names(prefix: &TablePrefix) -> (Vec<String>, Vec<String>) {
+    let named = |suffixes: &[&str]| suffixes.iter().map(|s| format!("{prefix}{s}")).collect();
+    (
+        named(&[
+            "schema_version",
+            "claims",
+            "fences",
+            "attempts",
+            "fence_rejections",
+        ]),
+        named(&["fence", "attempt", "fence_check"]),
+    )
+}
+
+/// N7: refuses a backstop whose objects belong to a role the controller's is not a member of.
+/// `CREATE TABLE IF NOT EXISTS` and the version table trust what is there, so another role that
+/// may create objects in the schema (PUBLIC on `public` before PostgreSQL 15, or any shared
+/// schema) could plant them first: say a `fence()` that accepts every token, and tables it can
+/// read and edit. A role the controller's is a member of (a DBA's that ran the migrations) is
+/// trusted; so is any owner for a superuser, who is a member of every role.
+async fn verify_owners(client: &Client, schema: &str, prefix: &TablePrefix) -> Result<()> {
+    let (relations, functions) = object_names(prefix);
+    let rows = client
+        .query(
+            "SELECT c.relname::text, pg_catalog.pg_get_userbyid(c.relowner)::text \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = ANY($2) \
+               AND NOT pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER') \
+             UNION ALL \
+             SELECT p.proname::text, pg_catalog.pg_get_userbyid(p.proowner)::text \
+             FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND p.proname = ANY($3) \
+               AND NOT pg_catalog.pg_has_role(current_user, p.proowner, 'MEMBER') \
+             ORDER BY 1",
+            &[&schema, &relations, &functions],
+        )
+        .await
+        .map_err(|e| Error::from_pg(e, false))?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let foreign: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{} (owner {})",
+                r.get::<_, String>(0),
+                r.get::<_, String>(1)
+            )
+        })
+        .collect();
+    Err(Error::BackstopConfig(format!(
+        "the backstop's objects in schema {schema} belong to roles the controller's role is not a member of: {}; another role created them first, so they cannot be trusted (a planted fence function could accept every token). Drop them and let the controller create its own, or give it a schema of its own (docs/security.md)",
+        foreign.join(", ")
+    )))
 }
 
 /// The advisory lock key for one (schema, prefix): a stable hash, so every replica and version of

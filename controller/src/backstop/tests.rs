@@ -798,6 +798,86 @@ async fn connect_errors_do_not_quote_secret_values() {
     assert_no_secret(&format!("{e} {e:?}"), &[secret_db]);
 }
 
+/// `database_url()` logged in as `role` (the local server trusts loopback logins).
+fn url_as(role: &str) -> String {
+    let url = database_url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+    format!("{scheme}://{role}@{host}")
+}
+
+/// N7 (review): another role plants the backstop's objects in the controller's schema before
+/// its first connection: a version table at the newest version, so no migration runs, and a
+/// fence that accepts every token. The controller (a role of its own, not a superuser) refuses
+/// the backstop and names what is foreign; once the objects are its own, or their owner is a role
+/// it is a member of, it goes on. Fails without the ownership check: ensure_schema succeeds on
+/// the planted objects.
+#[tokio::test]
+async fn a_schema_planted_by_another_role_is_refused() {
+    let prefix = unique_prefix("plant");
+    let p = prefix.as_str();
+    let (ctl, planter) = (format!("{p}ctl"), format!("{p}planter"));
+    let admin = workload().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {ctl} LOGIN; CREATE ROLE {planter} LOGIN; \
+             CREATE SCHEMA {ctl} AUTHORIZATION {ctl}; GRANT USAGE, CREATE ON SCHEMA {ctl} TO {planter};"
+        ))
+        .await
+        .unwrap();
+    let (planted, conn) = tokio_postgres::connect(&url_as(&planter), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    planted
+        .batch_execute(&format!(
+            "SET search_path = {ctl}; \
+             CREATE TABLE {p}schema_version (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()); \
+             INSERT INTO {p}schema_version (version) VALUES ({SCHEMA_VERSION}); \
+             GRANT ALL ON {p}schema_version TO PUBLIC; \
+             CREATE FUNCTION {p}fence(job text, token bigint) RETURNS bigint LANGUAGE sql AS 'SELECT $2';"
+        ))
+        .await
+        .unwrap();
+    let as_ctl = || {
+        let config = ConnectionConfig::from_secret(
+            &data(&[("url", &url_as(&ctl)), ("sslmode", "disable")]),
+            &SecretKeys::default(),
+        )
+        .unwrap();
+        Backstop::new(config, prefix.clone()).unwrap()
+    };
+    let e = as_ctl().ensure_schema().await.unwrap_err();
+    let said = e.to_string();
+    assert!(matches!(e, Error::BackstopConfig(_)), "{e:?}");
+    for name in ["fence", "schema_version"] {
+        assert!(
+            said.contains(&format!("{p}{name} (owner {planter})")),
+            "{said}"
+        );
+    }
+    // The planter's role made the controller's (a DBA's that ran the migrations): trusted.
+    admin
+        .batch_execute(&format!("GRANT {planter} TO {ctl}"))
+        .await
+        .unwrap();
+    assert_eq!(as_ctl().ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    // Without the planted objects the controller creates and owns its own.
+    admin
+        .batch_execute(&format!(
+            "REVOKE {planter} FROM {ctl}; DROP SCHEMA {ctl} CASCADE; CREATE SCHEMA {ctl} AUTHORIZATION {ctl};"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(as_ctl().ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA {ctl} CASCADE; DROP ROLE {planter}; DROP OWNED BY {ctl}; DROP ROLE {ctl};"
+        ))
+        .await
+        .unwrap();
+}
+
 /// Four replicas creating the schema at once: no error, one row per migration, all see the
 /// newest version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
