@@ -128,6 +128,9 @@ pub fn reflow(text: &str) -> String {
     out.join("\n")
 }
 
+/// The largest `startingDeadlineSeconds` (ten years), in the CRD's schema and in decisions.
+pub const MAX_STARTING_DEADLINE_SECONDS: i64 = 315_360_000;
+
 // clippy reads the repeated `type_` keys of separate printcolumn(...) groups as duplicates.
 #[allow(clippy::duplicated_attributes)]
 /// Runs a Job from `jobTemplate` at most once per scheduled period, and hands every run a fencing
@@ -246,7 +249,7 @@ pub struct SingletonJobSpec {
     /// A period that cannot start within this many seconds of its scheduled instant is recorded as
     /// Missed (reason DeadlineExceeded) instead of starting late. Unset: no deadline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 315_360_000))]
+    #[schemars(range(min = 1, max = MAX_STARTING_DEADLINE_SECONDS))]
     pub starting_deadline_seconds: Option<i64>,
 
     /// What happens to periods that fell due while they could not start (the controller was down,

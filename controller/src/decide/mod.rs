@@ -293,9 +293,11 @@ pub fn plan(
 
     // A jittered period may start as late as the end of its window: deadlines count from there.
     let window = SignedDuration::from_secs(i64::from(spec.jitter_window()));
+    // Within the CRD's bounds, also for an object that bypassed them (hostile input must not
+    // overflow an instant, nor a negative deadline walk every period since 1970).
     let deadline = spec
         .starting_deadline_seconds
-        .map(SignedDuration::from_secs)
+        .map(|s| SignedDuration::from_secs(s.clamp(1, crate::api::MAX_STARTING_DEADLINE_SECONDS)))
         .or((spec.catch_up == CatchUp::None).then_some(CATCH_UP_NONE_GRACE))
         .map(|d| d + window);
     let mut pending = Pending {
@@ -466,8 +468,12 @@ impl Pending<'_> {
     /// cliff).
     fn past_deadline(&mut self, deadline: Option<SignedDuration>) {
         let now = self.obs.now;
-        // Periods at or before this instant can no longer start.
-        let Some(limit) = deadline.map(|d| now - d).filter(|l| *l > self.cursor) else {
+        // Periods at or before this instant can no longer start. A deadline reaching before
+        // the calendar's first instant (a hostile startingDeadlineSeconds) has no such period.
+        let Some(limit) = deadline
+            .and_then(|d| now.checked_sub(d).ok())
+            .filter(|l| *l > self.cursor)
+        else {
             return;
         };
         let Some(last) = self
