@@ -88,7 +88,7 @@ impl DrFault {
     pub fn expect(self, mode: Mode) -> Expect {
         let planned = match self {
             DrFault::PrimaryApiserverStop => mode.window().max(STOP_WINDOW),
-            DrFault::BothActiveKill => (mode.window() / kills(mode) as u32) * kills(mode) as u32,
+            DrFault::BothActiveKill => kill_gap(mode) * kills(mode) as u32,
             _ => mode.window(),
         };
         Expect {
@@ -150,6 +150,17 @@ fn kills(mode: Mode) -> usize {
         Mode::Short => 2,
         Mode::Full => 6,
     }
+}
+
+/// dr-both-active-kill's time from one kill to the next: the window's share, but never less
+/// than a run after a kill may take. A kill between a claim's commit and its confirm leaves the
+/// period's row unconfirmed, and the other cluster takes it over only after the takeover bound
+/// (docs/multi-cluster.md); then the next instant, and 2 s of round trips on a loaded machine.
+/// (CI, 2026-12-05: a kill 60 ms after such a commit, 3.5 s before the next kill, while the
+/// bound was 5 s: no run could follow it in time.)
+fn kill_gap(mode: Mode) -> Duration {
+    let bound = Duration::from_secs(DrFault::BothActiveKill.layout().takeover_after);
+    (mode.window() / kills(mode) as u32).max(bound + INTERVAL + Duration::from_secs(2))
 }
 
 /// dr-primary-apiserver-stop's least outage: long enough for a takeover of a claim in flight at
@@ -917,7 +928,7 @@ async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected>
                     }
                 };
                 killed += by_kill as usize;
-                w.run_for(window / kills as u32).await?;
+                w.run_for(kill_gap(mode)).await?;
             }
             inj.proofs.push(Proof::new(
                 killed == kills,
