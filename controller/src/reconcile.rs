@@ -548,8 +548,8 @@ fn blocked(
     }
 }
 
-/// [`decide::plan`] over this reconcile's inputs.
-fn plan(
+/// [`decide::plan`] over this reconcile's inputs (also what tests/hostile_input.rs decides with).
+pub fn plan(
     sj: &SingletonJob,
     schedule: &Schedule,
     status: &SingletonJobStatus,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use singleton::decide::{self, Observed};
+use singleton::decide;
 
 /// The most one object may take through all of it, in a debug build on a busy 2-core machine.
 /// A schedule or catch-up that walked every second since 1970 would take minutes.
@@ -173,24 +173,8 @@ fn handle(text: &str, now: Timestamp) -> &'static str {
     };
     let status = sj.status.clone().unwrap_or_default();
     let created = sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
-    let states = HashMap::new();
-    let key = sj.backstop_key();
-    let obs = Observed {
-        now,
-        key: &key,
-        consecutive_failures: status.consecutive_failures,
-        created,
-        blocked: None,
-        job_states: &states,
-    };
-    let plan = decide::plan(
-        &sj.spec,
-        &schedule,
-        status.decided_through.as_ref().map(|t| t.0),
-        status.schedule_fingerprint.as_deref(),
-        &status.active,
-        &obs,
-    );
+    let plan =
+        singleton::reconcile::plan(&sj, &schedule, &status, now, created, None, &HashMap::new());
     let token = status.fencing_token.saturating_add(1);
     match plan.start {
         Some(period) => match singleton::job::build(&sj, period, token) {
