@@ -142,6 +142,7 @@ pub struct Metrics {
     // Backstop and clock.
     pub backstop_operation_seconds: HistogramFamily<OpLabels>,
     pub backstop_errors: Family<OpErrorLabels, Counter>,
+    pub backstop_deferred: Family<JobLabels, Counter>,
     pub clock_offset_seconds: Gauge<f64, AtomicU64>,
     // Reconcile.
     pub reconcile_duration_seconds: Histogram,
@@ -190,6 +191,7 @@ impl Metrics {
             stale_writes_refused: Family::default(),
             backstop_operation_seconds: Family::new_with_constructor(backstop_histogram),
             backstop_errors: Family::default(),
+            backstop_deferred: Family::default(),
             clock_offset_seconds: Gauge::default(),
             // 1 ms .. 16 s.
             reconcile_duration_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
@@ -305,6 +307,11 @@ impl Metrics {
             "backstop_errors",
             "Failed backstop database operations, by operation and error kind",
             m.backstop_errors.clone(),
+        );
+        r.register(
+            "backstop_deferred",
+            "Reconciles put off because their namespace's database time in flight was spent: its backstop database is slow, and only its own namespace waits",
+            m.backstop_deferred.clone(),
         );
         r.register_with_unit(
             "clock_offset",
@@ -511,6 +518,12 @@ impl Metrics {
         }
     }
 
+    /// A reconcile of `sj` was put off: its namespace's database time in flight was spent
+    /// (issue 34, N3).
+    pub fn backstop_deferred(&self, sj: &SingletonJob) {
+        self.backstop_deferred.get_or_create(&self.job(sj)).inc();
+    }
+
     pub fn clock_offset(&self, offset: Option<SignedDuration>) {
         if let Some(o) = offset {
             self.clock_offset_seconds.set(o.as_secs_f64());
@@ -560,6 +573,7 @@ impl Metrics {
             &self.runs_late,
             &self.suspended_after_failures,
             &self.tokens_issued,
+            &self.backstop_deferred,
         ] {
             family.remove(&key);
         }
@@ -697,6 +711,7 @@ mod tests {
         m.acquire_attempt_failed("Contention");
         m.multi_cluster_claim("east", "TookOver");
         m.token_issued(&a);
+        m.backstop_deferred(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
         m.run_started(&a, period, period + SignedDuration::from_millis(1500));
@@ -794,6 +809,7 @@ mod tests {
             ("singleton_stale_writes_refused", "counter"),
             ("singleton_backstop_operation_seconds", "histogram"),
             ("singleton_backstop_errors", "counter"),
+            ("singleton_backstop_deferred", "counter"),
             ("singleton_clock_offset_seconds", "gauge"),
             ("singleton_reconcile_duration_seconds", "histogram"),
             ("singleton_reconcile_errors", "counter"),

@@ -52,12 +52,20 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     // reached it too, so no Job is ever stamped before its instant (G4).
     let clock = ctx.clock.fresh().await;
     let now = clock.due_now(Timestamp::now());
-    let Some(resolved) = Box::pin(observe::backstop::resolve(&ctx, &sj)).await else {
-        // Other probes of its namespace's backstops are in flight: this one waits outside the
-        // reconcile slots, so a namespace of unreachable databases cannot hold them all.
-        return Ok(Action::requeue(crate::backstop::health::BUSY_RETRY));
+    let resolved = match Box::pin(observe::backstop::resolve(&ctx, &sj)).await {
+        observe::backstop::Resolution::Resolved(r) => r,
+        // Other probes of its namespace's backstops are in flight, or its namespace's database
+        // time is spent: this one waits outside the reconcile slots, so a namespace of
+        // unreachable or slow databases cannot hold them all (issue 19; issue 34, N3).
+        observe::backstop::Resolution::Later(wait) => return Ok(Action::requeue(wait)),
     };
-    let observe::backstop::Resolved { db, retry_at } = resolved;
+    // `_turn` is held to the end of the reconcile: its database work counts against its
+    // namespace's share.
+    let observe::backstop::Resolved {
+        db,
+        retry_at,
+        turn: _turn,
+    } = resolved;
     if let Availability::Ready(b) = &db {
         Box::pin(report_rejections(&ctx, &sj, b)).await;
     }

@@ -236,6 +236,12 @@ impl Health {
 }
 
 impl Probe<'_> {
+    /// Whether the target is not known healthy (new, or failing with its backoff passed): such
+    /// probes are bounded per namespace here ([`PROBES_PER_NAMESPACE`]).
+    pub fn is_bounded(&self) -> bool {
+        self.metered
+    }
+
     /// Records how the probe ended (`Err`: the reason the SingletonJobs are shown); on a
     /// failure, returns when the target will be probed again.
     pub fn done(self, result: Result<(), String>, now: Instant) -> Option<Instant> {

@@ -34,6 +34,7 @@ pub mod health;
 pub mod multi;
 pub mod owner;
 mod schema;
+pub mod share;
 #[cfg(test)]
 mod tests;
 mod tls;
@@ -176,6 +177,8 @@ pub struct Backstop {
     tls: Option<rustls::ClientConfig>,
     /// The hosts it may dial (`--backstop-allowed-hosts`), checked before every connection.
     allowed: Arc<AllowedHosts>,
+    /// Where its operations' durations go, and the namespace they count against ([`share`]).
+    meter: Option<(Arc<share::Share>, String)>,
     slot: Mutex<Slot>,
 }
 
@@ -209,6 +212,7 @@ impl Backstop {
             prefix,
             tls,
             allowed: Arc::default(),
+            meter: None,
             slot: Mutex::new(Slot::default()),
         })
     }
@@ -216,6 +220,12 @@ impl Backstop {
     /// Limits the hosts this backstop may dial (see [`AllowedHosts`]).
     pub fn with_allowed_hosts(mut self, allowed: Arc<AllowedHosts>) -> Self {
         self.allowed = allowed;
+        self
+    }
+
+    /// Times its operations against `namespace`'s share of database time ([`share`]).
+    pub fn with_meter(mut self, share: Arc<share::Share>, namespace: &str) -> Self {
+        self.meter = Some((share, namespace.to_string()));
         self
     }
 
@@ -527,10 +537,17 @@ impl Backstop {
     async fn bounded<T>(&self, what: &str, op: impl Future<Output = Result<T>>) -> Result<T> {
         let limit = self.config.operation_timeout;
         let started = std::time::Instant::now();
+        let timed = self
+            .meter
+            .as_ref()
+            .map(|(share, ns)| share.op(ns, tokio::time::Instant::now()));
         let r = match tokio::time::timeout(limit, op).await {
             Ok(r) => r.map_err(|e| self.scrub(e)),
             Err(_) => Err(Error::backstop_timeout(what, limit)),
         };
+        if let Some(t) = timed {
+            t.done(tokio::time::Instant::now());
+        }
         crate::metrics::global().backstop_op(what, started.elapsed(), r.as_ref().err());
         r
     }
@@ -1117,6 +1134,8 @@ pub struct BackstopCache {
     allowed: Arc<AllowedHosts>,
     /// This cluster's identity in the claims it writes (`--cluster-id`; empty: none).
     cluster: String,
+    /// Every namespace's database time, which its backstops' operations are timed against.
+    share: Arc<share::Share>,
 }
 
 impl BackstopCache {
@@ -1126,7 +1145,13 @@ impl BackstopCache {
             entries: Default::default(),
             allowed: Arc::new(allowed),
             cluster: String::new(),
+            share: Arc::default(),
         }
+    }
+
+    /// Every namespace's share of database time ([`share`]).
+    pub fn share(&self) -> &Arc<share::Share> {
+        &self.share
     }
 
     /// Claims through this cache name the cluster `id` (docs/multi-cluster.md).
@@ -1156,7 +1181,10 @@ impl BackstopCache {
             return Ok(b.clone());
         }
         let config = ConnectionConfig::from_secret(data, keys)?;
-        let b = Backstop::new(config, prefix.clone())?.with_allowed_hosts(self.allowed.clone());
+        let namespace = sj_key.split_once('/').map_or("", |(ns, _)| ns);
+        let b = Backstop::new(config, prefix.clone())?
+            .with_allowed_hosts(self.allowed.clone())
+            .with_meter(self.share.clone(), namespace);
         let b = Arc::new(b);
         entries.insert(sj_key.to_string(), (fp, b.clone()));
         Ok(b)

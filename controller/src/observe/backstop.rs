@@ -6,7 +6,10 @@ use kube::ResourceExt;
 use crate::api::SingletonJob;
 use tokio::time::Instant;
 
-use crate::backstop::health::{Admission, Target};
+use std::time::Duration;
+
+use crate::backstop::health::{Admission, BUSY_RETRY, Target};
+use crate::backstop::share::Turn;
 use crate::backstop::{Availability, Backstop, SecretKeys, TablePrefix, fingerprint, load_secret};
 use crate::context::Context;
 use crate::sync::lock;
@@ -17,23 +20,39 @@ pub struct Resolved {
     /// Unavailable and not probed again before this instant (its backoff): nothing that waits
     /// for it can change sooner.
     pub retry_at: Option<Instant>,
+    /// The namespace's turn at its database ([`crate::backstop::share`]), held for the rest of
+    /// the reconcile. None: no backstop, one failing (no database work), or one being probed
+    /// while not known healthy (bounded by [`crate::backstop::health`] instead).
+    pub turn: Option<Turn>,
 }
 
 impl From<Availability> for Resolved {
     fn from(db: Availability) -> Self {
-        Resolved { db, retry_at: None }
+        Resolved {
+            db,
+            retry_at: None,
+            turn: None,
+        }
     }
 }
 
-/// The SingletonJob's backstop, connected and checked (the schema is ensured on connect). Every
-/// failure becomes a reason that names no secret value. None: the backstop could not be probed
-/// now without waiting for other probes of its namespace ([`crate::backstop::health`]); look
-/// again shortly, without holding a reconcile slot meanwhile.
-pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Option<Resolved> {
-    let unavailable = |e: crate::Error| Some(Availability::Unavailable(e.to_string()).into());
+/// What [`resolve`] found.
+pub enum Resolution {
+    Resolved(Resolved),
+    /// The backstop cannot be used now without waiting (other probes of its namespace are in
+    /// flight, or its namespace's database time is spent): look again after this long, without
+    /// holding a reconcile slot meanwhile.
+    Later(Duration),
+}
+
+/// The SingletonJob's backstop, connected and checked (the schema is ensured on connect), with
+/// its namespace's turn at the database. Every failure becomes a reason that names no secret
+/// value.
+pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Resolution {
+    use Resolution::{Later, Resolved as Found};
     let Some(pg) = sj.spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) else {
         ctx.backstops.forget(&sj.key());
-        return Some(Availability::NotConfigured.into());
+        return Found(Availability::NotConfigured.into());
     };
     let ns = sj.namespace().unwrap_or_default();
     let secret = &pg.secret_ref.name;
@@ -43,14 +62,17 @@ pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Option<Resolved> {
     {
         Some(Admission::Failing { error, retry_at }) => {
             let db = Availability::Unavailable(error);
-            return Some(Resolved {
+            let retry_at = Some(retry_at);
+            return Found(Resolved {
                 db,
-                retry_at: Some(retry_at),
+                retry_at,
+                turn: None,
             });
         }
-        Some(Admission::Busy) => return None,
+        Some(Admission::Busy) => return Later(BUSY_RETRY),
         Some(Admission::Probe(_)) | None => {}
     }
+    let unavailable = |e: crate::Error| Found(Availability::Unavailable(e.to_string()).into());
     let data = match load_secret(&ctx.client, &ns, secret).await {
         Ok(d) => d,
         Err(e) => return unavailable(e),
@@ -74,9 +96,29 @@ pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Option<Resolved> {
         Admission::Failing { error, retry_at } => {
             let db = Availability::Unavailable(error);
             let retry_at = Some(retry_at);
-            return Some(Resolved { db, retry_at });
+            return Found(Resolved {
+                db,
+                retry_at,
+                turn: None,
+            });
         }
-        Admission::Busy => return None,
+        Admission::Busy => return Later(BUSY_RETRY),
+    };
+    // The database will be used: a slow database's SingletonJobs wait outside the reconcile
+    // slots (N3). A target not known healthy needs no turn: its probes are bounded per
+    // namespace already, and a black-holed one must be found failing (and its SingletonJobs
+    // told) however slow its namespace's database time looks.
+    let share = ctx.backstops.share();
+    let turn = if probe.is_bounded() {
+        None
+    } else {
+        match share.admit(&target.namespace, Instant::now()) {
+            Ok(t) => Some(t),
+            Err(wait) => {
+                crate::metrics::global().backstop_deferred(sj);
+                return Later(wait);
+            }
+        }
     };
     let r = db.ping().await.map_err(|e| e.to_string());
     let retry_at = probe.done(r.clone(), Instant::now());
@@ -84,7 +126,7 @@ pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Option<Resolved> {
         Ok(()) => Availability::Ready(db),
         Err(why) => Availability::Unavailable(why),
     };
-    Some(Resolved { db, retry_at })
+    Found(Resolved { db, retry_at, turn })
 }
 
 /// How many more stale writes the backstop refused since the last look (the first look after
