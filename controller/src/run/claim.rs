@@ -416,7 +416,9 @@ fn fence_held<'a>(
         let ns = sj.metadata.namespace.clone().unwrap_or_default();
         let mut stopping = false;
         for old in &claim.replaces {
-            super::create::delete_replaced(ctx, &ns, old).await?;
+            // Deleted by this call: its pods' transactions are ending now, even when the Job
+            // (without pods to wait for) is gone before the read below.
+            stopping |= super::create::delete_replaced(ctx, &ns, old).await?;
             stopping |= kube_io::get_job(ctx, &ns, &old.job_name, Lane::Create)
                 .await?
                 .is_some_and(|j| old.job_uid.is_none() || j.metadata.uid == old.job_uid);

@@ -15,14 +15,14 @@ use crate::lanes::Lane;
 use crate::naming;
 use crate::{Error, Result};
 
-/// Step 5 for one replaced run: its Job goes, and, foreground, its pods before it.
-pub(super) async fn delete_replaced(ctx: &Context, ns: &str, old: &ReplacedRun) -> Result<()> {
+/// Step 5 for one replaced run: its Job goes, and, foreground, its pods before it. Whether this
+/// call deleted it (false: it was gone already, or the name is another Job's).
+pub(super) async fn delete_replaced(ctx: &Context, ns: &str, old: &ReplacedRun) -> Result<bool> {
     let fg = Propagation::Foreground;
     match &old.job_uid {
         Some(uid) => kube_io::delete_job_uid(ctx, ns, &old.job_name, uid, fg, Lane::Create).await,
         None => kube_io::delete_job_named(ctx, ns, &old.job_name, fg, Lane::Create).await,
     }
-    .map(|_| ())
 }
 
 /// Step 5 without a fence (G5, F13): whether the replaced runs' Jobs are gone. A Job deleted in
