@@ -94,3 +94,26 @@ pub fn plugin(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Result<std::p
             )
         })
 }
+
+/// Runs kubectl with `args` and `input` on its stdin; its stdout, or why it failed.
+pub fn kubectl_stdin(args: &[&str], input: &str) -> Result<String> {
+    use std::io::Write as _;
+    let mut child = kubectl()
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("kubectl's stdin")?
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -20,6 +20,7 @@ mod proxy;
 pub mod real_node;
 mod service_account;
 pub mod sim_pods;
+pub mod skew;
 mod tls;
 
 pub use backstop::{
@@ -27,14 +28,15 @@ pub use backstop::{
     table_prefix,
 };
 pub use commands::{
-    chart_dir, helm, kubectl, plugin, plugin_bin, repo_file, run_ok, stderr, stdout, yaml_docs,
+    chart_dir, helm, kubectl, kubectl_stdin, plugin, plugin_bin, repo_file, run_ok, stderr, stdout,
+    yaml_docs,
 };
 pub use env::{
     Controller, Env, FAST_ELECTION, RUN_LABEL, clock_offset_under, controller_bin, ensure,
     events_with_reason, skewed_clock,
 };
 pub use http::{HttpResponse, health_addr_in, http_get, https_get, metric, metrics_addr_in};
-pub use manifest::{never_scheduled, once_at, periods, sj_yaml, token_of};
+pub use manifest::{DEPTH, never_scheduled, once_at, periods, poisoned, sj_yaml, token_of};
 pub use markdown::{ShBlock, sh_blocks};
 pub use observer::Observer;
 pub use proxy::Proxy;

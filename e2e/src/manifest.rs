@@ -72,3 +72,22 @@ pub fn once_at(at: jiff::Timestamp) -> String {
         t.month()
     )
 }
+
+/// Levels of nesting inside [`poisoned`]'s template: past serde_json's limit of 128 with what is
+/// above it.
+pub const DEPTH: usize = 130;
+
+/// A SingletonJob labelled [`crate::RUN_LABEL`]`=run` whose job template holds a field nested
+/// [`DEPTH`] levels deep, as JSON (a client built on serde_json cannot decode it, so it goes
+/// through kubectl: [`crate::kubectl_stdin`]).
+pub fn poisoned(ns: &str, name: &str, run: &str) -> String {
+    let nested = format!("{}1{}", r#"{"a":"#.repeat(DEPTH), "}".repeat(DEPTH));
+    let label = crate::RUN_LABEL;
+    format!(
+        r#"{{"apiVersion":"singleton.dev/v1alpha1","kind":"SingletonJob",
+        "metadata":{{"name":"{name}","namespace":"{ns}","labels":{{"{label}":"{run}"}}}},
+        "spec":{{"schedule":"*/2 * * * * *","jobTemplate":{{"spec":{{"template":{{"spec":{{
+          "restartPolicy":"Never","containers":[{{"name":"work","image":"busybox"}}]}}}},
+          "deep":{nested}}}}}}}}}"#
+    )
+}

@@ -6,17 +6,16 @@
 //! The skew is observed from outside, as the other tests do: a watch of the healthy namespace's
 //! Jobs notes when each run's Job was first allowed to run, minus its scheduled instant.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::observer::Seen;
+use e2e::skew::{describe, healthy_namespace, instants, measure, p99, window};
 use e2e::{
-    Env, Observer, Proxy, RUN_LABEL, backstop_secret, backstop_spec, database_port, database_url,
-    ensure, metric, sj_yaml, table_prefix,
+    Env, Proxy, RUN_LABEL, backstop_secret, backstop_spec, database_port, database_url, ensure,
+    metric, sj_yaml, table_prefix,
 };
 use jiff::Timestamp;
-use tokio::sync::mpsc;
 
 /// SingletonJobs of the hostile namespace: more than the controller's 128 reconcile slots.
 const HOSTILE: usize = 130;
@@ -36,73 +35,6 @@ const WINDOW: Duration = Duration::from_secs(25);
 /// (10 s), five times twice this.
 const BASELINE_FLOOR: f64 = 1.0;
 
-/// The skews seen so far: (scheduled instant, seconds from it until the Job could run).
-type Skews = Arc<Mutex<Vec<(Timestamp, f64)>>>;
-
-/// Notes the skew of every run of `env`'s namespace as the watch sees it allowed to run.
-fn record_skews(env: &Env) -> (Observer, Skews) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let observer = Observer::start(env.client.clone(), &env.ns, tx);
-    let skews: Skews = Arc::default();
-    let out = skews.clone();
-    tokio::spawn(async move {
-        while let Some(seen) = rx.recv().await {
-            if let Seen::Ran { period, .. } = seen {
-                let skew = Timestamp::now().duration_since(period).as_secs_f64();
-                out.lock().unwrap().push((period, skew));
-            }
-        }
-    });
-    (observer, skews)
-}
-
-/// The skews of the runs whose instants fall in [from, to), after waiting (up to 30 s) for every
-/// one of those `HEALTHY` × seconds runs; one still missing then counts with its wait so far.
-async fn phase(env: &Env, skews: &Skews, from: Timestamp, to: Timestamp) -> Result<Vec<f64>> {
-    let first = from.as_second() + i64::from(from.subsec_nanosecond() > 0);
-    let due = (to.as_second() - first).max(0) as usize * HEALTHY;
-    let in_window = || -> Vec<(Timestamp, f64)> {
-        let s = skews.lock().unwrap();
-        s.iter()
-            .filter(|(p, _)| *p >= from && *p < to)
-            .copied()
-            .collect()
-    };
-    let all_seen = env
-        .wait_for(
-            "every run of the window",
-            Duration::from_secs(30),
-            || async { Ok((in_window().len() >= due).then_some(())) },
-        )
-        .await;
-    let mut got: Vec<f64> = in_window().into_iter().map(|(_, s)| s).collect();
-    if all_seen.is_err() {
-        let waited = Timestamp::now().duration_since(to).as_secs_f64();
-        got.extend(std::iter::repeat_n(waited, due.saturating_sub(got.len())));
-    }
-    got.sort_by(f64::total_cmp);
-    Ok(got)
-}
-
-fn p99(sorted: &[f64]) -> f64 {
-    if sorted.is_empty() {
-        return f64::INFINITY;
-    }
-    let i = ((sorted.len() as f64) * 0.99).ceil() as usize;
-    sorted[i.clamp(1, sorted.len()) - 1]
-}
-
-fn describe(sorted: &[f64]) -> String {
-    let at = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
-    format!(
-        "n={} p50={:.3}s p99={:.3}s max={:.3}s",
-        sorted.len(),
-        at(0.5),
-        p99(sorted),
-        sorted.last().copied().unwrap_or_default()
-    )
-}
-
 /// How many SingletonJobs of `env` show `BackstopReady=False`.
 async fn told(env: &Env) -> Result<usize> {
     let sjs = env.sjs().list(&Default::default()).await?.items;
@@ -118,14 +50,6 @@ async fn told(env: &Env) -> Result<usize> {
         .count())
 }
 
-/// Waits out a measuring window (the wait is the measurement, not a guess at a condition).
-async fn measure(env: &Env, what: &str, from: Instant) -> Result<()> {
-    env.wait_for(what, WINDOW + Duration::from_secs(5), || async {
-        Ok((from.elapsed() >= WINDOW).then_some(()))
-    })
-    .await
-}
-
 #[tokio::test]
 async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_runs() -> Result<()>
 {
@@ -138,25 +62,9 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
         .await?;
 
     // The healthy namespace: every-second runs, each claimed in a reachable backstop.
-    backstop_secret(&healthy, "db", &database_url()?, true).await?;
-    let (_observer, skews) = record_skews(&healthy);
-    let spec = backstop_spec(
-        "db",
-        &table_prefix(&healthy),
-        "  concurrencyPolicy: Allow\n  catchUp: All\n",
-    );
-    for i in 0..HEALTHY {
-        healthy
-            .create_sj_labelled(&run, &sj_yaml(&format!("h{i}"), "* * * * * *", &spec))
-            .await?;
-    }
-    healthy
-        .wait_for(
-            "the healthy runs under way",
-            Duration::from_secs(30),
-            || async { Ok((skews.lock().unwrap().len() >= 2 * HEALTHY).then_some(())) },
-        )
-        .await?;
+    let names: Vec<String> = (0..HEALTHY).map(|i| format!("h{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (_observer, skews) = healthy_namespace(&healthy, &run, &names, "* * * * * *").await?;
 
     // Alone.
     let reconciles = || async {
@@ -168,8 +76,9 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
         ))
     };
     let (started, from, r0) = (Instant::now(), Timestamp::now(), reconciles().await?);
-    measure(&healthy, "the window alone", started).await?;
-    let alone = phase(&healthy, &skews, from, Timestamp::now()).await?;
+    measure(&healthy, "the window alone", started, WINDOW).await?;
+    let due = instants(from, Timestamp::now(), 1);
+    let alone = window(&healthy, &skews, &names, &due).await?.skews;
     let rate_alone = (reconciles().await? - r0) / started.elapsed().as_secs_f64();
 
     // The hostile namespace: 130 every-second SingletonJobs whose backstops accept connections
@@ -216,10 +125,16 @@ async fn a_namespace_of_black_holed_backstops_does_not_delay_another_namespaces_
     let settled = settling.elapsed();
     let (started, from, r0) = (Instant::now(), Timestamp::now(), reconciles().await?);
     let held_before = hole.held();
-    measure(&healthy, "the window with the hostile namespace", started).await?;
+    measure(
+        &healthy,
+        "the window with the hostile namespace",
+        started,
+        WINDOW,
+    )
+    .await?;
     let held_in_window = hole.held() - held_before;
-    let to = Timestamp::now();
-    let with_hostile = phase(&healthy, &skews, from, to).await?;
+    let due = instants(from, Timestamp::now(), 1);
+    let with_hostile = window(&healthy, &skews, &names, &due).await?.skews;
     let rate_hostile = (reconciles().await? - r0) / started.elapsed().as_secs_f64();
     // The attack stayed live (the black hole took connections and never answered) and no
     // hostile run started.

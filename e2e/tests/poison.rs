@@ -13,49 +13,11 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use e2e::{
-    Env, Observer, RUN_LABEL, ensure, events_with_reason, kubectl, metric, plugin, run_ok, sj_yaml,
-    stdout,
+    DEPTH, Env, Observer, RUN_LABEL, ensure, events_with_reason, kubectl, kubectl_stdin, metric,
+    plugin, poisoned, run_ok, sj_yaml, stdout,
 };
-
-/// Levels of nesting inside the template: past serde_json's limit of 128 with what is above it.
-const DEPTH: usize = 130;
-
-/// A SingletonJob whose job template holds a field nested [`DEPTH`] levels deep, as JSON (the
-/// test's own client cannot decode it either, so it goes through kubectl).
-fn poisoned(ns: &str, name: &str, run: &str) -> String {
-    let nested = format!("{}1{}", r#"{"a":"#.repeat(DEPTH), "}".repeat(DEPTH));
-    format!(
-        r#"{{"apiVersion":"singleton.dev/v1alpha1","kind":"SingletonJob",
-        "metadata":{{"name":"{name}","namespace":"{ns}","labels":{{"{RUN_LABEL}":"{run}"}}}},
-        "spec":{{"schedule":"*/2 * * * * *","jobTemplate":{{"spec":{{"template":{{"spec":{{
-          "restartPolicy":"Never","containers":[{{"name":"work","image":"busybox"}}]}}}},
-          "deep":{nested}}}}}}}}}"#
-    )
-}
-
-fn kubectl_stdin(args: &[&str], input: &str) -> Result<String> {
-    use std::io::Write as _;
-    let mut child = kubectl()
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .context("kubectl's stdin")?
-        .write_all(input.as_bytes())?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// `reason` and `status` of the Ready condition of `ns/name`, read with kubectl.
 fn ready(ns: &str, name: &str) -> Result<(String, String)> {
