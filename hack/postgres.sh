@@ -62,6 +62,10 @@ running() { [ -n "${DATA:-}" ] && [ -f "$DATA/postmaster.pid" ] && as_pg "$BIN/p
 
 # sslmode=disable, said explicitly: the controller verifies the server by default (verify-full),
 # and this loopback database trusts every local connection anyway.
+# The controller keeps a connection per SingletonJob with a backstop, and the hostile-tenant
+# suite has 130 of them in one namespace beside the other tests (the default, 100, refused the
+# others' connections).
+MAX_CONNECTIONS=500
 url() { echo "postgres://postgres@127.0.0.1:$PORT/$DB?sslmode=disable"; }
 
 # ensure_tls: a throwaway CA and a server certificate (SAN localhost and 127.0.0.1) in the data
@@ -124,6 +128,14 @@ ensure_pod_hba() {
   HBA_CHANGED=1
 }
 
+# serve <pg_ctl args...>: starts or restarts the server on $PORT with its options. pg_ctl -w polls
+# until the server accepts connections; setsid keeps a terminal's Ctrl-C away.
+serve() {
+  (close_inherited_fds; cd / && exec setsid --wait runuser -u postgres -- \
+    "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -o "-p $PORT -c max_connections=$MAX_CONNECTIONS" \
+    -w -t 60 "$@" >/dev/null)
+}
+
 up() {
   BIN=$(pg_bin); SERVER=$(server_dir); DATA=$SERVER/data; LOGFILE=$SERVER/postgres.log
   if ! running; then
@@ -151,14 +163,18 @@ EOF
     (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null \
       && die "127.0.0.1:$PORT is already taken by another process; set SINGLETON_PG_PORT"
     log "starting on 127.0.0.1:$PORT"
-    # pg_ctl -w polls until the server accepts connections; setsid keeps a terminal's Ctrl-C away.
-    if ! (close_inherited_fds; cd / && exec setsid --wait runuser -u postgres -- \
-          "$BIN/pg_ctl" -D "$DATA" -l "$LOGFILE" -o "-p $PORT" -w -t 60 start >/dev/null); then
+    if ! serve start; then
       tail -n 30 "$LOGFILE" >&2; die "postgres did not start"
     fi
     echo "$PORT" > "$PORT_FILE"
   fi
   wait_for "postgres accepting connections" 30 "$LOGFILE" psql_q -c 'select 1'
+  # A server started before the connection limit was raised: restarted once with it.
+  if [ "$(psql_q -c 'show max_connections')" -lt "$MAX_CONNECTIONS" ]; then
+    log "restarting with max_connections=$MAX_CONNECTIONS"
+    serve -m fast restart || { tail -n 30 "$LOGFILE" >&2; die "postgres did not restart"; }
+    wait_for "postgres accepting connections" 30 "$LOGFILE" psql_q -c 'select 1'
+  fi
   # A server started before TLS support: add it in place, without a restart.
   ensure_tls
   ensure_hba
