@@ -57,6 +57,7 @@ usual() {
     helm) echo "~5 min" ;;
     promtool) echo "~6 min" ;;
     cargo-deny) echo "~5 min" ;;
+    cargo-cyclonedx) echo "~2 min" ;;
     shfmt) echo "~1 min" ;;
     *) echo "a few minutes" ;;
   esac
@@ -374,21 +375,22 @@ build_simple() { # build_simple <name> <module> <version> <package> [extra ldfla
   built "$name"
 }
 
-# cargo-deny from crates.io: `--locked` builds the dependency versions of its own Cargo.lock,
-# each checked against the registry's checksum. Not reproducible across machines like the Go
-# tools, so it is checked against the hash recorded when it was built, not a committed one.
-build_cargo_deny() {
-  local dest; dest=$(tool_dir cargo-deny)
-  ready "$dest" cargo-deny && return 0
-  [ "$MODE" != pin ] || die "cargo-deny is pinned by its version and Cargo.lock; nothing to pin"
-  building cargo-deny "$CARGO_DENY_VERSION"
-  local work; work=$(newwork cargo-deny); WORKDIRS+=("$work")
-  watch_build cargo-deny crates "" cargo install --locked cargo-deny --version "=$CARGO_DENY_VERSION" \
+# build_crate <crate> <version>: a cargo tool from crates.io (cargo-deny, cargo-cyclonedx).
+# `--locked` builds the dependency versions of its own Cargo.lock, each checked against the
+# registry's checksum. Not reproducible across machines like the Go tools, so it is checked
+# against the hash recorded when it was built, not a committed one.
+build_crate() {
+  local name=$1 version=$2 dest; dest=$(tool_dir "$name")
+  ready "$dest" "$name" && return 0
+  [ "$MODE" != pin ] || die "$name is pinned by its version and Cargo.lock; nothing to pin"
+  building "$name" "$version"
+  local work; work=$(newwork "$name"); WORKDIRS+=("$work")
+  watch_build "$name" crates "" cargo install --locked "$name" --version "=$version" \
     --root "$work/root" --target-dir "$work/target"
-  mkdir -p "$work/bin"; mv "$work/root/bin/cargo-deny" "$work/bin/"
-  seal "$work/bin" "cargo-deny-$CARGO_DENY_VERSION" cargo-deny
+  mkdir -p "$work/bin"; mv "$work/root/bin/$name" "$work/bin/"
+  seal "$work/bin" "$name-$version" "$name"
   finish "$work/bin" "$dest"; rm -rf "$work"
-  built cargo-deny
+  built "$name"
 }
 
 # The kwok binary embeds no stages unless run through kwokctl, so the fake node needs a stage config.
@@ -412,7 +414,7 @@ case ${1:-} in
   pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool shfmt)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny shfmt)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny cargo-cyclonedx shfmt)
 for t in "${tools[@]}"; do
   ONLY=
   if [[ $t == *:* ]]; then ONLY=${t#*:}; t=${t%%:*}; fi
@@ -434,7 +436,8 @@ for t in "${tools[@]}"; do
       build_simple promtool github.com/prometheus/prometheus "$PROMTOOL_VERSION" \
       github.com/prometheus/prometheus/cmd/promtool \
       "-X github.com/prometheus/common/version.Version=$((m / 100)).$((m % 100)).${PROMTOOL_VERSION##*.}" ;;
-    cargo-deny) build_cargo_deny ;;
+    cargo-deny) build_crate cargo-deny "$CARGO_DENY_VERSION" ;;
+    cargo-cyclonedx) build_crate cargo-cyclonedx "$CARGO_CYCLONEDX_VERSION" ;;
     # The shell parser of the tool-use check (hack/tool-uses-test.sh): its syntax tree as JSON.
     shfmt) build_simple shfmt mvdan.cc/sh/v3 "$SHFMT_VERSION" mvdan.cc/sh/v3/cmd/shfmt ;;
     *) log "unknown tool $t"; exit 2 ;;

@@ -42,7 +42,7 @@ flock getconf grep gzip head hostname id install kill ldd let ln local ls mapfil
 mktemp mount mv nice nohup nproc od printf pwd read readarray readlink readonly realpath return
 rm rmdir sed seq set setsid sha256sum shift shopt sleep sort source split stat sync tac tail tar
 tee test time timeout touch tr trap true type uname umask umount uniq unset wait wc xargs yes
-runuser lscpu apt-get dpkg
+runuser lscpu apt-get dpkg dpkg-query
 go cargo make python3 git
 """.split())
 # Wrappers: the program they run is the argument after this many (options skipped as said).

@@ -12,6 +12,7 @@ CRICTL_VERSION=v1.37.0       # sigs.k8s.io/cri-tools (crictl: the chaos suite's 
 KWOK_VERSION=v0.8.0          # sigs.k8s.io/kwok (fake node)
 PROMTOOL_VERSION=v0.316.0    # github.com/prometheus/prometheus/cmd/promtool (Prometheus 3.16.0): alert rule tests
 CARGO_DENY_VERSION=0.20.2    # crates.io cargo-deny: license, ban, source and advisory checks (make lint)
+CARGO_CYCLONEDX_VERSION=0.5.9  # crates.io cargo-cyclonedx: the CycloneDX SBOMs of make image
 SHFMT_VERSION=v3.14.1        # mvdan.cc/sh/v3 (shfmt): parses hack/*.sh for the tool-use check (make lint)
 
 # Where built tools, cluster state and logs live: outside the repo, reused across clones.
@@ -31,6 +32,7 @@ tool_dir() {
     helm) echo "$TOOLS_DIR/helm-$HELM_VERSION" ;;
     promtool) echo "$TOOLS_DIR/promtool-$PROMTOOL_VERSION" ;;
     cargo-deny) echo "$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION" ;;
+    cargo-cyclonedx) echo "$TOOLS_DIR/cargo-cyclonedx-$CARGO_CYCLONEDX_VERSION" ;;
     shfmt) echo "$TOOLS_DIR/shfmt-$SHFMT_VERSION" ;;
     *) echo "tool_dir: unknown tool $1" >&2; return 1 ;;
   esac
