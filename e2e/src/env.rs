@@ -419,6 +419,18 @@ impl Env {
         }
     }
 
+    /// The Job `name`, once it exists (up to 30 s): an operation (trigger, rerun) is recorded
+    /// Done with its claim, in one status write, and its Job follows on the claim's steps
+    /// (after an active run's foreground deletion under `rerun --replace`), which on a loaded
+    /// machine is not at once.
+    pub async fn wait_job(&self, name: &str) -> Result<Job> {
+        let what = format!("the Job {name}");
+        self.wait_for(&what, Duration::from_secs(30), || async {
+            Ok(self.jobs().get_opt(name).await?)
+        })
+        .await
+    }
+
     /// Waits up to 30 s until the Job `name` no longer exists (`what` says which Job, for the
     /// failure's message).
     pub async fn wait_job_gone(&self, what: &str, name: &str) -> Result<()> {

@@ -114,7 +114,7 @@ async fn trigger_runs_now_and_a_backfill_repeated_starts_nothing_new() -> Result
     )
     .await?;
     let job_name = first.job_name.clone().unwrap_or_default();
-    let job = env.jobs().get(&job_name).await?;
+    let job = env.wait_job(&job_name).await?;
     let period: Timestamp = period_of(&job).parse()?;
     ensure(
         &env,

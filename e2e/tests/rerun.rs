@@ -219,7 +219,7 @@ async fn a_rerun_fences_out_the_earlier_run_and_replace_replaces_an_active_one()
         ("rerun --replace", &rerun, stderr(&out)),
     )
     .await?;
-    let job = env.jobs().get(&job_name).await?;
+    let job = env.wait_job(&job_name).await?;
     let again = run_env(&job);
     ensure(
         &env,
@@ -407,7 +407,7 @@ async fn a_finished_period_is_re_run_and_periods_never_decided_are_refused() -> 
         ("rerun of a finished period", &text, stderr(&out)),
     )
     .await?;
-    let job = env.jobs().get(&job_name).await?;
+    let job = env.wait_job(&job_name).await?;
     let again = run_env(&job);
     ensure(
         &env,
