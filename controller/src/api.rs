@@ -693,6 +693,60 @@ pub enum LockPurpose {
     Efficiency,
 }
 
+/// Status fields this release does not know, as read: written by a newer release of the
+/// controller (one with a field this one lacks), they go back unchanged with every status write
+/// of this one, so a rolling upgrade or a rollback that hands leadership to an older replica
+/// never drops what a newer one recorded (issue 36; docs/design.md, "Version skew"). A status
+/// write is a full replace (PUT) of the status, and serde would otherwise skip such fields on
+/// read and leave them out on write. Never part of the CRD's schema: the newer release's CRD,
+/// which the API server serves, describes them.
+///
+/// One pointer wide, and nothing allocated while empty: every cached run and history entry
+/// carries one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Unknown(Option<Box<serde_json::Map<String, serde_json::Value>>>);
+
+impl Unknown {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The field `key`, if a newer release wrote it.
+    pub fn get(&self, key: &str) -> Option<&serde_json::Value> {
+        self.0.as_ref()?.get(key)
+    }
+
+    /// Sets the field `key` (tests that stand for a newer release).
+    pub fn insert(&mut self, key: &str, value: serde_json::Value) {
+        self.0
+            .get_or_insert_default()
+            .insert(key.to_string(), value);
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().flat_map(|m| m.keys())
+    }
+}
+
+// As a map of its fields (flattened into the struct that holds it).
+impl Serialize for Unknown {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.0.iter().flat_map(|m| m.iter()) {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Unknown {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = serde_json::Map::deserialize(d)?;
+        Ok(Unknown((!map.is_empty()).then(|| Box::new(map))))
+    }
+}
+
 /// Observed state, written only by the controller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -795,6 +849,10 @@ pub struct SingletonJobStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100))]
     pub unsettled_claims: Vec<UnsettledClaim>,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 /// A claim whose backstop row may exist although its period was decided without a Job (see
@@ -807,6 +865,10 @@ pub struct UnsettledClaim {
     /// The token of its claim, retired when the claim is withdrawn.
     #[schemars(schema_with = "token_schema")]
     pub token: u64,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 /// See [`SingletonJobStatus::claims_recorded`].
@@ -817,6 +879,10 @@ pub struct ClaimsRecorded {
     pub since: Time,
     /// Identifies the backstop database and table prefix the claims go to.
     pub target: String,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 /// The latest operation of each kind. A request whose `id` equals the one recorded here has been
@@ -836,6 +902,10 @@ pub struct Operations {
     /// The latest re-run of a period (`kubectl singleton rerun`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun: Option<OperationStatus>,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 impl Operations {
@@ -844,6 +914,7 @@ impl Operations {
             && self.backfill.is_none()
             && self.break_lock.is_none()
             && self.rerun.is_none()
+            && self.unknown.is_empty()
     }
 }
 
@@ -895,6 +966,10 @@ pub struct OperationStatus {
     /// When the controller last changed this record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated: Option<Time>,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 /// Progress of an operation.
@@ -973,6 +1048,10 @@ pub struct RunRef {
     /// The run had not succeeded by its completion deadline (`completionDeadlineSeconds`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub late: bool,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 /// A run that a pending claim replaces (concurrencyPolicy Replace).
@@ -993,11 +1072,16 @@ pub struct ReplacedRun {
     /// When the replaced run was claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed_at: Option<Time>,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 impl From<&RunRef> for ReplacedRun {
     fn from(r: &RunRef) -> Self {
         ReplacedRun {
+            unknown: Default::default(),
             period: r.period.clone(),
             token: r.token,
             job_name: r.job_name.clone(),
@@ -1085,6 +1169,10 @@ pub struct HistoryEntry {
     /// a later period first (reason `Superseded`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Fields of a newer release, kept as read so that this one's writes never drop them.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub unknown: Unknown,
 }
 
 fn one() -> u64 {
@@ -1130,6 +1218,47 @@ impl SingletonJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Version skew (issue 36): a status written by a newer release, with fields this one does
+    /// not know at every level it has, is written back by this one unchanged; and the CRD's
+    /// schema does not describe them (the newer release's CRD does).
+    #[test]
+    fn a_newer_release_status_round_trips_with_its_unknown_fields() {
+        let run = serde_json::json!({
+            "period": "2030-01-01T00:00:00.000000Z", "token": 7, "jobName": "a-1",
+            "preparedFor": "2030-01-01T00:00:00Z",
+            "replaces": [{"period": "2029-12-31T00:00:00.000000Z", "token": 6, "jobName": "a-0",
+                          "attemptUids": ["x"]}],
+        });
+        let op = serde_json::json!({"id": "r1", "phase": "Done", "started": 1, "alreadyRun": 0,
+                                    "dryRunOf": "r0"});
+        let v = serde_json::json!({
+            "fencingToken": 7,
+            "activeCount": 1,
+            "active": [run.clone()],
+            "pendingClaim": run,
+            "history": [{"period": "2030-01-01T00:00:00.000000Z", "count": 1,
+                         "outcome": "Succeeded", "attemptsCommitted": 2}],
+            "operations": {"trigger": op, "pause": {"until": "2031-01-01T00:00:00Z"}},
+            "claimsRecorded": {"since": "2030-01-01T00:00:00Z", "target": "t", "engine": "pg"},
+            "unsettledClaims": [{"period": "2030-01-01T00:00:00.000000Z", "token": 3,
+                                 "withdrawnAt": "2030-01-01T00:00:01Z"}],
+            "preparedRun": {"period": "2030-01-02T00:00:00Z", "token": 8},
+        });
+        let status: SingletonJobStatus = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(
+            status.unknown.keys().collect::<Vec<_>>(),
+            vec!["preparedRun"]
+        );
+        assert_eq!(serde_json::to_value(&status).unwrap(), v);
+        let schema = serde_json::to_string(&crd()).unwrap();
+        for unknown in ["preparedRun", "preparedFor", "attemptsCommitted", "unknown"] {
+            assert!(
+                !schema.contains(&format!("\"{unknown}\"")),
+                "{unknown} in the CRD"
+            );
+        }
+    }
 
     #[test]
     fn job_template_round_trips_as_structure_not_text() {

@@ -716,6 +716,7 @@ mod tests {
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
         m.run_started(&a, period, period + SignedDuration::from_millis(1500));
         let entry = |outcome, reason: &str, count| HistoryEntry {
+            unknown: Default::default(),
             late: false,
             period: period.into(),
             last_period: None,

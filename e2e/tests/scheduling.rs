@@ -399,6 +399,7 @@ async fn a_claim_whose_job_was_never_created_is_completed_after_a_restart() -> R
     let sj = env.create_sj(&sj_yaml("k", "0 0 1 1 *", "")).await?;
     let period: Timestamp = "2027-01-01T00:00:00Z".parse()?;
     let claim = RunRef {
+        unknown: Default::default(),
         late: false,
         period: period.into(),
         token: 7,

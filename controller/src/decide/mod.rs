@@ -715,6 +715,7 @@ impl Records {
             return;
         }
         self.0.push(HistoryEntry {
+            unknown: Default::default(),
             late: false,
             period: first.into(),
             last_period: (count > 1 || first != last).then(|| last.into()),

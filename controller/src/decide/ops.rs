@@ -710,6 +710,7 @@ mod tests {
             // The same text gives the same id: rejected once, not on every reconcile.
             assert_eq!(parse(kind, raw).unwrap_err().id, e.id);
             let rejected_once = Operations {
+                unknown: Default::default(),
                 trigger: Some(rejected(
                     &e.id,
                     None,
@@ -762,6 +763,7 @@ mod tests {
         assert_eq!(op.period.as_ref().map(|t| t.0), req.period);
         let p = ts("2026-01-01T09:00:00Z");
         let claim = RunRef {
+            unknown: Default::default(),
             late: false,
             period: p.into(),
             token: 9,
@@ -772,6 +774,7 @@ mod tests {
             requested_by: Some("alice".into()),
             supersedes: Some(4),
             replaces: vec![crate::api::ReplacedRun {
+                unknown: Default::default(),
                 period: p.into(),
                 token: 4,
                 job_name: "a-1767258000".into(),
@@ -876,6 +879,7 @@ mod tests {
             seen.push(p);
             token += 1;
             let claim = RunRef {
+                unknown: Default::default(),
                 late: false,
                 period: p.into(),
                 token,
@@ -966,6 +970,7 @@ mod tests {
                 } else {
                     token += 1;
                     let claim = RunRef {
+                        unknown: Default::default(),
                         late: false,
                         period: p.into(),
                         token,
@@ -1009,6 +1014,7 @@ mod tests {
     fn backfill_refuses_periods_the_claims_table_may_not_know() {
         let t = |s: &str| -> Timestamp { s.parse().unwrap() };
         let recorded = |since: &str| crate::api::ClaimsRecorded {
+            unknown: Default::default(),
             since: t(since).into(),
             target: "sha256:x".into(),
         };
@@ -1051,6 +1057,7 @@ mod tests {
     fn backfill_refuses_periods_before_the_singletonjob_existed() {
         let t = |s: &str| -> Timestamp { s.parse().unwrap() };
         let fresh = crate::api::ClaimsRecorded {
+            unknown: Default::default(),
             since: t("2026-01-01T00:00:00Z").into(),
             target: "sha256:x".into(),
         };
@@ -1071,6 +1078,7 @@ mod tests {
         }
         // The opt-in covers the time before the creation only, not a life without the backstop.
         let late = crate::api::ClaimsRecorded {
+            unknown: Default::default(),
             since: t("2026-03-01T00:00:00Z").into(),
             target: "sha256:x".into(),
         };

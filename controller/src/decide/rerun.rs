@@ -124,6 +124,7 @@ mod tests {
 
     fn run(period: &str, token: u64) -> RunRef {
         RunRef {
+            unknown: Default::default(),
             late: false,
             period: ts(period).into(),
             token,
@@ -139,6 +140,7 @@ mod tests {
 
     fn entry(period: &str, last: Option<&str>, outcome: Outcome) -> HistoryEntry {
         HistoryEntry {
+            unknown: Default::default(),
             late: false,
             period: ts(period).into(),
             last_period: last.map(|l| ts(l).into()),

@@ -45,6 +45,7 @@ struct State {
 
 fn run_ref(p: Timestamp) -> RunRef {
     RunRef {
+        unknown: Default::default(),
         late: false,
         period: p.into(),
         token: 0,

@@ -214,6 +214,7 @@ pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> 
         .filter(|j| !j.suspended || j.released == Some(true) || j.token == max_token)
         .filter_map(|j| {
             Some(RunRef {
+                unknown: Default::default(),
                 late: false,
                 period: j.period?.into(),
                 token: j.token?,
@@ -258,6 +259,7 @@ mod tests {
 
     fn run(j: &OwnedJob) -> RunRef {
         RunRef {
+            unknown: Default::default(),
             late: false,
             period: j.period.unwrap().into(),
             token: j.token.unwrap(),
@@ -462,6 +464,7 @@ mod tests {
         assert!(ran(&st, &[job("a-1000", "2030-01-01T10:00:00Z", 7)], p));
         // The history: a run (with its Job), or a period deduplicated as having run.
         st.history.push(crate::api::HistoryEntry {
+            unknown: Default::default(),
             late: false,
             period: p.into(),
             last_period: None,

@@ -19,6 +19,7 @@ pub(super) fn entry(
     reason: Option<&str>,
 ) -> HistoryEntry {
     HistoryEntry {
+        unknown: Default::default(),
         late: false,
         period: t(period).0.into(),
         last_period: None,
@@ -55,6 +56,7 @@ pub(super) fn sj() -> SingletonJob {
             t("2026-01-01T00:20:00Z"),
         ],
         active: vec![RunRef {
+            unknown: Default::default(),
             late: false,
             period: t("2026-01-01T00:05:00Z").0.into(),
             token: 7,

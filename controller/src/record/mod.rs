@@ -36,6 +36,7 @@ pub fn run_entry(
     finished: Option<Timestamp>,
 ) -> HistoryEntry {
     HistoryEntry {
+        unknown: Default::default(),
         late: run.late,
         period: run.period.clone(),
         last_period: None,
@@ -54,6 +55,7 @@ pub fn run_entry(
 /// The history entry of a run fenced and deleted for a newer one (concurrencyPolicy Replace).
 pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
     HistoryEntry {
+        unknown: Default::default(),
         late: false,
         period: old.period.clone(),
         last_period: None,
@@ -72,6 +74,7 @@ pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
 /// The history entry of a claimed period decided without a Job (deduplicated, rejected, ...).
 pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp) -> HistoryEntry {
     HistoryEntry {
+        unknown: Default::default(),
         late: false,
         period: claim.period.clone(),
         last_period: None,
@@ -102,20 +105,23 @@ pub fn apply_plan(
         if *outcome == Outcome::Succeeded {
             status.last_successful_time = Some((*at).into());
         }
-        // Keep what the run's entry already said (such as BackstopSkipped) unless the Job vanished.
         let earlier = status
             .history
             .iter()
-            .find(|h| h.job_name.as_deref() == Some(&run.job_name))
-            .and_then(|h| h.reason.clone());
+            .find(|h| h.job_name.as_deref() == Some(&run.job_name));
+        // Keep what the run's entry already said (such as BackstopSkipped) unless the Job vanished.
         let why = matches!(states.get(&run.job_name), Some(JobState::Gone))
             .then(|| reason::JOB_DELETED.to_string())
-            .or(earlier);
+            .or_else(|| earlier.and_then(|h| h.reason.clone()));
+        // And what a newer release recorded on it (version skew, issue 36).
+        let unknown = earlier.map(|h| h.unknown.clone()).unwrap_or_default();
         // The run's "Running" entry becomes its outcome.
         status
             .history
             .retain(|h| h.job_name.as_deref() != Some(&run.job_name));
-        new_entries.push(run_entry(run, *outcome, why, Some(*at)));
+        let mut entry = run_entry(run, *outcome, why, Some(*at));
+        entry.unknown = unknown;
+        new_entries.push(entry);
     }
     new_entries.extend(plan.records.iter().cloned());
     note_suspension(spec, status, plan.consecutive_failures, now);
@@ -518,6 +524,7 @@ pub fn mark_claims_recorded(
             .unwrap_or(now)
     };
     status.claims_recorded = Some(Box::new(ClaimsRecorded {
+        unknown: Default::default(),
         since: since.into(),
         target,
     }));

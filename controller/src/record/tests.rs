@@ -16,6 +16,7 @@ fn t(s: &str) -> Timestamp {
 
 fn run(period: &str, token: u64) -> RunRef {
     RunRef {
+        unknown: Default::default(),
         late: false,
         period: t(period).into(),
         token,
@@ -232,6 +233,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
         Some(t("2030-01-02T00:00:01Z"))
     );
     let entry = HistoryEntry {
+        unknown: Default::default(),
         late: false,
         period: created.into(),
         last_period: None,
@@ -270,5 +272,59 @@ fn a_wiped_status_is_not_taken_for_a_new_singletonjob() {
     let recorded = wiped.claims_recorded.as_deref();
     assert!(
         crate::decide::ops::check_claims_recorded(range, Some(created), recorded, false).is_err()
+    );
+}
+
+/// Version skew (issue 36): a field a newer release recorded on a run's Running entry stays on
+/// that run's entry when this release records its outcome, and on no other.
+#[test]
+fn a_finished_run_keeps_what_a_newer_release_recorded_on_its_entry() {
+    let (a, b) = (
+        run("2030-01-01T00:00:00Z", 1),
+        run("2030-01-01T00:01:00Z", 2),
+    );
+    let mut status = SingletonJobStatus {
+        active: vec![a.clone(), b.clone()],
+        ..Default::default()
+    };
+    let mut newer = run_entry(&a, Outcome::Running, None, None);
+    newer
+        .unknown
+        .insert("attemptsCommitted", serde_json::json!(2));
+    push_history(&mut status, newer);
+    push_history(&mut status, run_entry(&b, Outcome::Running, None, None));
+    let done = t("2030-01-01T00:02:00Z");
+    let plan = Plan {
+        finished: vec![
+            (a.clone(), Outcome::Succeeded, done),
+            (b.clone(), Outcome::Succeeded, done),
+        ],
+        fingerprint: "fp".into(),
+        ..Plan::default()
+    };
+    apply_plan(
+        &Default::default(),
+        &mut status,
+        &plan,
+        &HashMap::new(),
+        done,
+    );
+    let kept: Vec<_> = status
+        .history
+        .iter()
+        .map(|h| {
+            (
+                h.token,
+                h.outcome,
+                h.unknown.get("attemptsCommitted").cloned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            (Some(2), Outcome::Succeeded, None),
+            (Some(1), Outcome::Succeeded, Some(serde_json::json!(2))),
+        ]
     );
 }

@@ -88,6 +88,7 @@ pub(super) fn decide_without_job<'a>(
         status.last_result = Some(d.outcome);
         if d.unsettled && status.unsettled_claims.len() < MAX_UNSETTLED {
             status.unsettled_claims.push(crate::api::UnsettledClaim {
+                unknown: Default::default(),
                 period: claim.period.clone(),
                 token: claim.token,
             });

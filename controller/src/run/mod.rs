@@ -127,28 +127,8 @@ pub async fn start(
 
     // 3. Claim (G1, G3): the write fails if anyone else wrote since we read. The runs to replace
     //    are part of the claim, so whoever completes it replaces them.
-    let name = sj.metadata.name.as_deref().unwrap_or_default();
     let origin = cause.origin();
-    let claim = RunRef {
-        late: false,
-        period: period.into(),
-        token,
-        job_name: match cause {
-            Cause::Rerun { .. } => naming::rerun_job_name(name, period, token),
-            _ => naming::job_name(name, period),
-        },
-        claimed_at: Some(Timestamp::now().into()),
-        job_uid: None,
-        origin,
-        requested_by: origin
-            .and_then(|o| crate::decide::ops::OperationKind::from(o).slot(&status.operations))
-            .and_then(|op| op.requested_by.clone()),
-        supersedes: match cause {
-            Cause::Rerun { supersedes, .. } => supersedes,
-            _ => None,
-        },
-        replaces: cause.replaces().iter().map(ReplacedRun::from).collect(),
-    };
+    let claim = new_claim(sj, &status, period, token, cause);
     status.fencing_token = token;
     status.pending_claim = Some(claim.clone());
     match (cause, origin) {
@@ -178,6 +158,39 @@ pub async fn start(
     ))
     .await?;
     Ok(claim)
+}
+
+/// Step 3's claim: the period's run with its token, Job name and origin.
+fn new_claim(
+    sj: &SingletonJob,
+    status: &SingletonJobStatus,
+    period: Timestamp,
+    token: u64,
+    cause: Cause<'_>,
+) -> RunRef {
+    let name = sj.metadata.name.as_deref().unwrap_or_default();
+    let origin = cause.origin();
+    RunRef {
+        unknown: Default::default(),
+        late: false,
+        period: period.into(),
+        token,
+        job_name: match cause {
+            Cause::Rerun { .. } => naming::rerun_job_name(name, period, token),
+            _ => naming::job_name(name, period),
+        },
+        claimed_at: Some(Timestamp::now().into()),
+        job_uid: None,
+        origin,
+        requested_by: origin
+            .and_then(|o| crate::decide::ops::OperationKind::from(o).slot(&status.operations))
+            .and_then(|op| op.requested_by.clone()),
+        supersedes: match cause {
+            Cause::Rerun { supersedes, .. } => supersedes,
+            _ => None,
+        },
+        replaces: cause.replaces().iter().map(ReplacedRun::from).collect(),
+    }
 }
 
 /// What a period is claimed for.

@@ -154,6 +154,7 @@ fn claimed() -> (SingletonJob, RunRef) {
     let mut sj = sj();
     sj.metadata.uid = Some("sj-uid".into());
     let claim = RunRef {
+        unknown: Default::default(),
         late: false,
         period: Timestamp::from_second(1_800_000_000).unwrap().into(),
         token: 7,
