@@ -5,7 +5,8 @@
 //!
 //! | name                         | what                                                       |
 //! |------------------------------|------------------------------------------------------------|
-//! | `<p>schema_version`          | one row per applied migration                              |
+//! | `<p>schema_version`          | one row per applied migration, with the oldest schema a    |
+//! |                              | controller must know to claim once it is applied (7)      |
 //! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
 //! |                              | with the claiming cluster and its confirmation (schema 4)   |
 //! | `<p>fences`                  | one row per job: the highest fencing token, the highest     |
@@ -20,7 +21,8 @@
 //! | `<p>fence(job, token)`       | the same, token only: for runs whose attempts never register |
 //! | `<p>fence_check(job, token)` | internal: the checks and the row lock both fences share (5) |
 //!
-//! Migrations only ever add: an older controller keeps working against a newer schema.
+//! Migrations so far only add: an older controller keeps working against a newer schema. One that
+//! does not is listed in [`NOT_ONLY_ADDING`], and older controllers then refuse to claim.
 
 use crate::{Error, Result};
 use sha2::{Digest, Sha256};
@@ -43,7 +45,27 @@ pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
 pub const ATTEMPT_SQLSTATE: &str = "SF004";
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
+
+/// The first schema whose version table says which controllers may claim against it (`needs`).
+const NEEDS_SINCE: i32 = 7;
+
+/// The migrations that change what an existing row, column or function means rather than only
+/// adding: once one is applied, a controller must know it to claim, and an older one refuses (a
+/// `BackstopReady` condition says why) instead of misreading it. Such a migration must also make
+/// the statements an older controller already connected runs fail (rename what they use), since
+/// a controller checks on connecting only. None so far: every migration up to
+/// [`SCHEMA_VERSION`] only adds, and a controller of schema 6 claims against schema 7 as before.
+const NOT_ONLY_ADDING: &[i32] = &[];
+
+/// The oldest schema a controller must know to claim once migration `version` is applied.
+fn needs(version: i32) -> i32 {
+    if NOT_ONLY_ADDING.contains(&version) {
+        version
+    } else {
+        0
+    }
+}
 
 /// Fully qualified, ready-to-splice names of one backstop's objects.
 #[derive(Clone, Debug)]
@@ -228,6 +250,15 @@ COMMENT ON COLUMN {claims}.confirmed_at IS 'singleton-controller: the database t
 ALTER TABLE {fences} ADD COLUMN namespace text;
 COMMENT ON COLUMN {fences}.namespace IS 'singleton-controller: the Kubernetes namespace that owns the job key (its first claim''s); claims from any other namespace are refused. ''*'': shared with every namespace (set by an administrator); NULL: recorded by the next claim';
 "#
+        )),
+        // Version skew (docs/design.md): each applied migration says which controllers may
+        // still claim. Rows already there need nothing (every migration before only added).
+        7 => Some(format!(
+            r#"
+ALTER TABLE {version} ADD COLUMN needs integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN {version}.needs IS 'singleton-controller: the oldest schema version a controller must know to claim once this migration is applied; an older controller refuses to claim';
+"#,
+            version = t.version
         )),
         _ => None,
     }
@@ -546,15 +577,40 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
     while let Some(sql) = migration(version + 1, &tables) {
         version += 1;
         tx.batch_execute(&sql).await.map_err(pg)?;
-        tx.execute(
-            &format!("INSERT INTO {} (version) VALUES ($1)", tables.version),
-            &[&version],
-        )
-        .await
+        if version >= NEEDS_SINCE {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {} (version, needs) VALUES ($1, $2)",
+                    tables.version
+                ),
+                &[&version, &needs(version)],
+            )
+            .await
+        } else {
+            tx.execute(
+                &format!("INSERT INTO {} (version) VALUES ($1)", tables.version),
+                &[&version],
+            )
+            .await
+        }
         .map_err(pg)?;
     }
     tx.commit().await.map_err(pg)?;
     verify_owners(client, &schema, prefix).await?;
+    let needed: i32 = client
+        .query_one(
+            &format!("SELECT coalesce(max(needs), 0) FROM {}", tables.version),
+            &[],
+        )
+        .await
+        .map_err(pg)?
+        .get(0);
+    // A newer release changed what the tables mean: claiming now could misread them.
+    if needed > SCHEMA_VERSION {
+        return Err(Error::BackstopConfig(format!(
+            "the backstop schema is at version {version} and needs a controller that knows schema {needed} or newer to claim; this controller knows schema {SCHEMA_VERSION}: upgrade the controller (docs/operations.md, \"Upgrades and rollbacks\")"
+        )));
+    }
     if version > SCHEMA_VERSION {
         tracing::info!(
             version,

@@ -832,7 +832,7 @@ async fn a_schema_planted_by_another_role_is_refused() {
     planted
         .batch_execute(&format!(
             "SET search_path = {ctl}; \
-             CREATE TABLE {p}schema_version (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE TABLE {p}schema_version (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now(), needs integer NOT NULL DEFAULT 0); \
              INSERT INTO {p}schema_version (version) VALUES ({SCHEMA_VERSION}); \
              GRANT ALL ON {p}schema_version TO PUBLIC; \
              CREATE FUNCTION {p}fence(job text, token bigint) RETURNS bigint LANGUAGE sql AS 'SELECT $2';"
@@ -2125,5 +2125,70 @@ async fn racing_claims_of_adjacent_periods_keep_tokens_in_period_order() {
         }
     }
     eprintln!("superseded in {superseded} of 40 races");
+    cleanup(&prefix).await;
+}
+
+/// Version skew (issue 36): a newer release's schema that only added is claimed against as
+/// before; one whose migration a newer release marked as changing what the tables mean (its
+/// `needs`) refuses this controller's claims with a reason that says what to do, and the claims
+/// table gains no row.
+#[tokio::test]
+async fn a_newer_schema_is_claimed_against_only_when_it_only_added() {
+    let prefix = unique_prefix("skew");
+    let p = prefix.as_str();
+    let job = "billing/skew";
+    let b = backstop(&prefix);
+    assert_eq!(b.ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    let admin = workload().await;
+    let (added, changed) = (SCHEMA_VERSION + 1, SCHEMA_VERSION + 2);
+    admin
+        .execute(
+            &format!("INSERT INTO {p}schema_version (version, needs) VALUES ($1, 0)"),
+            &[&added],
+        )
+        .await
+        .unwrap();
+    let older = backstop(&prefix);
+    assert_eq!(older.ensure_schema().await.unwrap(), added);
+    assert_eq!(
+        older
+            .claim(job, ts("2025-01-01T00:00:00Z"), 1, "skew-1", None)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    admin
+        .execute(
+            &format!("INSERT INTO {p}schema_version (version, needs) VALUES ($1, $1)"),
+            &[&changed],
+        )
+        .await
+        .unwrap();
+    let refused = backstop(&prefix);
+    let e = refused.ensure_schema().await.unwrap_err();
+    let said = e.to_string();
+    assert!(matches!(e, Error::BackstopConfig(_)), "{e:?}");
+    for part in [
+        format!("version {changed}"),
+        format!("knows schema {changed} or newer"),
+        format!("this controller knows schema {SCHEMA_VERSION}"),
+        "upgrade the controller".to_string(),
+    ] {
+        assert!(said.contains(&part), "{part:?} not in {said:?}");
+    }
+    let e = refused
+        .claim(job, ts("2025-02-01T00:00:00Z"), 2, "skew-2", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::BackstopConfig(_)), "{e:?}");
+    let rows: i64 = admin
+        .query_one(&format!("SELECT count(*) FROM {p}claims"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        rows, 1,
+        "only the claim made before the incompatible schema"
+    );
     cleanup(&prefix).await;
 }
