@@ -154,9 +154,9 @@ export KUBECTL HELM
 "$$KUBECTL" apply --server-side -f crds/
 "$$KUBECTL" wait --for=condition=Established --timeout=60s -f crds/
 # Each test deletes its namespace; this catches those a crashed test left behind. The second
-# control plane the multi-cluster tests start (e2e/src/multicluster.rs) and the two of
-# hack/own-cluster.sh (the cluster-wide chaos rows', the hostile-tenant suite's) are stopped in
-# any case.
+# control plane the multi-cluster tests start (e2e/src/multicluster.rs) and the three of
+# hack/own-cluster.sh (the cluster-wide chaos rows', the hostile-tenant suite's, the version-skew
+# tests') are stopped in any case.
 trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; hack/own-cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
 

@@ -16,7 +16,8 @@
 #     PostgreSQL or kwok (CHAOS_SCOPE=cluster), on a control plane and a PostgreSQL of their own
 #     (hack/own-cluster.sh) so that they stop nothing another test uses; and the hostile-tenant
 #     suite (e2e/tests/hostile.rs) on another (SINGLETON_OWN_INSTANCE=own2), so that its flood
-#     slows no other test and its quiet baseline is quiet.
+#     slows no other test and its quiet baseline is quiet; and the version-skew tests
+#     (e2e/tests/version_skew.rs) on a third (own3), since they change the SingletonJob CRD.
 #
 # Every test makes its own namespace, so tests on one cluster do not meet.
 # Until 2026-12-05 the cluster-wide rows stopped the shared cluster, so they ran alone, last, and
@@ -119,7 +120,7 @@ chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$LOGS/real.jobs"
 jobs=$LOGS/e2e.jobs
 {
   awk -F'\t' -v th="$THREADS" '
-    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" {
+    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" {
       printf "%s\t%s --test-threads=%s\n", $1, $2, th
     }
     $1 == "demo_dr" { printf "%s\t%s --nocapture\n", $1, $2 }' <<< "$list"
@@ -128,9 +129,13 @@ jobs=$LOGS/e2e.jobs
   done
   printf 'chaos-cluster\t%s/hack/own-cluster.sh run env CHAOS_REPORT=%s CHAOS_SCOPE=cluster %s --nocapture\n' \
     "$REPO" "$REPORT.chaos-cluster" "$chaos_bin"
-  awk -F'\t' -v repo="$REPO" '$1 == "hostile" {
-    printf "%s\tenv SINGLETON_OWN_INSTANCE=own2 %s/hack/own-cluster.sh run %s --nocapture\n", $1, repo, $2
-  }' <<< "$list"
+  awk -F'\t' -v repo="$REPO" -v th="$THREADS" '
+    $1 == "hostile" { own = "own2"; args = "--nocapture" }
+    $1 == "version_skew" { own = "own3"; args = "--test-threads=" th }
+    own != "" {
+      printf "%s\tenv SINGLETON_OWN_INSTANCE=%s %s/hack/own-cluster.sh run %s %s\n", $1, own, repo, $2, args
+      own = ""
+    }' <<< "$list"
 } | awk -F'\t' -v times="$TIMES" '
   BEGIN { while ((getline l < times) > 0) { split(l, f, "\t"); t[f[1]] = f[2] } }
   { printf "%s\t%s\n", ($1 in t ? t[$1] : 1e9), $0 }

@@ -7,7 +7,9 @@
 #         stopped, kwok flooded);
 #   own2  the hostile-tenant suite (e2e/tests/hostile.rs): its tenant floods the API server,
 #         etcd and PostgreSQL on purpose, and its quiet baseline wants a cluster nobody else
-#         loads.
+#         loads;
+#   own3  the version-skew tests (e2e/tests/version_skew.rs): they give the SingletonJob CRD a
+#         newer release's fields, which would restart every other test's watches.
 #
 # Usage: hack/own-cluster.sh run CMD...  start it fresh, apply the CRDs, run CMD in its
 #            environment (KUBECONFIG, DATABASE_URL, and the SINGLETON_* variables with which
@@ -15,9 +17,9 @@
 #            then remove it; exits with CMD's status
 #        hack/own-cluster.sh down   remove it (what a killed run left behind); every instance
 #            when SINGLETON_OWN_INSTANCE is unset
-# Env: SINGLETON_OWN_INSTANCE (own or own2; own); per instance, the ports below, which are the
-#      first cluster's plus 4000 (own) or 5000 (own2) (e2e/src/multicluster.rs checks that no two
-#      clusters share a port).
+# Env: SINGLETON_OWN_INSTANCE (own, own2 or own3; own); per instance, the ports below, which are
+#      the first cluster's plus 4000 (own), 5000 (own2) or 6000 (own3) (e2e/src/multicluster.rs
+#      checks that no two clusters share a port).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=own-cluster
@@ -41,7 +43,14 @@ instance() {
       export SINGLETON_KCM_PORT=${SINGLETON_OWN2_KCM_PORT:-31257}
       export SINGLETON_SCHEDULER_PORT=${SINGLETON_OWN2_SCHEDULER_PORT:-31259}
       export SINGLETON_PG_PORT=${SINGLETON_OWN2_PG_PORT:-30432} ;;
-    *) die "SINGLETON_OWN_INSTANCE: $1 is not own or own2" ;;
+    own3)
+      export SINGLETON_ETCD_PORT=${SINGLETON_OWN3_ETCD_PORT:-28379}
+      export SINGLETON_ETCD_PEER_PORT=${SINGLETON_OWN3_ETCD_PEER_PORT:-28380}
+      export SINGLETON_APISERVER_PORT=${SINGLETON_OWN3_APISERVER_PORT:-32443}
+      export SINGLETON_KCM_PORT=${SINGLETON_OWN3_KCM_PORT:-32257}
+      export SINGLETON_SCHEDULER_PORT=${SINGLETON_OWN3_SCHEDULER_PORT:-32259}
+      export SINGLETON_PG_PORT=${SINGLETON_OWN3_PG_PORT:-31432} ;;
+    *) die "SINGLETON_OWN_INSTANCE: $1 is not own, own2 or own3" ;;
   esac
   export SINGLETON_CLUSTER_NAME=$1 SINGLETON_CLUSTER_OWN_PG=1 SINGLETON_PG_NAME=$1
 }
@@ -52,7 +61,7 @@ down() { "$REPO/hack/cluster.sh" down >/dev/null 2>&1; }
 
 case ${1:-} in
   down)
-    for name in ${SINGLETON_OWN_INSTANCE:-own own2}; do
+    for name in ${SINGLETON_OWN_INSTANCE:-own own2 own3}; do
       (instance "$name" && down) || die "could not remove the cluster and PostgreSQL of hack/own-cluster.sh ($name)"
     done
     exit 0 ;;
