@@ -8,8 +8,12 @@
 //! status fields (one at the top, one in each history entry, as a newer CRD would add), and
 //! those fields written into a SingletonJob's status. Then this release's controller decides
 //! periods (several status writes): every field must still be there, each history entry's on
-//! the same entry. The test changes the cluster's CRD, so `make e2e` runs it on a control plane
-//! of its own (hack/own-cluster.sh, instance own3); run alone, it puts the CRD back when it ends.
+//! the same entry. And the chart never takes a newer release's CRD back on a rollback (the API
+//! server would prune those fields from every stored SingletonJob).
+//!
+//! The tests change the cluster's CRD, so `make e2e` runs them on a control plane of their own
+//! (hack/own-cluster.sh, instance own3), and they take turns ([`CRD`]); run alone, each puts
+//! the CRD back when it ends.
 
 use std::time::Duration;
 
@@ -21,24 +25,24 @@ use serde_json::{Value, json};
 use singleton::api::SingletonJob;
 
 const CRD_NAME: &str = "singletonjobs.singleton.dev";
+
+/// The tests change the one CRD: one at a time.
+static CRD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const MANAGER: &str = "e2e-version-skew";
 
 /// The newer release's fields: at the top of the status, and in a history entry.
 const TOP: &str = "preparedRun";
 const IN_ENTRY: &str = "attemptsCommitted";
 
-/// The installed CRD with the newer release's status fields added to its schema.
-fn newer_crd(installed: &CustomResourceDefinition) -> Result<Value> {
+/// The installed CRD with the newer release's status fields added to its schema, and
+/// `metadata` (its name added).
+fn newer_crd(installed: &CustomResourceDefinition, mut metadata: Value) -> Result<Value> {
     let mut crd = serde_json::to_value(installed)?;
-    for key in ["status", "metadata"] {
-        if key == "metadata" {
-            crd[key] = json!({ "name": CRD_NAME });
-        } else {
-            crd.as_object_mut()
-                .context("a CRD is an object")?
-                .remove(key);
-        }
-    }
+    crd.as_object_mut()
+        .context("a CRD is an object")?
+        .remove("status");
+    metadata["name"] = json!(CRD_NAME);
+    crd["metadata"] = metadata;
     let status = crd
         .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/status/properties")
         .context("the CRD's status schema")?;
@@ -57,10 +61,10 @@ struct NewerCrd {
 }
 
 impl NewerCrd {
-    async fn apply(client: kube::Client) -> Result<NewerCrd> {
+    async fn apply(client: kube::Client, metadata: Value) -> Result<NewerCrd> {
         let api: Api<CustomResourceDefinition> = Api::all(client);
         let installed = api.get(CRD_NAME).await?;
-        let newer = newer_crd(&installed)?;
+        let newer = newer_crd(&installed, metadata)?;
         let pp = PatchParams::apply(MANAGER).force();
         api.patch(CRD_NAME, &pp, &Patch::Apply(&newer)).await?;
         Ok(NewerCrd { api, installed })
@@ -92,8 +96,9 @@ fn token(v: &Value) -> Option<u64> {
 
 #[tokio::test]
 async fn an_older_controller_keeps_the_status_fields_of_a_newer_one() -> Result<()> {
+    let _turn = CRD.lock().await;
     let mut env = Env::new("skew-status").await?;
-    let crd = NewerCrd::apply(env.client.clone()).await?;
+    let crd = NewerCrd::apply(env.client.clone(), json!({})).await?;
     let result = keeps_newer_fields(&mut env).await;
     let restored = crd.restore().await;
     result.and(restored)
@@ -178,5 +183,87 @@ async fn keeps_newer_fields(env: &mut Env) -> Result<()> {
         ),
     )
     .await?;
+    Ok(())
+}
+
+/// The chart as `helm upgrade` or `helm rollback` would apply it to this cluster (a server-side
+/// dry run runs its lookups): the SingletonJob CRD it renders.
+fn rendered_crd(env: &Env, release: &str) -> Result<Value> {
+    let out = e2e::run_ok(
+        e2e::helm()
+            .args(["template", release])
+            .arg(e2e::chart_dir())
+            .args(["--dry-run=server", "--namespace", &env.ns]),
+    )?;
+    e2e::yaml_docs(&out)?
+        .into_iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<Value>, _>>()?
+        .into_iter()
+        .find(|d| d["kind"] == "CustomResourceDefinition" && d["metadata"]["name"] == CRD_NAME)
+        .context("the chart renders no SingletonJob CRD")
+}
+
+/// A rollback keeps a newer release's CRD: installed by a newer release of the chart (its
+/// version label above this chart's appVersion), the chart renders that CRD's schema and
+/// version, not its own older one; installed by an older release, it renders its own.
+#[tokio::test]
+async fn a_rollback_of_the_chart_keeps_a_newer_release_crd() -> Result<()> {
+    let _turn = CRD.lock().await;
+    let env = Env::new("skew-chart").await?;
+    let release = "skew";
+    let owned_by = |version: &str| {
+        json!({
+            "labels": { "app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/version": version },
+            "annotations": { "meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": env.ns },
+        })
+    };
+    let chart_version = serde_yaml::from_str::<Value>(&std::fs::read_to_string(
+        e2e::chart_dir().join("Chart.yaml"),
+    )?)?["appVersion"]
+        .clone();
+    // The chart renders the calendar CRD too: it must look the release's as well.
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let calendar = "singletoncalendars.singleton.dev";
+    let owner = PatchParams::apply("e2e-version-skew-owner").force();
+    let mut meta = owned_by(chart_version.as_str().unwrap_or_default());
+    meta["name"] = json!(calendar);
+    let adopt = json!({ "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": meta });
+    crds.patch(calendar, &owner, &Patch::Apply(&adopt)).await?;
+    let result = renders_the_newer_crd(&env, release, &owned_by, &chart_version).await;
+    let bare = json!({ "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                       "metadata": { "name": calendar } });
+    let released = crds.patch(calendar, &owner, &Patch::Apply(&bare)).await;
+    result.and(released.map(|_| ()).map_err(Into::into))
+}
+
+/// Each installed version in turn: what the chart renders.
+async fn renders_the_newer_crd(
+    env: &Env,
+    release: &str,
+    owned_by: &impl Fn(&str) -> Value,
+    chart_version: &Value,
+) -> Result<()> {
+    let newer_field =
+        "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/preparedRun";
+    for (installed, keeps) in [("99.0.0", true), ("0.0.1", false)] {
+        let crd = NewerCrd::apply(env.client.clone(), owned_by(installed)).await?;
+        let rendered = rendered_crd(env, release);
+        let restored = crd.restore().await;
+        let rendered = rendered?;
+        restored?;
+        let version = rendered["metadata"]["labels"]["app.kubernetes.io/version"].clone();
+        let kept = rendered.pointer(newer_field).is_some();
+        let want_version = if keeps {
+            json!(installed)
+        } else {
+            chart_version.clone()
+        };
+        anyhow::ensure!(
+            kept == keeps && version == want_version,
+            "installed by release {installed}: the chart rendered the CRD of version {version} \
+             (want {want_version}), with the newer field: {kept} (want {keeps})"
+        );
+    }
     Ok(())
 }
