@@ -267,3 +267,110 @@ async fn renders_the_newer_crd(
     }
     Ok(())
 }
+
+/// The CRD's next API version (docs/design.md, "The CRD's next version"): the same schema
+/// served as `v1beta1` beside `v1alpha1`, stored as `v1beta1`, with no conversion webhook (the
+/// API server only rewrites `apiVersion`, which is all that is needed while the schemas are
+/// the same). A SingletonJob created through `v1beta1` is run by this controller, which speaks
+/// `v1alpha1`, and reads back the same through both. The harness for the version after
+/// `v1alpha1`: that release changes [`next_version_crd`]'s second version.
+#[tokio::test]
+async fn the_next_api_version_is_served_beside_v1alpha1_without_conversion() -> Result<()> {
+    let _turn = CRD.lock().await;
+    let mut env = Env::new("skew-next").await?;
+    let api: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let installed = api.get(CRD_NAME).await?;
+    let pp = PatchParams::apply(MANAGER).force();
+    api.patch(CRD_NAME, &pp, &Patch::Apply(&next_version_crd()?))
+        .await?;
+    let result = served_by_both(&mut env).await;
+    // Back to one version: no object may be stored as v1beta1 any more (the namespace's one is
+    // deleted first), then v1beta1 leaves storedVersions, then the spec.
+    let ar = next_resource();
+    let sjs: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.ns, &ar);
+    let deleted = sjs.delete("next", &Default::default()).await.map(|_| ());
+    let mut crd = installed.clone();
+    crd.metadata.managed_fields = None;
+    crd.metadata.resource_version = None;
+    crd.status = None;
+    let stored = json!({ "status": { "storedVersions": ["v1alpha1"] } });
+    let restored = async {
+        api.patch_status(CRD_NAME, &PatchParams::default(), &Patch::Merge(&stored))
+            .await?;
+        api.patch(CRD_NAME, &pp, &Patch::Apply(&crd)).await?;
+        Ok::<_, kube::Error>(())
+    }
+    .await;
+    result
+        .and(deleted.map_err(Into::into))
+        .and(restored.map_err(Into::into))
+}
+
+/// The SingletonJob CRD with the next API version beside `v1alpha1`, stored in it.
+fn next_version_crd() -> Result<CustomResourceDefinition> {
+    let alpha = singleton::api::crd();
+    let mut beta = alpha.clone();
+    for v in &mut beta.spec.versions {
+        v.name = "v1beta1".into();
+    }
+    let mut merged = kube::core::crd::merge_crds(vec![alpha, beta], "v1beta1")?;
+    merged.metadata.managed_fields = None;
+    Ok(merged)
+}
+
+fn next_resource() -> ApiResource {
+    let mut ar = ApiResource::erase::<SingletonJob>(&());
+    ar.version = "v1beta1".into();
+    ar.api_version = "singleton.dev/v1beta1".into();
+    ar
+}
+
+async fn served_by_both(env: &mut Env) -> Result<()> {
+    env.start_controller(&[]).await?;
+    let beta: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), &env.ns, &next_resource());
+    let mut obj: Value = serde_yaml::from_str(&sj_yaml("next", "*/2 * * * * *", ""))?;
+    obj["apiVersion"] = json!("singleton.dev/v1beta1");
+    let obj: DynamicObject = serde_json::from_value(obj)?;
+    beta.create(&Default::default(), &obj).await?;
+    let alpha = env
+        .wait_for(
+            "two runs of a SingletonJob created as v1beta1",
+            Duration::from_secs(60),
+            || async {
+                let s = raw_status(env, "next").await?;
+                Ok((token(&s["fencingToken"]).unwrap_or_default() >= 2).then_some(s))
+            },
+        )
+        .await?;
+    let through_beta = beta.get("next").await?;
+    let beta_status = through_beta.data.get("status").cloned().unwrap_or_default();
+    // The same object: the status read through v1beta1 is at least as far as the one read
+    // through v1alpha1 a moment before (the controller keeps writing).
+    ensure(
+        env,
+        through_beta.types.as_ref().map(|t| t.api_version.as_str())
+            == Some("singleton.dev/v1beta1")
+            && token(&beta_status["fencingToken"]) >= token(&alpha["fencingToken"]),
+        (
+            "read through v1beta1",
+            &through_beta.types,
+            &beta_status["fencingToken"],
+            &alpha["fencingToken"],
+        ),
+    )
+    .await?;
+    let crd = Api::<CustomResourceDefinition>::all(env.client.clone())
+        .get(CRD_NAME)
+        .await?;
+    let stored = crd
+        .status
+        .and_then(|s| s.stored_versions)
+        .unwrap_or_default();
+    ensure(
+        env,
+        stored.iter().any(|v| v == "v1beta1"),
+        ("v1beta1 among the stored versions", &stored),
+    )
+    .await
+}
