@@ -9,7 +9,8 @@
 //! those fields written into a SingletonJob's status. Then this release's controller decides
 //! periods (several status writes): every field must still be there, each history entry's on
 //! the same entry. And the chart never takes a newer release's CRD back on a rollback (the API
-//! server would prune those fields from every stored SingletonJob).
+//! server would prune those fields from every stored SingletonJob); and the CRD's next API
+//! version can be served beside `v1alpha1` without a conversion webhook.
 //!
 //! The tests change the cluster's CRD, so `make e2e` runs them on a control plane of their own
 //! (hack/own-cluster.sh, instance own3), and they take turns ([`CRD`]); run alone, each puts
