@@ -523,6 +523,7 @@ pub fn mark_claims_recorded(
         Timestamp::from_second(now.as_second() + i64::from(now.subsec_nanosecond() > 0))
             .unwrap_or(now)
     };
+    // A record of a new target: what a newer release recorded about the old one is not its.
     status.claims_recorded = Some(Box::new(ClaimsRecorded {
         unknown: Default::default(),
         since: since.into(),
