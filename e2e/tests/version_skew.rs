@@ -91,10 +91,6 @@ async fn raw_status(env: &Env, name: &str) -> Result<Value> {
     Ok(obj.data.get("status").cloned().unwrap_or(Value::Null))
 }
 
-fn token(v: &Value) -> Option<u64> {
-    v.as_u64()
-}
-
 #[tokio::test]
 async fn an_older_controller_keeps_the_status_fields_of_a_newer_one() -> Result<()> {
     let _turn = CRD.lock().await;
@@ -119,7 +115,7 @@ async fn keeps_newer_fields(env: &mut Env) -> Result<()> {
             || async {
                 let status = raw_status(env, "skew").await?;
                 let history = status["history"].as_array().cloned().unwrap_or_default();
-                let Some(i) = history.iter().position(|e| token(&e["token"]) == Some(1)) else {
+                let Some(i) = history.iter().position(|e| e["token"].as_u64() == Some(1)) else {
                     return Ok(None);
                 };
                 let patch: json_patch::Patch = serde_json::from_value(json!([
@@ -143,7 +139,7 @@ async fn keeps_newer_fields(env: &mut Env) -> Result<()> {
         )
         .await?;
     let written = raw_status(env, "skew").await?;
-    let token_then = token(&written["fencingToken"]).unwrap_or_default();
+    let token_then = written["fencingToken"].as_u64().unwrap_or_default();
     // This release decides later periods: several status writes of the whole status.
     let after = env
         .wait_for(
@@ -152,7 +148,7 @@ async fn keeps_newer_fields(env: &mut Env) -> Result<()> {
             || async {
                 let status = raw_status(env, "skew").await?;
                 Ok(
-                    (token(&status["fencingToken"]).unwrap_or_default() >= token_then + 3)
+                    (status["fencingToken"].as_u64().unwrap_or_default() >= token_then + 3)
                         .then_some(status),
                 )
             },
@@ -340,7 +336,7 @@ async fn served_by_both(env: &mut Env) -> Result<()> {
             Duration::from_secs(60),
             || async {
                 let s = raw_status(env, "next").await?;
-                Ok((token(&s["fencingToken"]).unwrap_or_default() >= 2).then_some(s))
+                Ok((s["fencingToken"].as_u64().unwrap_or_default() >= 2).then_some(s))
             },
         )
         .await?;
@@ -352,7 +348,7 @@ async fn served_by_both(env: &mut Env) -> Result<()> {
         env,
         through_beta.types.as_ref().map(|t| t.api_version.as_str())
             == Some("singleton.dev/v1beta1")
-            && token(&beta_status["fencingToken"]) >= token(&alpha["fencingToken"]),
+            && beta_status["fencingToken"].as_u64() >= alpha["fencingToken"].as_u64(),
         (
             "read through v1beta1",
             &through_beta.types,
