@@ -15,6 +15,7 @@
 
 /// The points, in the order a run passes them ([`crate::run`] numbers the steps).
 pub const POINTS: &[&str] = &[
+    SCHEMA_LOCKED,
     CLAIM_WRITTEN,
     BACKSTOP_CLAIMED,
     REREAD,
@@ -22,6 +23,9 @@ pub const POINTS: &[&str] = &[
     CONFIRM,
     RESUME,
 ];
+/// Inside the backstop's schema migration, holding its advisory lock (before any claim: a
+/// connection's first use).
+pub const SCHEMA_LOCKED: &str = "schema-locked";
 /// After the claim's status write succeeded (step 3).
 pub const CLAIM_WRITTEN: &str = "claim-written";
 /// After the backstop recorded the claim (step 4).

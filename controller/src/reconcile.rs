@@ -250,7 +250,7 @@ async fn decide_and_act(
     let hold =
         matches!(seen.db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness;
     // A finished run held is recorded at the backstop's next probe: look again then.
-    let holding = hold && states.values().any(|s| *s != JobState::Active);
+    let mut holding = hold && states.values().any(|s| *s != JobState::Active);
     let held;
     let states = if hold {
         held = decide::hold_outcomes(&states);
@@ -259,6 +259,10 @@ async fn decide_and_act(
         &states
     };
     let plan = plan(sj, &schedule, &status, now, created, blocked, states);
+    // So is a due period that waits for the backstop: the plan's next instant may be a year
+    // away, and a reconcile that writes nothing (its status already says Unavailable) gets no
+    // echo from the watch to look again sooner (the burst-pause stall, CI 2026-12-06).
+    holding |= plan.waiting == Some(Waiting::BackstopUnavailable);
     let decided = Decided {
         schedule,
         template,
@@ -321,8 +325,9 @@ fn shift_floor(
 }
 
 /// When to look again: at the plan's next instant (not before the backstop's next probe when
-/// waiting on it), at the probe when a finished run's outcome is held (F3), at once after a
-/// start, and shortly while an operation is in progress.
+/// waiting on it), at the probe when a finished run's outcome is held (F3) or a due period
+/// waits for the backstop (`holding`), at once after a start, and shortly while an operation
+/// is in progress.
 fn next_look(
     wake: Option<Duration>,
     hold: Duration,
@@ -527,12 +532,15 @@ async fn judge_template(
 /// backstop's next probe (its backoff), since no period can start before. Without this, a
 /// namespace of every-second SingletonJobs behind a dead database is reconciled (and its status
 /// written) every second each, for nothing. A period's deadline passing meanwhile is recorded
-/// at that next look, a little late, never lost (G2).
+/// at that next look, a little late, never lost (G2). A backstop that could not even be tried
+/// (its Secret unreadable or invalid: no probe, so no backoff) is looked at again after the
+/// longest backoff: a Secret fixed meanwhile triggers no reconcile of its own.
 fn backstop_wait(decided: &Decided, seen: &Seen) -> Duration {
     match (decided.blocked, seen.backstop_retry) {
         (Some(Waiting::BackstopUnavailable), Some(at)) => {
             at.saturating_duration_since(tokio::time::Instant::now())
         }
+        (Some(Waiting::BackstopUnavailable), None) => crate::backstop::health::MAX_BACKOFF,
         _ => Duration::ZERO,
     }
 }

@@ -255,3 +255,95 @@ async fn crashed_after_the_create() -> Result<()> {
 async fn crashed_before_the_resume() -> Result<()> {
     stale_leader_at(failpoint::RESUME, Fault::Crash).await
 }
+
+/// The backstop's schema lock held by a frozen leader (the burst-pause stall, CI 2026-12-06).
+///
+/// Every connection's first use migrates the schema under one advisory lock. The leader freezes
+/// holding it, on its first SingletonJob's probe; the other replica takes over while the lock
+/// is still held (its own probes wait for it, and time out) until the server ends the frozen
+/// session's idle transaction. From then on every SingletonJob of the namespace sharing that
+/// database must run its period: a lock held by a frozen process delays runs (the
+/// server's idle-transaction timeout bounds it), it must not strand them.
+#[tokio::test]
+async fn paused_holding_the_schema_lock() -> Result<()> {
+    const SJS: usize = 8;
+    let mut env = Env::new("fp-schema-locked").await?;
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    let pods = SimulatedPods::start(env.client.clone(), &env.ns, &prefix).await?;
+    let watch = &pods.watch;
+    let armed = [(
+        "SINGLETON_FAILPOINTS".to_string(),
+        format!("{}=stop", failpoint::SCHEMA_LOCKED),
+    )];
+    env.start_controller_with_env(&armed, &elect()).await?;
+    env.wait_for("replica 0 to lead", Duration::from_secs(30), || async {
+        Ok((leader(&env).await? == Some(0)).then_some(()))
+    })
+    .await?;
+    env.start_controller(&elect()).await?;
+    let extra = backstop_spec(
+        "db",
+        &prefix,
+        "  successfulJobsHistoryLimit: 1\n  failedJobsHistoryLimit: 1\n",
+    );
+    // A whole second, as the schedule names it (the periods the watch reports).
+    let at = Timestamp::from_second(
+        (Timestamp::now() + jiff::SignedDuration::from_secs(10)).as_second(),
+    )?;
+    for i in 0..SJS {
+        env.create_sj(&sj_yaml(&format!("lk-{i}"), &once_at(at), &extra))
+            .await?;
+    }
+    env.wait_for(
+        "replica 0 to stop holding the schema lock",
+        Duration::from_secs(30),
+        || async { Ok(env.controller_stopped(0).then_some(())) },
+    )
+    .await?;
+    // The server ends the frozen session's transaction after twice the operation timeout
+    // (20 s); the new leader's backoff after failed probes reaches 16 s by then, and a
+    // SingletonJob that found another probe in flight waits the longest backoff (30 s): about
+    // 30 s after the instant here. Ninety seconds leave room for two loaded cores; a stranded
+    // period (the bug this catches) waits for its next instant, a year away.
+    let bound = Duration::from_secs(90);
+    let waited = env
+        .wait_for(
+            "every SingletonJob to run its period after the lock was freed",
+            Duration::from_secs(10) + bound,
+            || async {
+                let ran: std::collections::HashSet<String> = watch
+                    .jobs()
+                    .into_iter()
+                    .filter(|j| j.ran && j.period == Some(at))
+                    .filter_map(|j| j.sj)
+                    .collect();
+                Ok((ran.len() == SJS).then(Timestamp::now))
+            },
+        )
+        .await;
+    let last = match waited {
+        Ok(t) => t,
+        Err(e) => {
+            env.signal_controller(0, "CONT").await?;
+            return Err(e);
+        }
+    };
+    env.signal_controller(0, "CONT").await?;
+    env.wait_for("replica 0 to exit", Duration::from_secs(30), || async {
+        Ok(env.controller_exited(0).then_some(()))
+    })
+    .await?;
+    let seconds = watch.second_runs();
+    ensure(
+        &env,
+        seconds.is_empty(),
+        ("periods with two Jobs that ran", &seconds, watch.jobs()),
+    )
+    .await?;
+    println!(
+        "schema lock held by a frozen leader: the last of {SJS} periods ran {} s after its instant",
+        last.duration_since(at).as_secs_f64()
+    );
+    Ok(())
+}

@@ -558,7 +558,8 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
         &[&lock_key(&schema, prefix)],
     )
     .await
-    .map_err(pg)?;
+    .map_err(locked)?;
+    crate::failpoint::hit(crate::failpoint::SCHEMA_LOCKED);
     tx.batch_execute(&format!(
         "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
         tables.version
@@ -621,6 +622,18 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
     Ok((version, tables))
 }
 
+/// The schema lock's wait ended by `lock_timeout`: another session (a replica connecting, or one
+/// paused inside its migration until the server ends its idle transaction) holds it. No
+/// workload takes this lock, so it is not [`Error::FenceHeld`]; it passes like any outage.
+fn locked(e: tokio_postgres::Error) -> Error {
+    match Error::from_pg(e, false) {
+        Error::FenceHeld(_) => Error::BackstopUnavailable(
+            "another session holds the backstop schema's migration lock (a replica connecting or migrating); retrying".into(),
+        ),
+        other => other,
+    }
+}
+
 /// The backstop's tables, sequence and functions (by name, without the schema).
 fn object_names(prefix: &TablePrefix) -> (Vec<String>, Vec<String>) {
     let named = |suffixes: &[&str]| suffixes.iter().map(|s| format!("{prefix}{s}")).collect();
@@ -681,7 +694,7 @@ async fn verify_owners(client: &Client, schema: &str, prefix: &TablePrefix) -> R
 
 /// The advisory lock key for one (schema, prefix): a stable hash, so every replica and version of
 /// the controller agrees on it.
-fn lock_key(schema: &str, prefix: &TablePrefix) -> i64 {
+pub(super) fn lock_key(schema: &str, prefix: &TablePrefix) -> i64 {
     let digest = Sha256::digest(format!("singleton-controller/schema/{schema}.{prefix}"));
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);
