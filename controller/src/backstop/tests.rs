@@ -599,6 +599,41 @@ async fn advance_fence_waits_for_the_running_transaction_then_fences_it() {
     cleanup(&prefix).await;
 }
 
+/// A session holding the schema's migration lock (a replica frozen inside its migration, as in
+/// the burst-pause stall) makes a new connection's first use fail as an outage within the lock
+/// timeout, worded as what it is: no workload holds a fence row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_schema_lock_is_an_outage_not_a_held_fence() {
+    let prefix = unique_prefix("schemalock");
+    let config = backstop(&prefix)
+        .config()
+        .clone()
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(2));
+    let b = Backstop::new(config, prefix.clone()).unwrap();
+    let mut frozen = workload().await;
+    let schema: String = frozen
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tx = frozen.transaction().await.unwrap();
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&schema::lock_key(&schema, &prefix)],
+    )
+    .await
+    .unwrap();
+    let e = b.ping().await.unwrap_err();
+    assert!(
+        matches!(&e, Error::BackstopUnavailable(m) if m.contains("migration lock")),
+        "{e:?}"
+    );
+    // Let go, the same backstop connects and migrates.
+    tx.rollback().await.unwrap();
+    b.ping().await.unwrap();
+    cleanup(&prefix).await;
+}
+
 /// A workload that holds the fence longer than the controller's lock timeout makes the
 /// controller's claim fail as Unavailable (retryable) within the timeout, not hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
