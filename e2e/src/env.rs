@@ -2,7 +2,7 @@
 //! waiting with a deadline, and the dump of what it last saw when a test fails.
 
 use std::fmt::Debug;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -221,10 +221,22 @@ impl Env {
         envs: &[(String, String)],
         extra: &[&str],
     ) -> Result<usize> {
+        self.start_controller_bin(&controller_bin(), envs, extra)
+            .await
+    }
+
+    /// Like [`Env::start_controller_with_env`], with another build of the controller (a
+    /// previous release's, tests/upgrade.rs), which must take the same flags.
+    pub async fn start_controller_bin(
+        &mut self,
+        bin: &Path,
+        envs: &[(String, String)],
+        extra: &[&str],
+    ) -> Result<usize> {
         let idx = self.controllers.len();
         let log = self.log_dir.join(format!("controller-{idx}.log"));
         let file = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(controller_bin());
+        let mut cmd = Command::new(bin);
         if let Some(kc) = &self.kubeconfig {
             cmd.env("KUBECONFIG", kc);
         }
@@ -258,11 +270,22 @@ impl Env {
             .with_context(|| {
                 format!(
                     "starting {} (build it with `cargo build -p singleton-controller`)",
-                    controller_bin().display()
+                    bin.display()
                 )
             })?;
         self.controllers.push(Controller { child, log });
         Ok(idx)
+    }
+
+    /// The controller (`--instance e2e-<idx>`) that holds the Lease `lease` of the namespace.
+    pub async fn lease_holder(&self, lease: &str) -> Result<Option<usize>> {
+        let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        Ok(api
+            .get_opt(lease)
+            .await?
+            .and_then(|l| l.spec?.holder_identity)
+            .and_then(|h| h.strip_prefix("e2e-")?.split('-').next()?.parse().ok()))
     }
 
     /// Stops a controller: SIGKILL (a crash) when `kill`, else SIGTERM and wait.

@@ -18,8 +18,6 @@ use e2e::{
     table_prefix,
 };
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 use singleton::failpoint;
 
 const LEASE_NAME: &str = "singleton-controller";
@@ -30,12 +28,7 @@ fn elect() -> Vec<&'static str> {
 
 /// The replica (`e2e-<idx>`) that holds the Lease.
 async fn leader(env: &Env) -> Result<Option<usize>> {
-    let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    Ok(api
-        .get_opt(LEASE_NAME)
-        .await?
-        .and_then(|l| l.spec?.holder_identity)
-        .and_then(|h| h.strip_prefix("e2e-")?.split('-').next()?.parse().ok()))
+    env.lease_holder(LEASE_NAME).await
 }
 
 /// How the frozen leader is let go.
