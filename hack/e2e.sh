@@ -17,7 +17,9 @@
 #     (hack/own-cluster.sh) so that they stop nothing another test uses; and the hostile-tenant
 #     suite (e2e/tests/hostile.rs) on another (SINGLETON_OWN_INSTANCE=own2), so that its flood
 #     slows no other test and its quiet baseline is quiet; and the version-skew tests
-#     (e2e/tests/version_skew.rs) on a third (own3), since they change the SingletonJob CRD.
+#     (e2e/tests/version_skew.rs) on a third (own3), since they change the SingletonJob CRD;
+#     and the upgrade suite (e2e/tests/upgrade.rs) on a fourth (own4), which installs the
+#     previous release's CRD (hack/previous-release.sh builds that release, once per machine).
 #
 # Every test makes its own namespace, so tests on one cluster do not meet.
 # Until 2026-12-05 the cluster-wide rows stopped the shared cluster, so they ran alone, last, and
@@ -97,6 +99,9 @@ collect() { # the names of the stages that failed, from their marks
   done
 }
 
+# The upgrade suite's previous release: built from this repository's history when missing.
+SINGLETON_PREVIOUS_RELEASE=$("$REPO/hack/previous-release.sh" build)
+export SINGLETON_PREVIOUS_RELEASE
 log "building the e2e tests"
 list=$(binaries)
 [ -n "$list" ] || die "cargo built no e2e test binary"
@@ -120,7 +125,7 @@ chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$LOGS/real.jobs"
 jobs=$LOGS/e2e.jobs
 {
   awk -F'\t' -v th="$THREADS" '
-    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" {
+    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" && $1 != "upgrade" {
       printf "%s\t%s --test-threads=%s\n", $1, $2, th
     }
     $1 == "demo_dr" { printf "%s\t%s --nocapture\n", $1, $2 }' <<< "$list"
@@ -132,6 +137,7 @@ jobs=$LOGS/e2e.jobs
   awk -F'\t' -v repo="$REPO" -v th="$THREADS" '
     $1 == "hostile" { own = "own2"; args = "--nocapture" }
     $1 == "version_skew" { own = "own3"; args = "--test-threads=" th }
+    $1 == "upgrade" { own = "own4"; args = "--nocapture" }
     own != "" {
       printf "%s\tenv SINGLETON_OWN_INSTANCE=%s %s/hack/own-cluster.sh run %s %s\n", $1, own, repo, $2, args
       own = ""

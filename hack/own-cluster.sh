@@ -9,7 +9,9 @@
 #         etcd and PostgreSQL on purpose, and its quiet baseline wants a cluster nobody else
 #         loads;
 #   own3  the version-skew tests (e2e/tests/version_skew.rs): they give the SingletonJob CRD a
-#         newer release's fields, which would restart every other test's watches.
+#         newer release's fields, which would restart every other test's watches;
+#   own4  the upgrade suite (e2e/tests/upgrade.rs): it replaces the CRDs with the previous
+#         release's chart and upgrades and rolls them back.
 #
 # Usage: hack/own-cluster.sh run CMD...  start it fresh, apply the CRDs, run CMD in its
 #            environment (KUBECONFIG, DATABASE_URL, and the SINGLETON_* variables with which
@@ -17,8 +19,9 @@
 #            then remove it; exits with CMD's status
 #        hack/own-cluster.sh down   remove it (what a killed run left behind); every instance
 #            when SINGLETON_OWN_INSTANCE is unset
-# Env: SINGLETON_OWN_INSTANCE (own, own2 or own3; own); per instance, the ports below, which are
-#      the first cluster's plus 4000 (own), 5000 (own2) or 6000 (own3) (e2e/src/multicluster.rs
+# Env: SINGLETON_OWN_INSTANCE (own, own2, own3 or own4; own); per instance, the ports below,
+#      which are the first cluster's plus 4000 (own), 5000 (own2) or 6000 (own3), and 21xxx for
+#      own4 (a higher offset would reach the kernel's ephemeral range; e2e/src/multicluster.rs
 #      checks that no two clusters share a port).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,7 +53,14 @@ instance() {
       export SINGLETON_KCM_PORT=${SINGLETON_OWN3_KCM_PORT:-32257}
       export SINGLETON_SCHEDULER_PORT=${SINGLETON_OWN3_SCHEDULER_PORT:-32259}
       export SINGLETON_PG_PORT=${SINGLETON_OWN3_PG_PORT:-31432} ;;
-    *) die "SINGLETON_OWN_INSTANCE: $1 is not own, own2 or own3" ;;
+    own4)
+      export SINGLETON_ETCD_PORT=${SINGLETON_OWN4_ETCD_PORT:-21379}
+      export SINGLETON_ETCD_PEER_PORT=${SINGLETON_OWN4_ETCD_PEER_PORT:-21380}
+      export SINGLETON_APISERVER_PORT=${SINGLETON_OWN4_APISERVER_PORT:-21443}
+      export SINGLETON_KCM_PORT=${SINGLETON_OWN4_KCM_PORT:-21257}
+      export SINGLETON_SCHEDULER_PORT=${SINGLETON_OWN4_SCHEDULER_PORT:-21259}
+      export SINGLETON_PG_PORT=${SINGLETON_OWN4_PG_PORT:-21432} ;;
+    *) die "SINGLETON_OWN_INSTANCE: $1 is not own, own2, own3 or own4" ;;
   esac
   export SINGLETON_CLUSTER_NAME=$1 SINGLETON_CLUSTER_OWN_PG=1 SINGLETON_PG_NAME=$1
 }
@@ -61,7 +71,7 @@ down() { "$REPO/hack/cluster.sh" down >/dev/null 2>&1; }
 
 case ${1:-} in
   down)
-    for name in ${SINGLETON_OWN_INSTANCE:-own own2 own3}; do
+    for name in ${SINGLETON_OWN_INSTANCE:-own own2 own3 own4}; do
       (instance "$name" && down) || die "could not remove the cluster and PostgreSQL of hack/own-cluster.sh ($name)"
     done
     exit 0 ;;

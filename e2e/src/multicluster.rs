@@ -174,11 +174,11 @@ mod tests {
             }
         }
         add(pg + DEMO_DR_PORT_OFFSETS[0], "demo_dr's PostgreSQL");
-        // hack/own-cluster.sh's three instances (the cluster-wide chaos rows', the
-        // hostile-tenant suite's, the version-skew tests'): a control plane and a PostgreSQL
-        // each, beside all of those.
+        // hack/own-cluster.sh's four instances (the cluster-wide chaos rows', the
+        // hostile-tenant suite's, the version-skew tests', the upgrade suite's): a control
+        // plane and a PostgreSQL each, beside all of those.
         let own_cluster = defaults("hack/own-cluster.sh");
-        assert_eq!(own_cluster.len(), 18, "{own_cluster:?}");
+        assert_eq!(own_cluster.len(), 24, "{own_cluster:?}");
         for (name, p) in own_cluster {
             add(p, &format!("hack/own-cluster.sh's {name}"));
         }

@@ -1,0 +1,359 @@
+//! Upgrades and rollbacks never run a period twice (issue 36, item 3).
+//!
+//! The previous release (hack/previous-release: a tag of this repository, built from its own
+//! history by hack/previous-release.sh and cached; `SINGLETON_PREVIOUS_RELEASE` is its
+//! directory) is installed with its own chart and CRD and runs a burst of fenced SingletonJobs
+//! due every few seconds. Then, each time in the middle of a burst (a quarter of its Jobs
+//! created), the cluster goes through what `helm upgrade` and `helm rollback` do to it:
+//!
+//! 1. upgrade: `helm upgrade` to this tree's chart (its CRD, RBAC, Deployment), a replica of
+//!    this tree started, the old leader stopped by SIGTERM: the Lease passes old → new;
+//! 2. rollback: `helm rollback` to the first revision, a replica of the previous release
+//!    started, the new leader frozen (SIGSTOP) past its Lease: new → old; the frozen one is
+//!    resumed once the old one has run a burst, with whatever it had in flight;
+//! 3. upgrade again: `helm upgrade`, a replica of this tree, the old leader killed (SIGKILL):
+//!    old → new.
+//!
+//! Counted from outside: a watch of the namespace's Jobs (no period with two Jobs that ran), the
+//! database's rows (at most one attempt per period committed, none overlapping: each Job that
+//! ran gets a simulated pod that registers as its run's attempt and commits a fenced write), and
+//! every period due while it all happened either ran or was recorded with a reason in the
+//! SingletonJob's history (none lost).
+//!
+//! The controllers run as processes beside the chart (its Deployment scaled to 0): the chart's
+//! objects and the CRD go through helm as a user's would, and the processes stand for the
+//! Deployment's pods of each release during its rolling update. The cluster's CRD is the
+//! chart's here, so `make e2e` runs this on a control plane of its own (hack/own-cluster.sh,
+//! instance own4).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use e2e::sim_pods::SimulatedPods;
+use e2e::{
+    Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm,
+    run_ok, sj_yaml, table_prefix,
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams};
+use singleton::api::Outcome;
+
+const LEASE_NAME: &str = "singleton-controller";
+/// SingletonJobs in the burst, all due at every instant of [`SCHEDULE`].
+const BURST: usize = 12;
+/// Every five seconds: a burst falls due in every phase, and a handover (a four-second Lease)
+/// spans at most one or two instants.
+const SCHEDULE: &str = "*/5 * * * * *";
+const EVERY: i64 = 5;
+const CRDS: [&str; 2] = [
+    "singletonjobs.singleton.dev",
+    "singletoncalendars.singleton.dev",
+];
+
+/// The previous release's directory: its controller binary, chart and CRDs.
+fn previous() -> Result<PathBuf> {
+    let dir = std::env::var_os("SINGLETON_PREVIOUS_RELEASE").context(
+        "SINGLETON_PREVIOUS_RELEASE is not set: `make e2e` sets it (hack/previous-release.sh build prints it)",
+    )?;
+    let dir = PathBuf::from(dir);
+    for part in ["singleton-controller", "chart/Chart.yaml", "RELEASE"] {
+        if !dir.join(part).exists() {
+            bail!(
+                "{} has no {part}: rebuild it with hack/previous-release.sh build",
+                dir.display()
+            );
+        }
+    }
+    Ok(dir)
+}
+
+fn elect() -> Vec<&'static str> {
+    [FAST_ELECTION, &["--lease-name", LEASE_NAME]].concat()
+}
+
+/// Runs helm against the test's cluster, in its namespace; its output.
+fn helm_run(env: &Env, args: &[&str]) -> Result<String> {
+    let mut cmd = helm();
+    cmd.args(args).args(["--namespace", &env.ns]);
+    run_ok(&mut cmd)
+}
+
+/// `helm install` or `helm upgrade` of `chart` as the release `name`: the CRD with it, the
+/// Deployment at 0 replicas (the processes stand for its pods), and the admission policies
+/// off (they would judge every other namespace's writes; tests/chart.rs tests them).
+fn helm_apply(env: &Env, verb: &str, name: &str, chart: &std::path::Path) -> Result<String> {
+    let chart = chart.to_string_lossy();
+    helm_run(
+        env,
+        &[
+            verb,
+            name,
+            &chart,
+            "--set",
+            "replicaCount=0",
+            "--set",
+            "admissionPolicies.operationRequester=false",
+            "--set",
+            "admissionPolicies.controllerStatus=false",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    )
+}
+
+/// Removes the CRDs `make e2e` applied (and with them every SingletonJob of this control
+/// plane, which is this test's alone), so the previous release's chart installs its own.
+async fn remove_crds(env: &Env) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for name in CRDS {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+    env.wait_for("the CRDs to be gone", Duration::from_secs(60), || async {
+        for name in CRDS {
+            if api.get_opt(name).await?.is_some() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
+/// Waits until the SingletonJob CRD is served with `version` as its chart label.
+async fn crd_at(env: &Env, version: &str) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    env.wait_for(
+        &format!("the CRD established, from the chart of {version}"),
+        Duration::from_secs(60),
+        || async {
+            let Some(crd) = api.get_opt(CRDS[0]).await? else {
+                return Ok(None);
+            };
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            let labelled = crd
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("app.kubernetes.io/version")
+                == Some(&version.to_string());
+            Ok((established && labelled).then_some(()))
+        },
+    )
+    .await
+}
+
+/// The next instant of [`SCHEDULE`] after `t`.
+fn next_instant(t: Timestamp) -> Result<Timestamp> {
+    let s = t.as_second();
+    Ok(Timestamp::from_second(s - s.rem_euclid(EVERY) + EVERY)?)
+}
+
+/// Waits for the next burst to be under way: a quarter of its Jobs exist. Returns its instant.
+async fn mid_burst(env: &Env, pods: &SimulatedPods) -> Result<Timestamp> {
+    let at = next_instant(Timestamp::now())?;
+    env.wait_for(
+        &format!("a quarter of the burst at {at} created"),
+        Duration::from_secs(30),
+        || async {
+            let n = pods
+                .watch
+                .jobs()
+                .iter()
+                .filter(|j| j.period == Some(at))
+                .count();
+            Ok((n >= BURST / 4).then_some(at))
+        },
+    )
+    .await
+}
+
+/// Waits until every SingletonJob ran a period after `after` (a whole burst under the current
+/// leader).
+async fn burst_ran_after(env: &Env, pods: &SimulatedPods, after: Timestamp) -> Result<()> {
+    env.wait_for(
+        &format!("every SingletonJob to run a period after {after}"),
+        Duration::from_secs(60),
+        || async {
+            let ran: BTreeSet<String> = pods
+                .watch
+                .jobs()
+                .into_iter()
+                .filter(|j| j.ran && j.period.is_some_and(|p| p > after))
+                .filter_map(|j| j.sj)
+                .collect();
+            Ok((ran.len() == BURST).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Waits until controller `idx` holds the Lease.
+async fn leads(env: &Env, idx: usize) -> Result<()> {
+    env.wait_for(
+        &format!("controller {idx} to lead"),
+        Duration::from_secs(30),
+        || async { Ok((env.lease_holder(LEASE_NAME).await? == Some(idx)).then_some(())) },
+    )
+    .await
+}
+
+/// Every period of every SingletonJob due in `[from, to]`: ran (the watch), recorded in its
+/// history (with the outcome and reason), or lost. Returns (ran, recorded, lost).
+async fn account(
+    env: &Env,
+    pods: &SimulatedPods,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<(usize, Vec<String>, Vec<String>)> {
+    let ran: BTreeSet<(String, Timestamp)> = pods
+        .watch
+        .jobs()
+        .into_iter()
+        .filter(|j| j.ran)
+        .filter_map(|j| Some((j.sj?, j.period?)))
+        .collect();
+    let (mut n_ran, mut recorded, mut lost) = (0, Vec::new(), Vec::new());
+    for i in 0..BURST {
+        let name = format!("u-{i:02}");
+        let st = env.get_sj(&name).await?.status.unwrap_or_default();
+        let mut history: BTreeMap<Timestamp, (Timestamp, Outcome, String)> = BTreeMap::new();
+        for h in &st.history {
+            let last = h.last_period.as_ref().map_or(h.period.0, |l| l.0);
+            let reason = h.reason.clone().unwrap_or_default();
+            history.insert(h.period.0, (last, h.outcome, reason));
+        }
+        let mut p = next_instant(from)?;
+        while p <= to {
+            if ran.contains(&(name.clone(), p)) {
+                n_ran += 1;
+            } else if let Some((_, (_, outcome, reason))) = history
+                .range(..=p)
+                .next_back()
+                .filter(|(_, (last, _, _))| *last >= p)
+            {
+                recorded.push(format!("{name} {p} {outcome:?} ({reason})"));
+            } else {
+                lost.push(format!("{name} {p}"));
+            }
+            p += SignedDuration::from_secs(EVERY);
+        }
+    }
+    Ok((n_ran, recorded, lost))
+}
+
+/// The whole course; see the module doc.
+#[tokio::test]
+async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
+    let prev = previous()?;
+    let old_bin = prev.join("singleton-controller");
+    let old_version = std::fs::read_to_string(prev.join("RELEASE"))?;
+    let old_tag = old_version
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let old_app = old_tag.trim_start_matches('v').to_string();
+    let new_app = env!("CARGO_PKG_VERSION");
+    let mut env = Env::new("upgrade").await?;
+    let release = "sc-upgrade";
+
+    // The previous release, installed with its chart and CRD.
+    remove_crds(&env).await?;
+    helm_apply(&env, "install", release, &prev.join("chart"))?;
+    crd_at(&env, &old_app).await?;
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    let pods = SimulatedPods::start(env.client.clone(), &env.ns, &prefix).await?;
+    let old0 = env.start_controller_bin(&old_bin, &[], &elect()).await?;
+    leads(&env, old0).await?;
+    let extra = backstop_spec("db", &prefix, "  concurrencyPolicy: Forbid\n");
+    for i in 0..BURST {
+        env.create_sj(&sj_yaml(&format!("u-{i:02}"), SCHEDULE, &extra))
+            .await?;
+    }
+    // Every SingletonJob exists by then: its periods are counted from here.
+    let created = Timestamp::now();
+    burst_ran_after(&env, &pods, created).await?;
+
+    // 1. Upgrade, mid-burst; the old leader stopped: old -> new.
+    let at = mid_burst(&env, &pods).await?;
+    helm_apply(&env, "upgrade", release, &chart_dir())?;
+    let new1 = env.start_controller(&elect()).await?;
+    env.stop_controller(old0, false).await?;
+    leads(&env, new1).await?;
+    crd_at(&env, new_app).await?;
+    burst_ran_after(&env, &pods, at).await?;
+
+    // 2. Rollback, mid-burst; the new leader frozen past its Lease: new -> old.
+    let at = mid_burst(&env, &pods).await?;
+    helm_run(
+        &env,
+        &["rollback", release, "1", "--wait", "--timeout", "120s"],
+    )?;
+    let old2 = env.start_controller_bin(&old_bin, &[], &elect()).await?;
+    env.signal_controller(new1, "STOP").await?;
+    leads(&env, old2).await?;
+    burst_ran_after(&env, &pods, at).await?;
+    // The frozen replica resumes with what it had in flight, finds its Lease lost, and exits.
+    env.signal_controller(new1, "CONT").await?;
+    env.wait_for(
+        "the resumed new replica to exit",
+        Duration::from_secs(30),
+        || async { Ok(env.controller_exited(new1).then_some(())) },
+    )
+    .await?;
+
+    // 3. Upgrade again, mid-burst; the old leader killed: old -> new.
+    let at = mid_burst(&env, &pods).await?;
+    helm_apply(&env, "upgrade", release, &chart_dir())?;
+    let new3 = env.start_controller(&elect()).await?;
+    env.stop_controller(old2, true).await?;
+    leads(&env, new3).await?;
+    crd_at(&env, new_app).await?;
+    // Counted through the instant after the last handover's: once every SingletonJob ran a
+    // later one, each of those is decided (Forbid keeps them in order).
+    let to = at + SignedDuration::from_secs(EVERY);
+    burst_ran_after(&env, &pods, to).await?;
+
+    // Counted from outside.
+    let seconds = pods.watch.second_runs();
+    let (attempts, started, committed) = pods.verdict().await?;
+    let (ran, recorded, lost) = account(&env, &pods, created, to).await?;
+    println!(
+        "upgrade {old_tag} -> {new_app} -> rollback -> upgrade: {ran} periods ran, {} recorded without a run {:?}, {} lost; attempts committed per period (max) {}, overlapping {}; pods started {started}, committed {committed}",
+        recorded.len(),
+        recorded,
+        lost.len(),
+        attempts.max,
+        attempts.overlapping
+    );
+    ensure(
+        &env,
+        seconds.is_empty()
+            && pods.watch.relists() == 0
+            && attempts.max <= 1
+            && attempts.overlapping == 0
+            && lost.is_empty()
+            && ran > 0,
+        (
+            "periods with two Jobs that ran",
+            &seconds,
+            ("watch restarts", pods.watch.relists()),
+            ("attempts", &attempts.details),
+            ("lost", &lost),
+            ("recorded", &recorded),
+        ),
+    )
+    .await?;
+    helm_run(&env, &["uninstall", release, "--wait"])?;
+    Ok(())
+}
