@@ -12,16 +12,19 @@
 # rebuilt. Unlike the Go tools the hash is not committed: a Rust build depends on the toolchain
 # and the build path, so it is only reproducible on one machine.
 #
-# Usage: hack/previous-release.sh build   print the entry's directory, building it first if needed
-#        hack/previous-release.sh tag     print the previous release's tag
+# Usage: hack/previous-release.sh build [NAME]   print the entry's directory, building it first
+#                                               if needed (NAME: a line of hack/previous-release;
+#                                               default the first, the previous release)
+#        hack/previous-release.sh tag            print the previous release's tag
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=previous-release
 # shellcheck source=SCRIPTDIR/lib.sh
 . "$REPO/hack/lib.sh"
 
-read -r TAG COMMIT < <(grep -v '^#' "$REPO/hack/previous-release" | awk 'NF { print; exit }')
-[ -n "${TAG:-}" ] && [ -n "${COMMIT:-}" ] || die "hack/previous-release names no tag and commit"
+read -r TAG COMMIT < <(grep -v '^#' "$REPO/hack/previous-release" |
+  awk -v n="${2:-}" 'NF && (n == "" || $1 == n) { print; exit }')
+[ -n "${TAG:-}" ] && [ -n "${COMMIT:-}" ] || die "hack/previous-release names no ${2:-tag} and commit"
 
 # The commit must be in this clone; a tag of that name must name it (a moved tag is not the
 # release the file says).
@@ -62,7 +65,9 @@ build() {
   # One source path for every release: cargo's fingerprints of the dependencies then hold.
   rm -rf "$SRC"
   mkdir -p "$SRC"
-  git -C "$REPO" archive --format=tar "$COMMIT" | tar -x -C "$SRC"
+  # -m: the files dated now, not at their commit: cargo judges the sources by mtime, and an
+  # older commit's files would look older than the last entry's build, which it would reuse.
+  git -C "$REPO" archive --format=tar "$COMMIT" | tar -x -m -C "$SRC"
   (cd "$SRC" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --locked -p singleton-controller \
     --bin singleton-controller) || die "the build of $TAG failed"
   cp "$TARGET_DIR/debug/singleton-controller" "$work/singleton-controller"
