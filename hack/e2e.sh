@@ -99,9 +99,11 @@ collect() { # the names of the stages that failed, from their marks
   done
 }
 
-# The upgrade suite's previous release: built from this repository's history when missing.
+# The upgrade suite's older builds (the previous release; the last build with the previous
+# backstop schema): built from this repository's history when missing.
 SINGLETON_PREVIOUS_RELEASE=$("$REPO/hack/previous-release.sh" build)
-export SINGLETON_PREVIOUS_RELEASE
+SINGLETON_OLDER_SCHEMA=$("$REPO/hack/previous-release.sh" build schema-6)
+export SINGLETON_PREVIOUS_RELEASE SINGLETON_OLDER_SCHEMA
 log "building the e2e tests"
 list=$(binaries)
 [ -n "$list" ] || die "cargo built no e2e test binary"

@@ -20,6 +20,14 @@
 //! every period due while it all happened either ran or was recorded with a reason in the
 //! SingletonJob's history (none lost).
 //!
+//! The backstop's schema is migrated forward in place by the first newer controller that
+//! connects, while older ones may still be running and claiming. A second course starts from the
+//! last build with the previous schema (`SINGLETON_OLDER_SCHEMA`, hack/previous-release's
+//! `schema-6`: no release has had an older schema yet): it runs the burst, a controller of this
+//! tree in another namespace migrates the same tables mid-burst, the older one goes on claiming
+//! against the migrated schema for two more bursts, then hands over to this tree's; counted the
+//! same way.
+//!
 //! The controllers run as processes beside the chart (its Deployment scaled to 0): the chart's
 //! objects and the CRD go through helm as a user's would, and the processes stand for the
 //! Deployment's pods of each release during its rolling update. The cluster's CRD is the
@@ -33,7 +41,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use e2e::sim_pods::SimulatedPods;
 use e2e::{
-    Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm,
+    Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm, pg,
     run_ok, sj_yaml, table_prefix,
 };
 use jiff::{SignedDuration, Timestamp};
@@ -53,11 +61,17 @@ const CRDS: [&str; 2] = [
     "singletoncalendars.singleton.dev",
 ];
 
-/// The previous release's directory: its controller binary, chart and CRDs.
-fn previous() -> Result<PathBuf> {
-    let dir = std::env::var_os("SINGLETON_PREVIOUS_RELEASE").context(
-        "SINGLETON_PREVIOUS_RELEASE is not set: `make e2e` sets it (hack/previous-release.sh build prints it)",
-    )?;
+/// The courses change the CRDs and share the control plane: one at a time.
+static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// An older build's directory (`var`: SINGLETON_PREVIOUS_RELEASE, the previous release, or
+/// SINGLETON_OLDER_SCHEMA): its controller binary, chart and CRDs.
+fn older(var: &str, name: &str) -> Result<PathBuf> {
+    let dir = std::env::var_os(var).with_context(|| {
+        format!(
+            "{var} is not set: `make e2e` sets it (hack/previous-release.sh build {name} prints it)"
+        )
+    })?;
     let dir = PathBuf::from(dir);
     for part in ["singleton-controller", "chart/Chart.yaml", "RELEASE"] {
         if !dir.join(part).exists() {
@@ -253,7 +267,8 @@ async fn account(
 /// The whole course; see the module doc.
 #[tokio::test]
 async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
-    let prev = previous()?;
+    let _one = ONE.lock().await;
+    let prev = older("SINGLETON_PREVIOUS_RELEASE", "")?;
     let old_bin = prev.join("singleton-controller");
     let old_version = std::fs::read_to_string(prev.join("RELEASE"))?;
     let old_tag = old_version
@@ -355,5 +370,111 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
     )
     .await?;
     helm_run(&env, &["uninstall", release, "--wait"])?;
+    Ok(())
+}
+
+/// The backstop schema version in place for `prefix`.
+async fn schema_version(prefix: &str) -> Result<i32> {
+    let db = pg().await?;
+    let row = db
+        .query_one(
+            &format!("SELECT max(version) FROM {prefix}schema_version"),
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The forward migration under load; see the module doc.
+#[tokio::test]
+async fn the_backstop_is_migrated_under_load_while_an_older_controller_claims() -> Result<()> {
+    let _one = ONE.lock().await;
+    let older_build = older("SINGLETON_OLDER_SCHEMA", "schema-6")?;
+    let old_bin = older_build.join("singleton-controller");
+    let mut env = Env::new("migrate").await?;
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    let pods = SimulatedPods::start(env.client.clone(), &env.ns, &prefix).await?;
+    let old0 = env.start_controller_bin(&old_bin, &[], &elect()).await?;
+    leads(&env, old0).await?;
+    let extra = backstop_spec("db", &prefix, "  concurrencyPolicy: Forbid\n");
+    for i in 0..BURST {
+        env.create_sj(&sj_yaml(&format!("u-{i:02}"), SCHEDULE, &extra))
+            .await?;
+    }
+    let created = Timestamp::now();
+    burst_ran_after(&env, &pods, created).await?;
+    let before = schema_version(&prefix).await?;
+
+    // Mid-burst, this tree's controller, in a namespace of its own, connects to the same
+    // tables and migrates them while the older one claims.
+    let at = mid_burst(&env, &pods).await?;
+    let mut other = Env::new("migrate-new").await?;
+    backstop_secret(&other, "db", &database_url()?, true).await?;
+    other.start_controller(&[]).await?;
+    other.create_sj(&sj_yaml("m", SCHEDULE, &extra)).await?;
+    let migrated = env
+        .wait_for("the schema migrated", Duration::from_secs(60), || async {
+            let v = schema_version(&prefix).await?;
+            Ok((v > before).then_some((v, Timestamp::now())))
+        })
+        .await?;
+    // The older controller goes on claiming against the migrated schema: two more bursts.
+    burst_ran_after(&env, &pods, at + SignedDuration::from_secs(EVERY)).await?;
+    let old_ran: usize = pods
+        .watch
+        .jobs()
+        .iter()
+        .filter(|j| {
+            j.ran
+                && j.period
+                    .is_some_and(|p| p.as_second() >= migrated.1.as_second() + EVERY)
+        })
+        .count();
+
+    // Then this tree's replica takes over, mid-burst.
+    let at = mid_burst(&env, &pods).await?;
+    let new1 = env.start_controller(&elect()).await?;
+    env.stop_controller(old0, false).await?;
+    leads(&env, new1).await?;
+    let to = at + SignedDuration::from_secs(EVERY);
+    burst_ran_after(&env, &pods, to).await?;
+
+    let seconds = pods.watch.second_runs();
+    let (attempts, started, committed) = pods.verdict().await?;
+    let (ran, recorded, lost) = account(&env, &pods, created, to).await?;
+    println!(
+        "backstop schema {before} -> {} migrated under load at {}; the older controller ran {old_ran} periods after it; {ran} periods ran, {} recorded without a run {:?}, {} lost; attempts committed per period (max) {}, overlapping {}; pods started {started}, committed {committed}",
+        migrated.0,
+        migrated.1,
+        recorded.len(),
+        recorded,
+        lost.len(),
+        attempts.max,
+        attempts.overlapping
+    );
+    ensure(
+        &env,
+        before < migrated.0
+            && old_ran > 0
+            && seconds.is_empty()
+            && pods.watch.relists() == 0
+            && attempts.max <= 1
+            && attempts.overlapping == 0
+            && lost.is_empty(),
+        (
+            ("schema", before, migrated.0),
+            (
+                "periods the older controller ran after the migration",
+                old_ran,
+            ),
+            "periods with two Jobs that ran",
+            &seconds,
+            ("attempts", &attempts.details),
+            ("lost", &lost),
+            ("recorded", &recorded),
+        ),
+    )
+    .await?;
     Ok(())
 }
