@@ -230,6 +230,10 @@ pub enum Fault {
     /// The replicas' link to PostgreSQL cut while a run works, until after it completed
     /// ([`outside`]): its outcome waits for its token's retirement.
     DbCutAtCompletion,
+    /// One replica runs the previous release (`SINGLETON_PREVIOUS_RELEASE`, issue 36), the
+    /// others this tree: the Lease handed back and forth between the releases, as in a rolling
+    /// upgrade and a rollback.
+    MixedVersions,
 }
 
 /// What a scenario shares with others while it runs ([`Fault::scope`]).
@@ -284,6 +288,7 @@ pub const SCENARIOS: &[Fault] = &[
     // 2 min each (hack/e2e.sh starts them as lanes free up).
     Fault::QueueResumer,
     Fault::DbCutAtCompletion,
+    Fault::MixedVersions,
 ];
 
 impl Fault {
@@ -313,6 +318,7 @@ impl Fault {
             Fault::RealKubeletPartition => "real-kubelet-partition",
             Fault::QueueResumer => "queue-resumer",
             Fault::DbCutAtCompletion => "db-cut-at-completion",
+            Fault::MixedVersions => "mixed-versions",
         }
     }
 
@@ -364,6 +370,7 @@ impl Fault {
             Fault::LeaderSigstop | Fault::Partition => (CATCH_UP, lease, 1),
             Fault::LeaderSigkill => (CATCH_UP, lease, mode.kills()),
             Fault::RollingSigterm => (CATCH_UP, Some(HANDOVER_MAX), mode.rolling_rounds()),
+            Fault::MixedVersions => (CATCH_UP, None, 2 * mode.kills()),
             Fault::ApiserverRestart | Fault::EtcdPause | Fault::EtcdRestart => (API_DOWN, None, 0),
             Fault::PostgresStop | Fault::DbCutAtCompletion => (DB_DOWN, None, 0),
             Fault::QueueResumer => (STARTED_OUTSIDE, None, 0),
@@ -479,6 +486,9 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     let name = format!("chaos-{}", fault.name());
     let mut w = match fault {
         Fault::DbCutAtCompletion => World::start_with_db_link(&name, fault.sjs()).await?,
+        Fault::MixedVersions => {
+            World::start_mixed(&name, fault.sjs(), &previous_release()?, &[OLDER_SLOT]).await?
+        }
         _ => World::start(&name, fault.sjs(), proxied).await?,
     };
     w.wait_leader(None, Instant::now(), Duration::from_secs(60))
@@ -750,6 +760,66 @@ async fn run_burst(mode: Mode) -> Result<Outcome> {
     finish(&w, row, expect, began).await
 }
 
+/// mixed-versions: the replica that runs the previous release.
+const OLDER_SLOT: usize = 1;
+
+/// The previous release's controller build (hack/previous-release.sh, which `make e2e` runs).
+fn previous_release() -> Result<std::path::PathBuf> {
+    let dir = std::env::var_os("SINGLETON_PREVIOUS_RELEASE").context(
+        "mixed-versions needs SINGLETON_PREVIOUS_RELEASE: `make e2e` sets it (hack/previous-release.sh build prints it)",
+    )?;
+    let bin = std::path::Path::new(&dir).join("singleton-controller");
+    anyhow::ensure!(
+        bin.exists(),
+        "{} is missing: rebuild it with hack/previous-release.sh build",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+/// mixed-versions: the Lease handed to the older replica and back, `rounds` times each way
+/// (make_leader: a handover only the target can win), by SIGTERM and SIGKILL of the leader in
+/// turn (a rolling update; a crash, the Lease left to expire), running for an equal share of
+/// the window after each. Proves each handover crossed releases.
+async fn alternate_releases(w: &mut World, mode: Mode, inj: &mut Injected) -> Result<()> {
+    let rounds = mode.kills();
+    let share = mode.window() / (2 * rounds) as u32;
+    let (mut to_older, mut to_newer) = (0, 0);
+    inj.from = Some(Timestamp::now());
+    // Away from the release that leads now, first.
+    let mut older_next = w.leader().await? != Some(OLDER_SLOT);
+    let (mut termed, mut killed) = (0, 0);
+    for k in 0..2 * rounds {
+        let target = if older_next { OLDER_SLOT } else { 0 };
+        let signal = if k % 2 == 0 { "TERM" } else { "KILL" };
+        let t0 = Instant::now();
+        if w.make_leader_by(target, 3, signal).await? {
+            match signal {
+                "TERM" => termed += 1,
+                _ => killed += 1,
+            }
+            inj.failovers.push(t0.elapsed());
+            match older_next {
+                true => to_older += 1,
+                false => to_newer += 1,
+            }
+        }
+        older_next = !older_next;
+        w.run_for(share).await?;
+    }
+    inj.proofs.push(Proof::new(
+        to_older >= rounds && to_newer >= rounds && killed >= rounds / 2,
+        format!(
+            "the Lease passed from this tree's replicas to the previous release's {to_older} times and back {to_newer} times (at least {rounds} each); {termed} leaders SIGTERMed, {killed} SIGKILLed"
+        ),
+    ));
+    inj.notes.push(format!(
+        "replica {OLDER_SLOT} ran {}",
+        w.build_of(OLDER_SLOT).display()
+    ));
+    Ok(())
+}
+
 /// Injects `fault`, lets it heal; the failover times and the evidence it measured.
 async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
     let window = mode.window();
@@ -811,6 +881,7 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
                 format!("{by_kill} of the {kills} leaders killed ended by SIGKILL"),
             ));
         }
+        Fault::MixedVersions => alternate_releases(w, mode, &mut inj).await?,
         Fault::RollingSigterm => {
             let mut termed = Vec::new();
             inj.from = Some(Timestamp::now());

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,8 +29,8 @@ use super::check::{
 use crate::commands::repo_root;
 use crate::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{
-    Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, database_url, kubectl, sj_yaml,
-    table_prefix,
+    Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, controller_bin, database_url,
+    kubectl, sj_yaml, table_prefix,
 };
 
 /// The Lease the replicas elect through.
@@ -134,6 +134,8 @@ pub fn default_sjs() -> Vec<SjDef> {
 /// A replica slot: the controller process currently filling it, and how to start it.
 struct Slot {
     idx: usize,
+    /// The controller build it runs (another release's in mixed-versions).
+    bin: PathBuf,
     envs: Vec<(String, String)>,
     restart_at: Option<Instant>,
     /// Not restarted while set ([`World::make_leader`] holds the old leader back).
@@ -249,9 +251,43 @@ impl World {
         Ok(world)
     }
 
+    /// [`World::start`] with the replicas of `slots` running `older` (another release's build)
+    /// and the rest this tree's.
+    pub async fn start_mixed(
+        name: &str,
+        sjs: Vec<SjDef>,
+        older: &Path,
+        slots: &[usize],
+    ) -> Result<World> {
+        let bins: Vec<PathBuf> = (0..REPLICAS)
+            .map(|s| match slots.contains(&s) {
+                true => older.to_path_buf(),
+                false => controller_bin(),
+            })
+            .collect();
+        let mut world = World::with_builds(name, None, false, bins).await?;
+        world.add_sjs(sjs).await?;
+        Ok(world)
+    }
+
+    /// The build `slot` runs.
+    pub fn build_of(&self, slot: usize) -> &Path {
+        &self.slots[slot].bin
+    }
+
     /// A world without SingletonJobs yet ([`World::add_sjs`]); with `db_link`, the backstop
     /// Secret points through a proxy of the test's.
     pub async fn empty(name: &str, proxied: Option<usize>, db_link: bool) -> Result<World> {
+        World::with_builds(name, proxied, db_link, vec![controller_bin(); REPLICAS]).await
+    }
+
+    /// [`World::empty`], replica `s` running the controller build `bins[s]`.
+    async fn with_builds(
+        name: &str,
+        proxied: Option<usize>,
+        db_link: bool,
+        bins: Vec<PathBuf>,
+    ) -> Result<World> {
         let env = Env::new(name).await?;
         let prefix = table_prefix(&env);
         let db_link = match db_link {
@@ -286,7 +322,7 @@ impl World {
                 Box::pin(async move { Ok(w.observer.synced().then_some(())) })
             })
             .await?;
-        for slot in 0..REPLICAS {
+        for (slot, bin) in bins.into_iter().enumerate() {
             let mut envs = Vec::new();
             if Some(slot) == world.proxy_slot
                 && let Some(p) = &world.proxy
@@ -295,9 +331,13 @@ impl World {
                 envs.push(("KUBECONFIG".to_string(), kc.display().to_string()));
             }
             let started = Timestamp::now();
-            let idx = world.env.start_controller_with_env(&envs, &elect()).await?;
+            let idx = world
+                .env
+                .start_controller_bin(&bin, &envs, &elect())
+                .await?;
             world.slots.push(Slot {
                 idx,
+                bin,
                 envs,
                 restart_at: None,
                 held: false,
@@ -387,9 +427,10 @@ impl World {
             match self.slots[s].restart_at {
                 None => self.slots[s].restart_at = Some(Instant::now() + Duration::from_secs(1)),
                 Some(at) if Instant::now() >= at => {
-                    let envs = self.slots[s].envs.clone();
+                    let (bin, envs) = (self.slots[s].bin.clone(), self.slots[s].envs.clone());
                     self.slots[s].started = Timestamp::now();
-                    self.slots[s].idx = self.env.start_controller_with_env(&envs, &elect()).await?;
+                    self.slots[s].idx =
+                        self.env.start_controller_bin(&bin, &envs, &elect()).await?;
                     self.slots[s].restart_at = None;
                 }
                 Some(_) => {}
@@ -511,6 +552,17 @@ impl World {
     /// handovers in a row (a CI run, 2026-12-05). Tried at most `tries` times; returns whether
     /// `slot` leads.
     pub async fn make_leader(&mut self, slot: usize, tries: usize) -> Result<bool> {
+        self.make_leader_by(slot, tries, "TERM").await
+    }
+
+    /// [`World::make_leader`], the leader sent `signal` (`KILL`: a crash, the Lease left to
+    /// expire) instead of SIGTERM.
+    pub async fn make_leader_by(
+        &mut self,
+        slot: usize,
+        tries: usize,
+        signal: &str,
+    ) -> Result<bool> {
         for _ in 0..tries {
             let (l, _) = self
                 .wait_leader(None, Instant::now(), Duration::from_secs(60))
@@ -533,7 +585,7 @@ impl World {
             }
             if handed.is_ok() {
                 self.slots[l].held = true;
-                handed = self.hand_over(l).await;
+                handed = self.hand_over(l, signal).await;
                 self.slots[l].held = false;
             }
             // Every paused standby resumes, whatever failed.
@@ -546,9 +598,9 @@ impl World {
         Ok(self.leader().await? == Some(slot))
     }
 
-    /// SIGTERM to the leader in `slot`, and a wait for anyone else to lead.
-    async fn hand_over(&mut self, slot: usize) -> Result<()> {
-        self.signal(slot, "TERM").await?;
+    /// `signal` (SIGTERM, SIGKILL) to the leader in `slot`, and a wait for anyone else to lead.
+    async fn hand_over(&mut self, slot: usize, signal: &str) -> Result<()> {
+        self.signal(slot, signal).await?;
         self.wait_leader(Some(slot), Instant::now(), Duration::from_secs(30))
             .await?;
         Ok(())
