@@ -25,7 +25,7 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 # Runs a step as a timed stage of `make test` (a plain run outside it).
 TIMED := hack/timed.sh
 
-.PHONY: help tools up down status env crds lint chart unit e2e chaos test demo demo-stop demo-dr demo-dr-stop bench image
+.PHONY: help tools up down status env crds lint chart unit e2e upgrade chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny, cargo-cyclonedx and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
@@ -39,6 +39,7 @@ help:
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
+	echo 'make upgrade  the upgrade suite alone (e2e/tests/upgrade.rs, part of make e2e): the previous release built from its tag, upgraded, rolled back and upgraded again mid-burst, on a control plane of its own (~2 min; the first build of the previous release ~4 min more)'
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
 	echo 'make test     lint + chart + unit + e2e (what CI runs), then a table of how long each stage took'
 	echo 'make demo     the chart on the real node (images built locally) running the billing example every 10 s, namespace singleton-demo (examples/hello.yaml on kwok with SINGLETON_REAL_NODE=0)'
@@ -151,14 +152,36 @@ export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
 KUBECTL=$$(hack/tool.sh kubectl)
 HELM=$$(hack/tool.sh helm)
 export KUBECTL HELM
+$(OLDER_BUILDS)
 "$$KUBECTL" apply --server-side -f crds/
 "$$KUBECTL" wait --for=condition=Established --timeout=60s -f crds/
 # Each test deletes its namespace; this catches those a crashed test left behind. The second
-# control plane the multi-cluster tests start (e2e/src/multicluster.rs) and the three of
+# control plane the multi-cluster tests start (e2e/src/multicluster.rs) and the four of
 # hack/own-cluster.sh (the cluster-wide chaos rows', the hostile-tenant suite's, the version-skew
-# tests') are stopped in any case.
+# tests', the upgrade suite's) are stopped in any case.
 trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; hack/own-cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
 endef
+
+# The upgrade suite's and the mixed-versions chaos row's older builds (the previous release, the
+# last build with the previous backstop schema): built from this repository's history when
+# missing (hack/previous-release.sh), then cached.
+define OLDER_BUILDS
+SINGLETON_PREVIOUS_RELEASE=$$(hack/previous-release.sh build)
+SINGLETON_OLDER_SCHEMA=$$(hack/previous-release.sh build schema-6)
+export SINGLETON_PREVIOUS_RELEASE SINGLETON_OLDER_SCHEMA
+endef
+
+# The upgrade suite alone, on its own control plane (hack/own-cluster.sh, instance own4); `make
+# e2e` runs it too.
+upgrade:
+	$(TIMED) "controller build" $(CARGO) build -p singleton-controller --bins --features failpoints
+	export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
+	KUBECTL=$$(hack/tool.sh kubectl)
+	HELM=$$(hack/tool.sh helm)
+	export KUBECTL HELM
+	$(OLDER_BUILDS)
+	SINGLETON_OWN_INSTANCE=own4 $(TIMED) --suites upgrade hack/own-cluster.sh run \
+	  $(CARGO) test -p e2e --test upgrade -- --nocapture
 
 # The e2e test binaries and the chaos suite's short form, all side by side (hack/e2e.sh): the
 # real nodes' rows, the two-cluster tests then their rows, and E2E_LANES at a time of the rest;

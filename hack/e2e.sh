@@ -19,7 +19,8 @@
 #     slows no other test and its quiet baseline is quiet; and the version-skew tests
 #     (e2e/tests/version_skew.rs) on a third (own3), since they change the SingletonJob CRD;
 #     and the upgrade suite (e2e/tests/upgrade.rs) on a fourth (own4), which installs the
-#     previous release's CRD (hack/previous-release.sh builds that release, once per machine).
+#     previous release's CRD (the recipe exports SINGLETON_PREVIOUS_RELEASE and
+#     SINGLETON_OLDER_SCHEMA: hack/previous-release.sh builds them, once per machine).
 #
 # Every test makes its own namespace, so tests on one cluster do not meet.
 # Until 2026-12-05 the cluster-wide rows stopped the shared cluster, so they ran alone, last, and
@@ -99,11 +100,6 @@ collect() { # the names of the stages that failed, from their marks
   done
 }
 
-# The upgrade suite's older builds (the previous release; the last build with the previous
-# backstop schema): built from this repository's history when missing.
-SINGLETON_PREVIOUS_RELEASE=$("$REPO/hack/previous-release.sh" build)
-SINGLETON_OLDER_SCHEMA=$("$REPO/hack/previous-release.sh" build schema-6)
-export SINGLETON_PREVIOUS_RELEASE SINGLETON_OLDER_SCHEMA
 log "building the e2e tests"
 list=$(binaries)
 [ -n "$list" ] || die "cargo built no e2e test binary"
