@@ -152,7 +152,10 @@ export SINGLETON_CONTROLLER_BIN=$(TARGET_DIR)/debug/singleton-controller
 KUBECTL=$$(hack/tool.sh kubectl)
 HELM=$$(hack/tool.sh helm)
 export KUBECTL HELM
-$(OLDER_BUILDS)
+# The upgrade suite's and the mixed-versions chaos row's older builds: built from this
+# repository's history when missing, then cached.
+older=$$(hack/previous-release.sh env)
+eval "$$older"
 "$$KUBECTL" apply --server-side -f crds/
 "$$KUBECTL" wait --for=condition=Established --timeout=60s -f crds/
 # Each test deletes its namespace; this catches those a crashed test left behind. The second
@@ -160,15 +163,6 @@ $(OLDER_BUILDS)
 # hack/own-cluster.sh (the cluster-wide chaos rows', the hostile-tenant suite's, the version-skew
 # tests', the upgrade suite's) are stopped in any case.
 trap 'SINGLETON_CLUSTER_NAME=second hack/cluster.sh down >/dev/null 2>&1 || true; hack/own-cluster.sh down >/dev/null 2>&1 || true; if [ -n "$$started" ]; then hack/cluster.sh down; else "$$KUBECTL" delete namespace -l singleton.dev/e2e=true --wait=false >/dev/null 2>&1 || true; fi' EXIT
-endef
-
-# The upgrade suite's and the mixed-versions chaos row's older builds (the previous release, the
-# last build with the previous backstop schema): built from this repository's history when
-# missing (hack/previous-release.sh), then cached.
-define OLDER_BUILDS
-SINGLETON_PREVIOUS_RELEASE=$$(hack/previous-release.sh build)
-SINGLETON_OLDER_SCHEMA=$$(hack/previous-release.sh build schema-6)
-export SINGLETON_PREVIOUS_RELEASE SINGLETON_OLDER_SCHEMA
 endef
 
 # The upgrade suite alone, on its own control plane (hack/own-cluster.sh, instance own4); `make
@@ -179,7 +173,8 @@ upgrade:
 	KUBECTL=$$(hack/tool.sh kubectl)
 	HELM=$$(hack/tool.sh helm)
 	export KUBECTL HELM
-	$(OLDER_BUILDS)
+	older=$$(hack/previous-release.sh env)
+	eval "$$older"
 	SINGLETON_OWN_INSTANCE=own4 $(TIMED) --suites upgrade hack/own-cluster.sh run \
 	  $(CARGO) test -p e2e --test upgrade -- --nocapture
 

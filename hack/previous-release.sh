@@ -15,6 +15,9 @@
 # Usage: hack/previous-release.sh build [NAME]   print the entry's directory, building it first
 #                                               if needed (NAME: a line of hack/previous-release;
 #                                               default the first, the previous release)
+#        hack/previous-release.sh env            both builds the tests use, built if needed, as
+#                                               exports for eval (SINGLETON_PREVIOUS_RELEASE,
+#                                               SINGLETON_OLDER_SCHEMA)
 #        hack/previous-release.sh tag            print the previous release's tag
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,6 +88,12 @@ build() {
 
 case ${1:-} in
   build) build ;;
+  env)
+    # What the tests read: the previous release, and the last build with the previous backstop
+    # schema (e2e/tests/upgrade.rs, the mixed-versions chaos row).
+    echo "export SINGLETON_PREVIOUS_RELEASE=$("$0" build)"
+    echo "export SINGLETON_OLDER_SCHEMA=$("$0" build schema-6)"
+    ;;
   tag) echo "$TAG" ;;
   *)
     sed -n '2,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&2
