@@ -28,11 +28,12 @@
 //! against the migrated schema for two more bursts, then hands over to this tree's; counted the
 //! same way.
 //!
-//! The controllers run as processes beside the chart (its Deployment scaled to 0): the chart's
-//! objects and the CRD go through helm as a user's would, and the processes stand for the
-//! Deployment's pods of each release during its rolling update. The cluster's CRD is the
-//! chart's here, so `make e2e` runs this on a control plane of its own (hack/own-cluster.sh,
-//! instance own4).
+//! The controllers run as processes beside the chart (its Deployment scaled to 0), as the
+//! chart's ServiceAccount: the chart's objects and the CRD go through helm as a user's would,
+//! each replica runs under the RBAC the chart installed when it started, and the processes
+//! stand for the Deployment's pods of each release during its rolling update. The cluster's
+//! CRD is the chart's here, so `make e2e` runs this on a control plane of its own
+//! (hack/own-cluster.sh, instance own4).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -41,15 +42,18 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use e2e::sim_pods::SimulatedPods;
 use e2e::{
-    Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm, pg,
-    run_ok, sj_yaml, table_prefix,
+    Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm,
+    kubectl, pg, run_ok, sj_yaml, table_prefix,
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams};
 use singleton::api::Outcome;
 
-const LEASE_NAME: &str = "singleton-controller";
+/// The Helm release, and the Lease its chart's Role lets the ServiceAccount take (the
+/// release's name).
+const RELEASE: &str = "sc-upgrade";
+const LEASE_NAME: &str = RELEASE;
 /// SingletonJobs in the burst, all due at every instant of [`SCHEDULE`].
 const BURST: usize = 12;
 /// Every five seconds: a burst falls due in every phase, and a handover (a four-second Lease)
@@ -96,10 +100,13 @@ fn helm_run(env: &Env, args: &[&str]) -> Result<String> {
 }
 
 /// `helm install` or `helm upgrade` of `chart` as the release `name`: the CRD with it, the
-/// Deployment at 0 replicas (the processes stand for its pods), and the admission policies
-/// off (they would judge every other namespace's writes; tests/chart.rs tests them).
+/// Deployment at 0 replicas (the processes stand for its pods), the test's namespace granted
+/// its backstop Secret, and the admission policies on (this control plane is the test's own)
+/// but for the release namespace's protection: the workloads run there.
 fn helm_apply(env: &Env, verb: &str, name: &str, chart: &std::path::Path) -> Result<String> {
     let chart = chart.to_string_lossy();
+    // The backstop Secret's namespace granted, as its admin would (the chart's opt-in).
+    let secrets = format!("rbac.backstopNamespaces={{{}}}", env.ns);
     helm_run(
         env,
         &[
@@ -107,11 +114,12 @@ fn helm_apply(env: &Env, verb: &str, name: &str, chart: &std::path::Path) -> Res
             name,
             &chart,
             "--set",
+            &secrets,
+            "--set",
             "replicaCount=0",
+            // The workloads run in the release's namespace here (one namespace per test).
             "--set",
-            "admissionPolicies.operationRequester=false",
-            "--set",
-            "admissionPolicies.controllerStatus=false",
+            "admissionPolicies.protectReleaseNamespace=false",
             "--wait",
             "--timeout",
             "120s",
@@ -279,16 +287,22 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
     let old_app = old_tag.trim_start_matches('v').to_string();
     let new_app = env!("CARGO_PKG_VERSION");
     let mut env = Env::new("upgrade").await?;
-    let release = "sc-upgrade";
+    let release = RELEASE;
 
-    // The previous release, installed with its chart and CRD.
+    // The previous release, installed with its chart and CRD; the namespace opted in to the
+    // controller's Jobs, as its admin would (the chart's admission policy).
+    run_ok(kubectl().args(["label", "namespace", &env.ns, "singleton.dev/jobs=true"]))?;
     remove_crds(&env).await?;
     helm_apply(&env, "install", release, &prev.join("chart"))?;
     crd_at(&env, &old_app).await?;
     let prefix = table_prefix(&env);
     backstop_secret(&env, "db", &database_url()?, true).await?;
     let pods = SimulatedPods::start(env.client.clone(), &env.ns, &prefix).await?;
-    let old0 = env.start_controller_bin(&old_bin, &[], &elect()).await?;
+    // Every replica as the chart's ServiceAccount, under the RBAC of the chart installed now.
+    let kubeconfig =
+        env.service_account_kubeconfig(&env.ns, &format!("{release}-singleton-controller"))?;
+    let sa = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
+    let old0 = env.start_controller_bin(&old_bin, &sa, &elect()).await?;
     leads(&env, old0).await?;
     let extra = backstop_spec("db", &prefix, "  concurrencyPolicy: Forbid\n");
     for i in 0..BURST {
@@ -302,7 +316,7 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
     // 1. Upgrade, mid-burst; the old leader stopped: old -> new.
     let at = mid_burst(&env, &pods).await?;
     helm_apply(&env, "upgrade", release, &chart_dir())?;
-    let new1 = env.start_controller(&elect()).await?;
+    let new1 = env.start_controller_with_env(&sa, &elect()).await?;
     env.stop_controller(old0, false).await?;
     leads(&env, new1).await?;
     crd_at(&env, new_app).await?;
@@ -314,7 +328,7 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
         &env,
         &["rollback", release, "1", "--wait", "--timeout", "120s"],
     )?;
-    let old2 = env.start_controller_bin(&old_bin, &[], &elect()).await?;
+    let old2 = env.start_controller_bin(&old_bin, &sa, &elect()).await?;
     env.signal_controller(new1, "STOP").await?;
     leads(&env, old2).await?;
     burst_ran_after(&env, &pods, at).await?;
@@ -330,7 +344,7 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
     // 3. Upgrade again, mid-burst; the old leader killed: old -> new.
     let at = mid_burst(&env, &pods).await?;
     helm_apply(&env, "upgrade", release, &chart_dir())?;
-    let new3 = env.start_controller(&elect()).await?;
+    let new3 = env.start_controller_with_env(&sa, &elect()).await?;
     env.stop_controller(old2, true).await?;
     leads(&env, new3).await?;
     crd_at(&env, new_app).await?;
