@@ -43,10 +43,13 @@ const HUGE_BYTES: usize = 1_000_000;
 const LABELLED: usize = 40;
 /// How long each phase is measured.
 const WINDOW: Duration = Duration::from_secs(30);
-/// The "alone" p99 is taken as at least this, as in tests/noisy.rs: a quiet baseline of tens of
-/// milliseconds would turn the ordinary noise of a shared 2-core machine into a failure, while a
-/// stall behind a slow database is its claim time (9 s), more than four times twice this.
-const BASELINE_FLOOR: f64 = 1.0;
+/// The "alone" p99 is taken as at least this: a quiet baseline of tens of milliseconds would
+/// turn the ordinary noise of a shared 2-core machine into a failure, while a stall behind a slow
+/// database is its claim time (9 s), three times twice this. 1 s (tests/noisy.rs's floor) failed
+/// once in `make test`'s lanes (CI 2026-12-06: one sample of 28 at 2.1 s, with 20 to 34 slow
+/// claims as in every run; the same code, and the code before it, gave ratios 0.21 to 0.38 on
+/// an idle machine): the windows are measured 30 s apart, under whatever the other lanes load.
+const BASELINE_FLOOR: f64 = 1.5;
 
 /// Creates the backstop tables of `prefix` and makes every claim in them take
 /// [`CLAIM_SECONDS`]: a database that answers `SELECT 1` at once and claims slowly.
