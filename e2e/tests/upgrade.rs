@@ -40,6 +40,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+use e2e::chaos::check::AttemptVerdict;
 use e2e::sim_pods::SimulatedPods;
 use e2e::{
     Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm,
@@ -228,6 +229,67 @@ async fn leads(env: &Env, idx: usize) -> Result<()> {
     .await
 }
 
+/// What the outside saw of the periods due in `[from, to]`.
+#[derive(Debug)]
+struct Counted {
+    /// Periods with two Jobs that ran (the watch).
+    seconds: Vec<Vec<e2e::observer::JobRecord>>,
+    relists: u64,
+    /// Committed attempts per period (the database's rows).
+    attempts: AttemptVerdict,
+    started: usize,
+    committed: usize,
+    ran: usize,
+    recorded: Vec<String>,
+    lost: Vec<String>,
+}
+
+impl Counted {
+    async fn take(
+        env: &Env,
+        pods: &SimulatedPods,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Counted> {
+        let seconds = pods.watch.second_runs();
+        let (attempts, started, committed) = pods.verdict().await?;
+        let (ran, recorded, lost) = account(env, pods, from, to).await?;
+        Ok(Counted {
+            seconds,
+            relists: pods.watch.relists(),
+            attempts,
+            started,
+            committed,
+            ran,
+            recorded,
+            lost,
+        })
+    }
+
+    /// One Job and at most one committed attempt per period, none overlapping, none lost.
+    fn clean(&self) -> bool {
+        self.seconds.is_empty()
+            && self.relists == 0
+            && self.attempts.max <= 1
+            && self.attempts.overlapping == 0
+            && self.lost.is_empty()
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} periods ran, {} recorded without a run {:?}, {} lost; attempts committed per period (max) {}, overlapping {}; pods started {}, committed {}",
+            self.ran,
+            self.recorded.len(),
+            self.recorded,
+            self.lost.len(),
+            self.attempts.max,
+            self.attempts.overlapping,
+            self.started,
+            self.committed
+        )
+    }
+}
+
 /// Every period of every SingletonJob due in `[from, to]`: ran (the watch), recorded in its
 /// history (with the outcome and reason), or lost. Returns (ran, recorded, lost).
 async fn account(
@@ -354,35 +416,12 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
     burst_ran_after(&env, &pods, to).await?;
 
     // Counted from outside.
-    let seconds = pods.watch.second_runs();
-    let (attempts, started, committed) = pods.verdict().await?;
-    let (ran, recorded, lost) = account(&env, &pods, created, to).await?;
+    let counted = Counted::take(&env, &pods, created, to).await?;
     println!(
-        "upgrade {old_tag} -> {new_app} -> rollback -> upgrade: {ran} periods ran, {} recorded without a run {:?}, {} lost; attempts committed per period (max) {}, overlapping {}; pods started {started}, committed {committed}",
-        recorded.len(),
-        recorded,
-        lost.len(),
-        attempts.max,
-        attempts.overlapping
+        "upgrade {old_tag} -> {new_app} -> rollback -> upgrade: {}",
+        counted.summary()
     );
-    ensure(
-        &env,
-        seconds.is_empty()
-            && pods.watch.relists() == 0
-            && attempts.max <= 1
-            && attempts.overlapping == 0
-            && lost.is_empty()
-            && ran > 0,
-        (
-            "periods with two Jobs that ran",
-            &seconds,
-            ("watch restarts", pods.watch.relists()),
-            ("attempts", &attempts.details),
-            ("lost", &lost),
-            ("recorded", &recorded),
-        ),
-    )
-    .await?;
+    ensure(&env, counted.clean() && counted.ran > 0, &counted).await?;
     helm_run(&env, &["uninstall", release, "--wait"])?;
     Ok(())
 }
@@ -454,39 +493,23 @@ async fn the_backstop_is_migrated_under_load_while_an_older_controller_claims() 
     let to = at + SignedDuration::from_secs(EVERY);
     burst_ran_after(&env, &pods, to).await?;
 
-    let seconds = pods.watch.second_runs();
-    let (attempts, started, committed) = pods.verdict().await?;
-    let (ran, recorded, lost) = account(&env, &pods, created, to).await?;
+    let counted = Counted::take(&env, &pods, created, to).await?;
     println!(
-        "backstop schema {before} -> {} migrated under load at {}; the older controller ran {old_ran} periods after it; {ran} periods ran, {} recorded without a run {:?}, {} lost; attempts committed per period (max) {}, overlapping {}; pods started {started}, committed {committed}",
+        "backstop schema {before} -> {} migrated under load at {}; the older controller ran {old_ran} periods after it; {}",
         migrated.0,
         migrated.1,
-        recorded.len(),
-        recorded,
-        lost.len(),
-        attempts.max,
-        attempts.overlapping
+        counted.summary()
     );
     ensure(
         &env,
-        before < migrated.0
-            && old_ran > 0
-            && seconds.is_empty()
-            && pods.watch.relists() == 0
-            && attempts.max <= 1
-            && attempts.overlapping == 0
-            && lost.is_empty(),
+        before < migrated.0 && old_ran > 0 && counted.clean(),
         (
             ("schema", before, migrated.0),
             (
                 "periods the older controller ran after the migration",
                 old_ran,
             ),
-            "periods with two Jobs that ran",
-            &seconds,
-            ("attempts", &attempts.details),
-            ("lost", &lost),
-            ("recorded", &recorded),
+            &counted,
         ),
     )
     .await?;
