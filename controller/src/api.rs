@@ -9,7 +9,9 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::schedule::{DateRange, DayRules, DstPolicy, ExcludedAction, FoldPolicy, GapPolicy};
+pub use crate::schedule::{
+    Bounds, DateRange, DayRules, DstPolicy, ExcludedAction, FoldPolicy, GapPolicy,
+};
 
 /// API group of every resource this project defines.
 pub const GROUP: &str = "singleton.dev";
@@ -189,6 +191,14 @@ pub const MAX_STARTING_DEADLINE_SECONDS: i64 = 315_360_000;
     ))
     .message("under lock.purpose: Correctness a run is one process at a time: jobTemplate.spec.parallelism and completions must be 1 (or unset) and podReplacementPolicy Failed (or unset); use lock.purpose: Efficiency for runs of several pods")
 )]
+#[x_kube(
+    validation = Rule::new("!has(self.startAt) || !has(self.endAt) || self.startAt <= self.endAt")
+        .message("startAt must not be after endAt: no period could run")
+)]
+#[x_kube(
+    validation = Rule::new("!has(self.suspension) || (has(self.suspend) && self.suspend)")
+        .message("spec.suspension describes a suspension: set suspend: true with it, or remove it (kubectl singleton resume does both)")
+)]
 pub struct SingletonJobSpec {
     /// When runs are due: standard 5-field cron (`minute hour day-of-month month day-of-week`),
     /// read as Kubernetes CronJob reads it, 6 fields with leading seconds, a macro (`@hourly`,
@@ -288,6 +298,33 @@ pub struct SingletonJobSpec {
     #[schemars(extend("default" = false))]
     pub suspend: Option<bool>,
 
+    /// Why the SingletonJob is suspended, by whom, and until when (`kubectl singleton suspend
+    /// --until TIME --reason TEXT` writes it; `kubectl singleton resume` removes it). Only with
+    /// `suspend: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspension: Option<Suspension>,
+
+    /// The first instant a period may have (RFC 3339, such as `2027-01-01T00:00:00Z`): the
+    /// schedule's instants before it are not this SingletonJob's periods (not run, not recorded,
+    /// not shown as next). Unset: from the SingletonJob's creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<Time>,
+
+    /// The last instant a period may have (included): no period after it runs, and once it has
+    /// passed the `Ended` condition says so (reason EndAtPassed). Moving it later resumes the
+    /// SingletonJob as `suspend: false` does: `catchUp` decides about the periods that fell due
+    /// after the old `endAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<Time>,
+
+    /// At most this many of the schedule's periods run: those the schedule or a backfill claimed,
+    /// counted in `status.runCount` (a manual trigger and a rerun of a decided period are not
+    /// counted, and not stopped). Once reached, no period is due (the `Ended` condition, reason
+    /// MaxRunsReached) and a backfill stops; raising it resumes as `endAt` moved later does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_runs: Option<i64>,
+
     /// A period's run must succeed within this many seconds of its instant. A run still active
     /// then is recorded as late (`late` in `status.active` and in its history entry) with a
     /// `RunLate` Event and the `singleton_runs_late_total` metric; what happens to it is
@@ -371,6 +408,27 @@ impl SingletonJobSpec {
         self.jitter_seconds
             .and_then(|j| u32::try_from(j).ok())
             .unwrap_or(0)
+    }
+
+    /// `startAt` and `endAt`.
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
+            start: self.start_at.as_ref().map(|t| t.0),
+            end: self.end_at.as_ref().map(|t| t.0),
+        }
+    }
+
+    /// `maxRuns`, if set; one below 1 (past the schema's bounds) allows none.
+    pub fn max_runs(&self) -> Option<u64> {
+        self.max_runs.map(|n| u64::try_from(n).unwrap_or(0))
+    }
+
+    /// `suspension.until` while `suspend` is true: when the suspension ends by itself.
+    pub fn suspended_until(&self) -> Option<jiff::Timestamp> {
+        self.suspend
+            .unwrap_or(false)
+            .then(|| self.suspension.as_ref()?.until.as_ref().map(|t| t.0))
+            .flatten()
     }
 }
 
@@ -545,6 +603,33 @@ pub struct ExclusionsSpec {
     /// instant are one period.
     #[serde(default)]
     pub action: ExcludedAction,
+}
+
+/// Why and until when a SingletonJob is suspended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Suspension {
+    /// When the controller resumes the SingletonJob by itself: it sets `suspend: false` and
+    /// removes `suspension` (Event `SuspensionEnded`). Every period whose instant falls before it is
+    /// Skipped (reason Suspended, with this reason), and never started late whatever `catchUp`
+    /// says: a freeze with an end is planned, and the thaw must not run what it froze (run one
+    /// afterwards with `kubectl singleton backfill`). Unset: until resumed by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+
+    /// Why, for people: "finance freeze until the 3rd".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub reason: Option<String>,
+
+    /// Who suspended it, as the API server named them to `kubectl singleton suspend`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub by: Option<String>,
+
+    /// When it was suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// What happens to a run at its completion deadline.
@@ -758,7 +843,8 @@ pub struct SingletonJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Ready, ScheduleValid, Suspended, ClockTrusted: Kubernetes API conventions.
+    /// Ready, ScheduleValid, Suspended, ClockTrusted, JobTemplateValid, BackstopReady,
+    /// StatusConsistent and, with `startAt`, `endAt` or `maxRuns`, Ended: Kubernetes API conventions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 
@@ -776,6 +862,13 @@ pub struct SingletonJobStatus {
     #[serde(default)]
     #[schemars(schema_with = "token_schema")]
     pub fencing_token: u64,
+
+    /// How many of the schedule's periods were claimed to run, by the schedule or a backfill
+    /// (not triggers, not reruns): what `maxRuns` counts. A claimed period counts even if its Job
+    /// then never ran, so that `maxRuns` is never exceeded.
+    #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(schema_with = "token_schema")]
+    pub run_count: u64,
 
     /// Every scheduled period at or before this instant has been decided (started or recorded
     /// with an outcome); periods after it are still to come. Moves only forward.
@@ -1172,6 +1265,10 @@ pub struct HistoryEntry {
     /// a later period first (reason `Superseded`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// More about the reason, for people: for periods a suspension skipped, until when, by whom
+    /// and why (`spec.suspension`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// Fields of a newer release, kept as read so that this one's writes never drop them.
     #[serde(flatten)]
     #[schemars(skip)]

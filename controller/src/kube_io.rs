@@ -238,6 +238,22 @@ pub async fn suspend_sj(ctx: &Context, sj: &SingletonJob) -> Result<bool> {
     Ok(patched == Patched::Done)
 }
 
+/// Ends a suspension whose `suspension.until` has passed: `suspend: false` and no `suspension`,
+/// only if the spec is still the one that was decided on (a user's edit since wins). Returns
+/// whether it was done.
+pub async fn resume_sj(ctx: &Context, sj: &SingletonJob) -> Result<bool> {
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let name = sj.metadata.name.as_deref().unwrap_or_default();
+    let sjs: Api<SingletonJob> = Api::namespaced(ctx.client.clone(), ns);
+    let ops = serde_json::json!([
+        {"op": "test", "path": "/metadata/generation", "value": sj.metadata.generation},
+        {"op": "replace", "path": "/spec/suspend", "value": false},
+        {"op": "remove", "path": "/spec/suspension"},
+    ]);
+    let patched = guarded_patch(ctx, sjs.resource_url(), name, ops, Lane::Background, None).await?;
+    Ok(patched == Patched::Done)
+}
+
 /// What a [`guarded_patch`] came to.
 #[derive(Debug, PartialEq, Eq)]
 enum Patched {

@@ -729,6 +729,7 @@ mod tests {
             finish_time: None,
             requested_by: None,
             cluster: None,
+            message: None,
         };
         m.recorded(&a, &entry(Outcome::Succeeded, "", 1));
         m.recorded(

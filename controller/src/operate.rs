@@ -352,6 +352,23 @@ impl Operations<'_> {
                 op.next = Some(ops::after(period).into());
                 continue;
             }
+            // maxRuns counts backfilled periods too: no period beyond it, however asked for.
+            if crate::decide::runs_exhausted(&self.sj.spec, self.status.run_count) {
+                let why = format!(
+                    "maxRuns ({}) reached after {} run(s) of this backfill: the periods from {} on were not run",
+                    self.sj.spec.max_runs().unwrap_or_default(),
+                    op.started,
+                    crate::naming::period_rfc3339(period)
+                );
+                // Rejected (not carried out to its end), its counts kept.
+                op.phase = OperationPhase::Rejected;
+                op.message = why;
+                let note = format!("backfill {} stopped: {}", op.id, op.message);
+                self.notes
+                    .push((EventType::Warning, "OperationRejected", note));
+                ops::set(&mut self.status.operations.backfill, op);
+                return Ok(None);
+            }
             if let Some(why) = self.gates.waiting(self.sj, &[]) {
                 op.message = why;
                 ops::set(&mut self.status.operations.backfill, op);

@@ -278,6 +278,7 @@ async fn decide_and_act(
     let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
     Box::pin(after(ctx, sj, &new_entries, notes, started.as_ref())).await?;
     Box::pin(late_and_failing(ctx, sj, plan)).await?;
+    Box::pin(lift_suspension(ctx, sj, &decided, now)).await?;
 
     // A manual run just started: look again at once (a backfill goes on, or waits for it). An
     // operation waiting on the clock or the backstop is looked at again shortly; one waiting for
@@ -371,12 +372,16 @@ async fn record(
     }
     let new_entries = record::apply_plan(&sj.spec, status, plan, states, now);
     let jitter = |t| sj.jitter(t);
-    let next = record::next_times(status, &decided.schedule, jitter, now);
+    // As the claim this reconcile may write will count it (run::start), in the same write.
+    let run_count = status.run_count + u64::from(plan.start.is_some());
+    let left = sj.spec.max_runs().map(|max| max.saturating_sub(run_count));
+    let next = record::next_times(status, &decided.schedule, jitter, left, now);
     crate::metrics::global().next_run(sj, next);
     let facts = Facts {
         schedule: &decided.schedule.expr(),
         time_zone: sj.spec.time_zone.as_deref().unwrap_or("UTC"),
         suspended: sj.spec.suspend.unwrap_or(false),
+        suspension: sj.spec.suspension.as_ref(),
         suspended_after_failures: status.suspended_after_failures.is_some(),
         clock: &seen.clock,
         backstop: seen_backstop(db),
@@ -384,6 +389,14 @@ async fn record(
         generation: sj.metadata.generation,
         now,
     };
+    let standing = decide::bounds::standing(
+        &sj.spec,
+        &decided.schedule,
+        plan.decided_through.unwrap_or(decided.created),
+        run_count,
+        decided.created,
+        now,
+    );
     if record::set_conditions(status, &facts)
         && let Availability::Unavailable(why) = db
     {
@@ -397,6 +410,13 @@ async fn record(
                 note,
             )
             .await;
+    }
+    // After the others: a schedule whose bounds hold no period is not a valid one.
+    if let Some(event) =
+        record::bounds_condition(status, &sj.spec, standing.as_ref(), run_count, &facts)
+    {
+        let (type_, reason, note) = event;
+        ctx.events.publish(sj, type_, reason, "Bounds", note).await;
     }
     if let Some(b) = db.ready()
         && record::claims_recorded_stale(status, &b.target_id())
@@ -581,6 +601,7 @@ pub fn plan(
         now,
         key: &key,
         consecutive_failures: status.consecutive_failures,
+        run_count: status.run_count,
         created,
         blocked,
         job_states: states,
@@ -701,6 +722,41 @@ async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Resu
                 "Suspend",
                 note,
             )
+            .await;
+    }
+    Ok(())
+}
+
+/// A suspension whose `suspension.until` has passed is lifted (`suspend: false`, no
+/// `suspension`), after the status write that recorded the periods before it as Skipped: only
+/// once every one of them is decided, so that none is left pending to start after the resume.
+async fn lift_suspension(
+    ctx: &Context,
+    sj: &SingletonJob,
+    decided: &Decided,
+    now: Timestamp,
+) -> Result<()> {
+    let Some(until) = sj.spec.suspended_until().filter(|u| *u <= now) else {
+        return Ok(());
+    };
+    let cursor = decided.plan.decided_through.unwrap_or(decided.created);
+    let last_held = until
+        .checked_sub(SignedDuration::from_nanos(1))
+        .ok()
+        .and_then(|t| decided.schedule.latest_at_or_before(t));
+    if last_held.is_some_and(|p| p > cursor) {
+        return Ok(());
+    }
+    if Box::pin(crate::kube_io::resume_sj(ctx, sj)).await? {
+        let why = sj
+            .spec
+            .suspension
+            .as_ref()
+            .map(record::suspension_note)
+            .unwrap_or_default();
+        let note = format!("the suspension ({why}) ended; runs start again");
+        ctx.events
+            .publish(sj, EventType::Normal, "SuspensionEnded", "Resume", note)
             .await;
     }
     Ok(())

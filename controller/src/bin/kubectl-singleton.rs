@@ -91,12 +91,22 @@ enum Cmd {
         output: Output,
     },
     /// Stop new runs (sets spec.suspend=true); active runs continue.
+    ///
+    /// With --until, the controller resumes it by itself at that instant, and every period due
+    /// before then is recorded Skipped (reason Suspended, with --reason), never started late.
+    /// --until and --reason are kept in spec.suspension with who asked.
     Suspend {
         name: String,
+        /// When to resume by itself (RFC 3339, e.g. 2027-01-03T00:00:00+01:00); in the future.
+        #[arg(long)]
+        until: Option<jiff::Timestamp>,
+        /// Why, for people and the history: "finance freeze".
+        #[arg(long)]
+        reason: Option<String>,
         #[command(flatten)]
         ns: Namespace,
     },
-    /// Let runs start again (sets spec.suspend=false).
+    /// Let runs start again (sets spec.suspend=false, removes spec.suspension).
     Resume {
         name: String,
         #[command(flatten)]
@@ -339,7 +349,15 @@ async fn on_cluster(cmd: Cmd) -> Result<String, PluginError> {
             let sj = cluster.get(&namespace(ns), &name).await?;
             plugin::format_history(&sj, output)
         }
-        Cmd::Suspend { name, ns } => cluster.set_suspend(&namespace(ns), &name, true).await,
+        Cmd::Suspend {
+            name,
+            until,
+            reason,
+            ns,
+        } => {
+            let ns = namespace(ns);
+            cluster.suspend_until(&ns, &name, until, reason, now).await
+        }
         Cmd::Resume { name, ns } => cluster.set_suspend(&namespace(ns), &name, false).await,
         op => ask(&cluster, op, now).await,
     }

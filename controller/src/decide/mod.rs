@@ -42,6 +42,8 @@ pub struct Observed<'a> {
     pub key: &'a str,
     /// `status.consecutiveFailures` before this decision.
     pub consecutive_failures: i32,
+    /// `status.runCount` before this decision: the periods claimed so far, for `maxRuns`.
+    pub run_count: u64,
     /// When the SingletonJob was created: periods before it are never due.
     pub created: Timestamp,
     /// Why no run may start now, if so: the local clock disagrees with the API server's (a run
@@ -170,6 +172,7 @@ pub fn schedule(
         spec.time_zone.as_deref(),
         spec.dst_policy,
     )?;
+    let schedule = schedule.with_bounds(spec.bounds());
     let Some(x) = &spec.exclusions else {
         return Ok(schedule);
     };
@@ -308,17 +311,29 @@ pub fn plan(
         records,
         suspending: plan.suspend,
     };
-    pending.past_deadline(deadline);
-    pending.skip_excluded();
-    if let Some(candidate) = pending.candidate() {
-        pending.decide(candidate, deadline, &mut plan);
+    // maxRuns reached: no period is due, none recorded, until it is raised (as endAt passed).
+    let exhausted = runs_exhausted(spec, obs.run_count);
+    if !exhausted {
+        pending.skip_paused();
+        pending.past_deadline(deadline);
+        pending.skip_excluded();
+        if let Some(candidate) = pending.candidate() {
+            pending.decide(candidate, deadline, &mut plan);
+        }
     }
     let Pending {
         cursor, records, ..
     } = pending;
     plan.decided_through = Some(cursor);
     plan.records = records.into_vec();
-    plan.wake_at = next_look(schedule, obs.now, cursor, &plan);
+    with_suspension_reason(spec, &mut plan.records);
+    if !exhausted {
+        plan.wake_at = next_look(schedule, obs.now, cursor, &plan);
+    }
+    // A suspension with an end is looked at when it ends (and is lifted then).
+    if let Some(until) = spec.suspended_until().filter(|u| *u > obs.now) {
+        plan.wake_at = Some(plan.wake_at.map_or(until, |w| w.min(until)));
+    }
     if let Some(at) = next_completion_deadline(spec, &plan.still_active) {
         plan.wake_at = Some(plan.wake_at.map_or(at, |w| w.min(at)));
     }
@@ -460,8 +475,33 @@ struct Pending<'a> {
 }
 
 impl Pending<'_> {
+    /// Whether periods due now are held by a suspension: `suspend` (one with an end holds only
+    /// until `suspension.until`; [`Pending::skip_paused`] decided the periods before it), or
+    /// `suspendAfterConsecutiveFailures` about to suspend.
     fn suspended(&self) -> bool {
-        self.spec.suspend.unwrap_or(false) || self.suspending
+        let until = self.spec.suspended_until();
+        let held = self.spec.suspend.unwrap_or(false) && until.is_none_or(|u| self.obs.now < u);
+        held || self.suspending
+    }
+
+    /// Step 0: under a suspension with an end (`suspension.until`), the pending periods before
+    /// that end are Skipped (reason Suspended) now: planned as a freeze, they never start late,
+    /// whatever `catchUp` says; the thaw runs only what falls due after it.
+    fn skip_paused(&mut self) {
+        let Some(until) = self.spec.suspended_until() else {
+            return;
+        };
+        let Ok(before_end) = until.checked_sub(SignedDuration::from_nanos(1)) else {
+            return;
+        };
+        let limit = self.obs.now.min(before_end);
+        if let Some(last) = self
+            .schedule
+            .latest_at_or_before(limit)
+            .filter(|l| *l > self.cursor)
+        {
+            self.push_periods(last, Outcome::Skipped, reason::SUSPENDED);
+        }
     }
 
     /// Step 1: periods past the deadline, one folded record however many (no "too many missed"
@@ -689,6 +729,36 @@ fn next_look(
     }
 }
 
+/// The user's reason for a suspension (`suspension`) on the periods it skipped, for the history
+/// and its Events: "suspended until ... by ...: finance freeze".
+fn with_suspension_reason(spec: &SingletonJobSpec, records: &mut [HistoryEntry]) {
+    let Some(s) = spec
+        .suspension
+        .as_ref()
+        .filter(|_| spec.suspend.unwrap_or(false))
+    else {
+        return;
+    };
+    let mut note = String::from("suspended");
+    if let Some(until) = &s.until {
+        note.push_str(&format!(
+            " until {}",
+            crate::naming::period_rfc3339(until.0)
+        ));
+    }
+    if let Some(by) = &s.by {
+        note.push_str(&format!(" by {by}"));
+    }
+    if let Some(why) = &s.reason {
+        note.push_str(&format!(": {why}"));
+    }
+    for e in records.iter_mut() {
+        if e.reason.as_deref() == Some(reason::SUSPENDED) {
+            e.message = Some(note.clone());
+        }
+    }
+}
+
 /// Folds consecutive records with the same outcome and reason into one range entry.
 #[derive(Default)]
 struct Records(Vec<HistoryEntry>);
@@ -728,6 +798,7 @@ impl Records {
             finish_time: Some(now.into()),
             requested_by: None,
             cluster: None,
+            message: None,
         });
     }
 
@@ -751,8 +822,11 @@ impl Records {
     }
 }
 
+pub mod bounds;
 pub mod ops;
 pub mod rerun;
+
+pub use bounds::runs_exhausted;
 
 #[cfg(test)]
 mod tests;

@@ -153,6 +153,7 @@ mod tests {
             finish_time: None,
             requested_by: None,
             cluster: None,
+            message: None,
         }
     }
 

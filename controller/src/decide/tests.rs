@@ -41,6 +41,8 @@ struct State {
     decided_through: Option<Timestamp>,
     fingerprint: Option<String>,
     active: Vec<RunRef>,
+    /// `status.runCount`: the scheduled periods claimed.
+    run_count: u64,
 }
 
 fn run_ref(p: Timestamp) -> RunRef {
@@ -69,6 +71,7 @@ fn decide(
     let obs = Observed {
         key: "ns/job",
         consecutive_failures: 0,
+        run_count: st.run_count,
         now,
         created,
         blocked: None,
@@ -94,6 +97,7 @@ fn apply(st: &mut State, p: &Plan) {
     if let Some(start) = p.start {
         st.decided_through = Some(start);
         st.active.push(run_ref(start));
+        st.run_count += 1;
     }
 }
 
@@ -270,6 +274,7 @@ fn forbid_waits_or_skips_and_replace_replaces() {
         decided_through: Some(running.period.0),
         fingerprint: Some(fingerprint(&spec("*/10 * * * *"))),
         active: vec![running.clone()],
+        run_count: 0,
     };
     let active = states(&[(running.job_name.as_str(), JobState::Active)]);
 
@@ -316,6 +321,7 @@ fn a_schedule_edit_never_fires_retroactively() {
         decided_through: Some(created),
         fingerprint: Some(fingerprint(&old)),
         active: vec![],
+        run_count: 0,
     };
     // At 10:30 the schedule becomes hourly: 01:00 .. 10:00 are not due under the new schedule.
     let new = spec("0 * * * *");
@@ -347,6 +353,7 @@ fn a_schedule_edit_records_the_waiting_periods_it_drops() {
             decided_through: Some(ts("2027-01-01T00:10:00Z")),
             fingerprint: Some(fingerprint(&old)),
             active,
+            run_count: 0,
         };
         let p = decide(edited, &st, now, created, &states(NONE));
         assert_eq!(
@@ -367,6 +374,7 @@ fn a_schedule_edit_records_the_waiting_periods_it_drops() {
         decided_through: Some(ts("2027-01-01T00:10:00Z")),
         fingerprint: Some("garbage".into()),
         active: vec![],
+        run_count: 0,
     };
     assert!(
         decide(&new, &st, now, created, &states(NONE))
@@ -395,6 +403,7 @@ fn an_untrusted_clock_or_a_rejected_template_starts_nothing() {
         let obs = Observed {
             key: "ns/job",
             consecutive_failures: 0,
+            run_count: 0,
             now: ts("2027-01-01T00:10:00Z"),
             created,
             blocked: Some(why),
@@ -415,6 +424,7 @@ fn an_untrusted_clock_decides_nothing_not_even_misses() {
     let obs = Observed {
         key: "ns/job",
         consecutive_failures: 0,
+        run_count: 0,
         now: ts("2027-01-01T05:00:00Z"),
         created,
         blocked: Some(Waiting::ClockUntrusted),
@@ -447,6 +457,7 @@ fn periods_past_their_deadline_while_the_backstop_is_down_say_so() {
     let obs = Observed {
         key: "ns/job",
         consecutive_failures: 0,
+        run_count: 0,
         now: ts("2027-01-01T00:35:00Z"),
         created: ts("2027-01-01T00:00:00Z"),
         blocked: Some(Waiting::BackstopUnavailable),
@@ -473,6 +484,7 @@ fn finished_runs_are_reported_with_their_outcome() {
         decided_through: Some(a.period.0),
         fingerprint: Some(fingerprint(&s)),
         active: vec![a.clone(), b.clone(), c.clone()],
+        run_count: 0,
     };
     let js = states(&[
         (a.job_name.as_str(), JobState::Succeeded(now)),
@@ -903,6 +915,7 @@ fn a_run_not_succeeded_by_its_completion_deadline_is_late_once() {
         decided_through: Some(period),
         fingerprint: Some(fingerprint(&s)),
         active: vec![run_ref(period)],
+        run_count: 0,
     };
     let before = decide(&s, &st, ts("2027-01-01T06:59:59Z"), created, &states(NONE));
     assert!(before.late.is_empty());
@@ -971,12 +984,14 @@ fn consecutive_failures_suspend_and_a_success_or_a_suspension_starts_the_count_a
         decided_through: Some(ts("2027-01-01T00:10:00Z")),
         fingerprint: Some(fingerprint(&s)),
         active: vec![run_ref(ts("2027-01-01T00:10:00Z"))],
+        run_count: 0,
     };
     let job = st.active[0].job_name.clone();
     let done = states(&[(job.as_str(), JobState::Failed(ts("2027-01-01T00:19:00Z")))]);
     let obs = Observed {
         key: "ns/job",
         consecutive_failures: 1,
+        run_count: 0,
         now: ts("2027-01-01T00:20:00Z"),
         created,
         blocked: None,
@@ -1012,6 +1027,7 @@ fn catch_up_all_after_a_suspended_day_starts_at_most_the_limit() {
         decided_through: Some(created),
         fingerprint: Some(fingerprint(&s)),
         active: vec![],
+        run_count: 0,
     };
     // Suspended: the periods beyond the newest 100 are recorded at once; nothing starts.
     let p = decide(&s, &st, now, created, &states(NONE));
@@ -1197,6 +1213,7 @@ fn a_retroactive_exclusion_never_runs_a_decided_period_again() {
         let obs = Observed {
             key: "ns/job",
             consecutive_failures: 0,
+            run_count: 0,
             now,
             created,
             blocked: None,
@@ -1288,4 +1305,253 @@ fn a_claims_wait_is_bounded_by_its_deadline_or_the_next_period() {
     // A manual period (a trigger) waits until the next scheduled one.
     let manual = ts("2027-01-01T06:30:00.000123Z");
     assert_eq!(wait_bound(&s, manual), Some(ts("2027-01-01T07:00:00Z")));
+}
+
+fn at(s: &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(s)))
+}
+
+#[test]
+fn no_period_before_start_at_or_after_end_at_runs_or_is_recorded() {
+    let mut s = spec("0 * * * *");
+    s.start_at = at("2027-01-01T05:00:00Z");
+    s.end_at = at("2027-01-01T07:00:00Z");
+    let created = ts("2027-01-01T00:30:00Z");
+    // Before startAt nothing is due, and the next look is startAt's period, not each hour.
+    let p = decide(
+        &s,
+        &State::default(),
+        ts("2027-01-01T03:10:00Z"),
+        created,
+        &states(NONE),
+    );
+    assert_eq!(p.start, None);
+    assert!(p.records.is_empty(), "{:?}", recorded(&p));
+    assert_eq!(p.wake_at, Some(ts("2027-01-01T05:00:00Z")));
+    // At startAt its period runs; the ones before it are not periods (nothing Superseded).
+    let mut st = State::default();
+    let p = decide(&s, &st, ts("2027-01-01T05:00:01Z"), created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-01-01T05:00:00Z")));
+    assert!(p.records.is_empty(), "{:?}", recorded(&p));
+    apply(&mut st, &p);
+    st.active.clear();
+    // endAt's own instant is included; nothing after it, and no look after it.
+    let p = decide(&s, &st, ts("2027-01-01T07:00:00Z"), created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-01-01T07:00:00Z")));
+    assert_eq!(
+        recorded(&p),
+        vec![(Outcome::Missed, reason::SUPERSEDED, 1)],
+        "06:00 was missed while down, 07:00 runs"
+    );
+    apply(&mut st, &p);
+    st.active.clear();
+    let p = decide(&s, &st, ts("2027-01-02T12:00:00Z"), created, &states(NONE));
+    assert_eq!(p.start, None);
+    assert!(p.records.is_empty(), "{:?}", recorded(&p));
+    assert_eq!(p.wake_at, None);
+    let sc = sched(&s);
+    let standing = bounds::standing(
+        &s,
+        &sc,
+        st.decided_through.unwrap(),
+        2,
+        created,
+        ts("2027-01-02T12:00:00Z"),
+    );
+    assert_eq!(standing, Some(bounds::Standing::EndAtPassed));
+    // Moving endAt later resumes as `suspend: false` does: catchUp Latest runs the newest.
+    s.end_at = at("2027-01-03T00:00:00Z");
+    let p = decide(&s, &st, ts("2027-01-02T12:00:30Z"), created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-01-02T12:00:00Z")));
+}
+
+#[test]
+fn max_runs_stops_the_schedule_until_it_is_raised() {
+    let mut s = spec("*/10 * * * *");
+    s.max_runs = Some(2);
+    let created = ts("2027-01-01T00:00:00Z");
+    let mut st = State::default();
+    for (now, expect) in [
+        ("2027-01-01T00:10:00Z", Some("2027-01-01T00:10:00Z")),
+        ("2027-01-01T00:20:00Z", Some("2027-01-01T00:20:00Z")),
+        ("2027-01-01T00:30:00Z", None),
+        ("2027-01-01T05:00:00Z", None),
+    ] {
+        let p = decide(&s, &st, ts(now), created, &states(NONE));
+        assert_eq!(p.start, expect.map(ts), "at {now}");
+        assert!(p.records.is_empty(), "at {now}: {:?}", recorded(&p));
+        if expect.is_none() {
+            assert_eq!(
+                p.wake_at, None,
+                "an exhausted job is not looked at by the clock"
+            );
+        }
+        apply(&mut st, &p);
+        st.active.clear();
+    }
+    assert_eq!(st.run_count, 2);
+    assert!(runs_exhausted(&s, st.run_count));
+    let sc = sched(&s);
+    let now = ts("2027-01-01T05:00:00Z");
+    let standing = bounds::standing(&s, &sc, st.decided_through.unwrap(), 2, created, now);
+    assert_eq!(standing, Some(bounds::Standing::MaxRunsReached));
+    s.max_runs = Some(3);
+    let p = decide(&s, &st, ts("2027-01-01T05:00:10Z"), created, &states(NONE));
+    assert_eq!(p.start, Some(ts("2027-01-01T05:00:00Z")));
+}
+
+#[test]
+fn bounds_that_hold_no_period_are_said_so() {
+    let mut s = spec("0 0 1 1 *");
+    s.start_at = at("2027-02-01T00:00:00Z");
+    s.end_at = at("2027-12-01T00:00:00Z");
+    let created = ts("2027-01-15T00:00:00Z");
+    let sc = sched(&s);
+    let standing = bounds::standing(&s, &sc, created, 0, created, created);
+    assert_eq!(standing, Some(bounds::Standing::NoPeriodInBounds));
+    assert!(
+        standing
+            .unwrap()
+            .message(&s, 0)
+            .contains("nothing will run")
+    );
+    // An endAt before the SingletonJob was created holds no period either.
+    let mut s = spec("0 * * * *");
+    s.end_at = at("2027-01-01T00:00:00Z");
+    let sc = sched(&s);
+    let standing = bounds::standing(&s, &sc, created, 0, created, created);
+    assert_eq!(standing, Some(bounds::Standing::NoPeriodInBounds));
+    // Without bounds, no standing at all (no Ended condition).
+    let s = spec("0 * * * *");
+    assert_eq!(
+        bounds::standing(&s, &sched(&s), created, 0, created, created),
+        None
+    );
+}
+
+#[test]
+fn a_suspension_with_an_end_skips_its_periods_and_never_runs_them_late() {
+    for catch_up in [CatchUp::None, CatchUp::Latest, CatchUp::All] {
+        let mut s = spec("0 * * * *");
+        s.catch_up = catch_up;
+        s.suspend = Some(true);
+        s.suspension = Some(crate::api::Suspension {
+            until: at("2027-01-01T03:30:00Z"),
+            reason: Some("finance freeze".into()),
+            by: Some("alice".into()),
+            since: None,
+        });
+        let created = ts("2027-01-01T00:30:00Z");
+        let mut st = State::default();
+        // While it lasts: each period is Skipped at once, with the reason; the look is at its end.
+        let p = decide(&s, &st, ts("2027-01-01T01:00:05Z"), created, &states(NONE));
+        assert_eq!(p.start, None);
+        assert_eq!(recorded(&p), vec![(Outcome::Skipped, reason::SUSPENDED, 1)]);
+        assert_eq!(
+            p.records[0].message.as_deref(),
+            Some("suspended until 2027-01-01T03:30:00Z by alice: finance freeze")
+        );
+        assert_eq!(p.wake_at, Some(ts("2027-01-01T02:00:00Z")));
+        apply(&mut st, &p);
+        // Looked at only after its end (down meanwhile): 02:00 and 03:00 are Skipped, not run,
+        // whatever catchUp says; 04:00 runs as usual.
+        let p = decide(&s, &st, ts("2027-01-01T03:45:00Z"), created, &states(NONE));
+        assert_eq!(p.start, None, "{catch_up:?}");
+        assert_eq!(
+            recorded(&p),
+            vec![(Outcome::Skipped, reason::SUSPENDED, 2)],
+            "{catch_up:?}"
+        );
+        assert_eq!(p.wake_at, Some(ts("2027-01-01T04:00:00Z")));
+        apply(&mut st, &p);
+        let p = decide(&s, &st, ts("2027-01-01T04:00:00Z"), created, &states(NONE));
+        assert_eq!(p.start, Some(ts("2027-01-01T04:00:00Z")), "{catch_up:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Random bounds and outages: no period outside startAt..endAt starts, at most maxRuns start,
+    /// none before its instant, and every period in the bounds up to the last decided one is
+    /// started or recorded once.
+    #[test]
+    fn bounds_hold_under_outages(
+        schedule in schedule_strategy(),
+        catch_up in prop_oneof![Just(CatchUp::None), Just(CatchUp::Latest), Just(CatchUp::All)],
+        start in proptest::option::of(0i64..20_000),
+        len in proptest::option::of(0i64..30_000),
+        max_runs in proptest::option::of(1i64..40),
+        outages in proptest::collection::vec((0i64..4_000, 0i64..20_000), 0..4),
+    ) {
+        let mut s = spec(&schedule);
+        s.catch_up = catch_up;
+        s.concurrency_policy = ConcurrencyPolicy::Allow;
+        let created = ts("2027-01-01T00:00:00Z");
+        let start_at = start.map(|a| created + SignedDuration::from_secs(a));
+        let end_at = len.map(|l| start_at.unwrap_or(created) + SignedDuration::from_secs(l));
+        s.start_at = start_at.map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+        s.end_at = end_at.map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+        s.max_runs = max_runs;
+        let sc = sched(&s);
+        let end = created + SignedDuration::from_secs(12 * 3600);
+        let down: Vec<(Timestamp, Timestamp)> = outages.iter().map(|(a, len)| {
+            let a = created + SignedDuration::from_secs(*a * 10);
+            (a, a + SignedDuration::from_secs(*len))
+        }).collect();
+        let run = simulate(&s, created, end, &down, |p, now| {
+            if let Some(x) = p.start {
+                prop_assert!(x <= now, "started {x} before its instant (now {now})");
+                prop_assert!(start_at.is_none_or(|a| x >= a), "started {x} before startAt");
+                prop_assert!(end_at.is_none_or(|e| x <= e), "started {x} after endAt");
+            }
+            for r in &p.records {
+                let last = r.last_period.as_ref().map_or(r.period.0, |l| l.0);
+                prop_assert!(start_at.is_none_or(|a| r.period.0 >= a), "recorded {r:?} before startAt");
+                prop_assert!(end_at.is_none_or(|e| last <= e), "recorded {r:?} after endAt");
+            }
+            Ok(())
+        })?;
+        prop_assert!(max_runs.is_none_or(|m| run.started.len() as i64 <= m), "{} runs", run.started.len());
+        run.check_each_period_decided_once(&sc, created)?;
+    }
+
+    /// A suspension with an end, at a random place: no period before its end starts, each is
+    /// Skipped once, and the periods after it run as without it.
+    #[test]
+    fn a_suspension_with_an_end_never_runs_its_periods(
+        schedule in schedule_strategy(),
+        catch_up in prop_oneof![Just(CatchUp::None), Just(CatchUp::Latest), Just(CatchUp::All)],
+        until in 0i64..30_000,
+        outages in proptest::collection::vec((0i64..4_000, 0i64..20_000), 0..4),
+    ) {
+        let mut s = spec(&schedule);
+        s.catch_up = catch_up;
+        s.concurrency_policy = ConcurrencyPolicy::Allow;
+        s.suspend = Some(true);
+        let created = ts("2027-01-01T00:00:00Z");
+        let until = created + SignedDuration::from_secs(until);
+        s.suspension = Some(crate::api::Suspension {
+            until: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(until)),
+            ..Default::default()
+        });
+        let sc = sched(&s);
+        let end = created + SignedDuration::from_secs(12 * 3600);
+        let down: Vec<(Timestamp, Timestamp)> = outages.iter().map(|(a, len)| {
+            let a = created + SignedDuration::from_secs(*a * 10);
+            (a, a + SignedDuration::from_secs(*len))
+        }).collect();
+        let run = simulate(&s, created, end, &down, |p, _| {
+            if let Some(x) = p.start {
+                prop_assert!(x >= until, "started {x}, before the suspension's end {until}");
+            }
+            for r in &p.records {
+                let last = r.last_period.as_ref().map_or(r.period.0, |l| l.0);
+                let suspended = r.reason.as_deref() == Some(reason::SUSPENDED);
+                prop_assert_eq!(suspended, last < until, "{:?}", r);
+            }
+            Ok(())
+        })?;
+        run.check_each_period_decided_once(&sc, created)?;
+    }
 }

@@ -477,6 +477,7 @@ mod tests {
             finish_time: None,
             requested_by: None,
             cluster: None,
+            message: None,
         });
         assert!(ran(&st, &[], p));
         st.history[0].outcome = crate::api::Outcome::Missed;

@@ -2,14 +2,16 @@
 //! missing object from a missing CRD), suspending and resuming them, and errors that say what to
 //! do.
 
+use jiff::Timestamp;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use std::collections::HashMap;
 
 use super::error::PluginError;
-use crate::api::{DayRules, SingletonCalendar, SingletonJob};
+use crate::api::{DayRules, SingletonCalendar, SingletonJob, Suspension};
 use crate::watch_decode::Listed;
 
 /// The cluster the kubeconfig selects: a client, and the namespace its context names.
@@ -140,15 +142,77 @@ impl Cluster {
                 "singletonjob {ns}/{name} already {verb} (spec.suspend is {suspend})\n"
             ));
         }
+        // Resuming ends a suspension's record too (the API server refuses one without suspend).
+        let patch = match suspend {
+            true => serde_json::json!({"spec": {"suspend": true}}),
+            false => serde_json::json!({"spec": {"suspend": false, "suspension": null}}),
+        };
+        self.patch_spec(ns, name, &patch).await?;
+        Ok(format!(
+            "singletonjob {ns}/{name} {verb} (spec.suspend: {was} -> {suspend})\n"
+        ))
+    }
+
+    /// Suspends with `spec.suspension`: why, by whom (as the API server names us) and until when,
+    /// replacing an earlier suspension's. An end that is not in the future is a usage error,
+    /// found before the cluster is asked anything.
+    pub async fn suspend_until(
+        &self,
+        ns: &str,
+        name: &str,
+        until: Option<Timestamp>,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<String, PluginError> {
+        if let Some(u) = until.filter(|u| *u <= now) {
+            return Err(PluginError::Usage(format!(
+                "--until {u} is not in the future (now {now}): a suspension must end later than it starts"
+            )));
+        }
+        if until.is_none() && reason.is_none() {
+            return self.set_suspend(ns, name, true).await;
+        }
+        self.get(ns, name).await?;
+        let suspension = Suspension {
+            until: until.map(Time),
+            reason,
+            by: self.whoami().await,
+            since: Some(Time(now)),
+        };
+        // Every field named (null when unsaid), so an earlier suspension's are replaced.
+        let patch = serde_json::json!({"spec": {"suspend": true, "suspension": {
+            "until": suspension.until,
+            "reason": suspension.reason,
+            "by": suspension.by,
+            "since": suspension.since,
+        }}});
+        self.patch_spec(ns, name, &patch).await?;
+        let ends = match until {
+            Some(u) => format!(
+                "; periods before {} are Skipped, and it resumes by itself then",
+                crate::naming::period_rfc3339(u)
+            ),
+            None => String::new(),
+        };
+        Ok(format!(
+            "singletonjob {ns}/{name} suspended ({}){ends}\n",
+            crate::record::suspension_note(&suspension)
+        ))
+    }
+
+    /// A merge patch of a SingletonJob, its errors said for the user.
+    async fn patch_spec(
+        &self,
+        ns: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), PluginError> {
         let api: Api<SingletonJob> = Api::namespaced(self.client.clone(), ns);
-        let patch = serde_json::json!({"spec": {"suspend": suspend}});
         match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
         {
-            Ok(_) => Ok(format!(
-                "singletonjob {ns}/{name} {verb} (spec.suspend: {was} -> {suspend})\n"
-            )),
+            Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Err(PluginError::NotFound {
                 namespace: ns.into(),
                 name: name.into(),

@@ -32,6 +32,7 @@ pub(super) fn entry(
         finish_time: Some(t(period)),
         requested_by: None,
         cluster: None,
+        message: None,
     }
 }
 

@@ -233,7 +233,8 @@ fn summary(sj: &SingletonJob, st: &SingletonJobStatus) -> String {
             ),
         ),
         ("Backstop", backstop(spec)),
-        ("Suspend", spec.suspend.unwrap_or(false).to_string()),
+        ("Suspend", suspend(spec)),
+        ("Bounds", bounds(spec, st)),
         ("Fencing Token", st.fencing_token.to_string()),
         (
             "Last Result",
@@ -248,6 +249,33 @@ fn summary(sj: &SingletonJob, st: &SingletonJobStatus) -> String {
         let _ = writeln!(out, "{:<width$} {v}", format!("{k}:"));
     }
     out
+}
+
+/// `true`/`false`, with the suspension's end, author and reason when it has them.
+fn suspend(spec: &SingletonJobSpec) -> String {
+    let on = spec.suspend.unwrap_or(false);
+    match spec.suspension.as_ref().filter(|_| on) {
+        Some(s) => format!("true ({})", crate::record::suspension_note(s)),
+        None => on.to_string(),
+    }
+}
+
+/// `startAt`, `endAt` and `maxRuns` with the count against it; "none" without any.
+fn bounds(spec: &SingletonJobSpec, st: &SingletonJobStatus) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = &spec.start_at {
+        parts.push(format!("from {}", ts(t)));
+    }
+    if let Some(t) = &spec.end_at {
+        parts.push(format!("to {}", ts(t)));
+    }
+    if let Some(max) = spec.max_runs() {
+        parts.push(format!("{} of maxRuns {max} run", st.run_count));
+    }
+    if parts.is_empty() {
+        return "none".into();
+    }
+    parts.join(", ")
 }
 
 /// Whether the backstop is on, and the Secret it connects with.
@@ -620,6 +648,30 @@ mod tests {
             out.contains("History (last 0 of 0, newest first):\n  <none>"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn status_shows_a_suspension_and_the_bounds() {
+        let mut s = sj();
+        let out = render_status(&s, now());
+        assert!(out.contains("Bounds:") && out.contains(" none\n"), "{out}");
+        s.spec.suspend = Some(true);
+        s.spec.suspension = Some(crate::api::Suspension {
+            until: Some(Time("2027-01-03T00:00:00Z".parse().unwrap())),
+            reason: Some("finance freeze".into()),
+            by: Some("alice".into()),
+            since: None,
+        });
+        s.spec.start_at = Some(Time("2027-01-01T00:00:00Z".parse().unwrap()));
+        s.spec.max_runs = Some(12);
+        s.status.get_or_insert_default().run_count = 3;
+        let out = render_status(&s, now());
+        for want in [
+            "true (until 2027-01-03T00:00:00Z, by alice: finance freeze)",
+            "from 2027-01-01T00:00:00Z, 3 of maxRuns 12 run",
+        ] {
+            assert!(out.contains(want), "{want:?} in\n{out}");
+        }
     }
 
     #[test]

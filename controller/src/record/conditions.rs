@@ -12,6 +12,9 @@ pub const JOB_TEMPLATE_VALID: &str = "JobTemplateValid";
 pub const BACKSTOP_READY: &str = "BackstopReady";
 /// False after the status was found behind the SingletonJob's own Jobs and raised to them.
 pub const STATUS_CONSISTENT: &str = "StatusConsistent";
+/// True once no period will come (`endAt` passed, `maxRuns` reached, or bounds that hold no
+/// period); only for a SingletonJob with `startAt`, `endAt` or `maxRuns`.
+pub const ENDED: &str = "Ended";
 
 /// Sets (or adds) a condition; returns whether anything a reader would notice changed.
 pub fn set(

@@ -9,11 +9,14 @@ use std::collections::HashMap;
 
 use jiff::{SignedDuration, Timestamp};
 
+use kube::runtime::events::EventType;
+
 use crate::api::{
     ClaimsRecorded, HistoryEntry, Outcome, ReplacedRun, RunRef, SingletonJobSpec,
-    SingletonJobStatus,
+    SingletonJobStatus, Suspension,
 };
 use crate::clock::ClockState;
+use crate::decide::bounds::Standing;
 use crate::decide::{JobState, Plan, Waiting, reason};
 use crate::naming;
 use crate::observe::Behind;
@@ -49,6 +52,7 @@ pub fn run_entry(
         finish_time: finished.map(Into::into),
         requested_by: run.requested_by.clone(),
         cluster: None,
+        message: None,
     }
 }
 
@@ -68,6 +72,7 @@ pub fn replaced_entry(old: &ReplacedRun, at: Timestamp) -> HistoryEntry {
         finish_time: Some(at.into()),
         requested_by: None,
         cluster: None,
+        message: None,
     }
 }
 
@@ -87,6 +92,7 @@ pub fn decided_entry(claim: &RunRef, outcome: Outcome, why: &str, at: Timestamp)
         finish_time: Some(at.into()),
         requested_by: claim.requested_by.clone(),
         cluster: None,
+        message: None,
     }
 }
 
@@ -166,14 +172,17 @@ pub fn next_times(
     status: &mut SingletonJobStatus,
     schedule: &Schedule,
     jitter: impl Fn(Timestamp) -> SignedDuration,
+    left: Option<u64>,
     now: Timestamp,
 ) -> Option<Timestamp> {
+    // No more than `maxRuns` leaves to run.
+    let shown = left.map_or(3, |l| l.min(3) as usize);
     // Bounded: a schedule whose every period is excluded shows none rather than searching on.
     let next: Vec<Timestamp> = schedule
         .iter_after(now)
         .take(NEXT_TIMES_SEARCH)
         .filter(|t| !schedule.excluded(*t))
-        .take(3)
+        .take(shown)
         .map(|t| t + jitter(t))
         .collect();
     status.next_schedule_time = next.first().map(|t| naming::period_rfc3339(*t));
@@ -195,6 +204,8 @@ pub struct Facts<'a> {
     pub schedule: &'a str,
     pub time_zone: &'a str,
     pub suspended: bool,
+    /// Why, by whom and until when (`spec.suspension`), if said.
+    pub suspension: Option<&'a Suspension>,
     /// Suspended by `suspendAfterConsecutiveFailures`.
     pub suspended_after_failures: bool,
     pub clock: &'a ClockState,
@@ -223,10 +234,14 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
     let (suspended, why) = match (f.suspended, f.suspended_after_failures) {
         (true, true) => (
             "SuspendedAfterFailures",
-            "suspendAfterConsecutiveFailures was reached; set spec.suspend to false to resume",
+            "suspendAfterConsecutiveFailures was reached; set spec.suspend to false to resume"
+                .to_string(),
         ),
-        (true, false) => ("Suspended", ""),
-        (false, _) => ("Active", ""),
+        (true, false) => (
+            "Suspended",
+            f.suspension.map(suspension_note).unwrap_or_default(),
+        ),
+        (false, _) => ("Active", String::new()),
     };
     conditions::set(
         conds,
@@ -257,6 +272,70 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
     conditions::set(conds, conditions::READY, ready, why, "", generation, now);
     settle_consistency(status, generation, now);
     turned_unavailable
+}
+
+/// "until 2027-01-03T00:00:00Z, by alice: finance freeze" (the parts that were said).
+pub fn suspension_note(s: &Suspension) -> String {
+    let mut parts = Vec::new();
+    if let Some(until) = &s.until {
+        parts.push(format!("until {}", naming::period_rfc3339(until.0)));
+    }
+    if let Some(by) = &s.by {
+        parts.push(format!("by {by}"));
+    }
+    let head = parts.join(", ");
+    match (&s.reason, head.is_empty()) {
+        (Some(why), true) => why.clone(),
+        (Some(why), false) => format!("{head}: {why}"),
+        (None, _) => head,
+    }
+}
+
+/// The `Ended` condition (only for a SingletonJob with `startAt`, `endAt` or `maxRuns`), and
+/// `ScheduleValid` False when its bounds hold no period at all. Returns the Event to publish
+/// when it turned True: Normal when the bounds were reached, Warning when they hold no period.
+pub fn bounds_condition(
+    status: &mut SingletonJobStatus,
+    spec: &SingletonJobSpec,
+    standing: Option<&Standing>,
+    run_count: u64,
+    f: &Facts<'_>,
+) -> Option<(EventType, &'static str, String)> {
+    let conds = &mut status.conditions;
+    let Some(standing) = standing else {
+        conds.retain(|c| c.type_ != conditions::ENDED);
+        return None;
+    };
+    let (reason, message) = (standing.reason(), standing.message(spec, run_count));
+    let was = conditions::is_true(conds, conditions::ENDED);
+    let ended = standing.ended();
+    let (generation, now) = (f.generation, f.now);
+    conditions::set(
+        conds,
+        conditions::ENDED,
+        ended,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    let invalid = *standing == Standing::NoPeriodInBounds;
+    if invalid {
+        conditions::set(
+            conds,
+            conditions::SCHEDULE_VALID,
+            false,
+            reason,
+            &message,
+            generation,
+            now,
+        );
+    }
+    match (ended && !was, invalid) {
+        (true, true) => Some((EventType::Warning, reason, message)),
+        (true, false) => Some((EventType::Normal, "Ended", message)),
+        _ => None,
+    }
 }
 
 /// `ClockTrusted`: whether, why, and what. The exact offset changes with every measurement, so the

@@ -116,6 +116,7 @@ fn facts<'a>(clock: &'a ClockState, backstop: BackstopSeen, waiting: Option<Wait
         schedule: "*/5 * * * *",
         time_zone: "UTC",
         suspended: false,
+        suspension: None,
         suspended_after_failures: false,
         clock,
         backstop,
@@ -246,6 +247,7 @@ fn claims_are_recorded_from_creation_for_a_new_singletonjob_else_from_now_rounde
         finish_time: None,
         requested_by: None,
         cluster: None,
+        message: None,
     };
     let mut with_history = SingletonJobStatus::default();
     with_history.history.push(entry);

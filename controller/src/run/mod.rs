@@ -141,6 +141,10 @@ pub async fn start(
         (_, Some(origin)) => crate::decide::ops::on_claim(&mut status.operations, origin, &claim),
         (_, None) => {}
     }
+    // maxRuns counts the schedule's periods claimed, in the claim's own write: never one more.
+    if matches!(origin, None | Some(RunOrigin::Backfill)) {
+        status.run_count = status.run_count.saturating_add(1);
+    }
     let claimed = write_status(ctx, sj, status, Lane::Claim)
         .await
         .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;

@@ -46,7 +46,7 @@ mod timeline;
 use every::Every;
 pub use exclusions::{DateRange, DayRules, ExcludedAction, Exclusions};
 use syntax::normalize;
-pub use timeline::{Schedule, jitter, preview};
+pub use timeline::{Bounds, Schedule, jitter, preview};
 
 /// How a run whose wall-clock time does not exist is placed. Such times are
 /// skipped when clocks spring forward for daylight saving time (for example

@@ -27,6 +27,22 @@ pub struct Schedule {
     /// With `NextAllowedDay`: only instants after this are moved; an excluded day's instants at
     /// or before it are dropped (see [`Schedule::with_shift_floor`]).
     shift_floor: Option<Timestamp>,
+    /// `startAt` and `endAt`: instants outside them are not periods (see [`Schedule::with_bounds`]).
+    bounds: Bounds,
+}
+
+/// The first and last instants a period may have (`startAt`, `endAt`), both included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub start: Option<Timestamp>,
+    pub end: Option<Timestamp>,
+}
+
+impl Bounds {
+    /// Whether an instant is within the bounds.
+    pub fn contains(&self, t: Timestamp) -> bool {
+        self.start.is_none_or(|s| t >= s) && self.end.is_none_or(|e| t <= e)
+    }
 }
 
 impl From<Single> for Schedule {
@@ -35,6 +51,7 @@ impl From<Single> for Schedule {
             parts: vec![single],
             exclusions: None,
             shift_floor: None,
+            bounds: Bounds::default(),
         }
     }
 }
@@ -70,6 +87,7 @@ impl Schedule {
             parts,
             exclusions: None,
             shift_floor: None,
+            bounds: Bounds::default(),
         })
     }
 
@@ -87,6 +105,20 @@ impl Schedule {
     pub fn with_shift_floor(mut self, floor: Option<Timestamp>) -> Schedule {
         self.shift_floor = floor;
         self
+    }
+
+    /// The same schedule with instants before `bounds.start` or after `bounds.end` dropped: they
+    /// are not periods at all (not due, not recorded, not shown as next), so every decision and
+    /// `kubectl singleton schedule` treat `startAt` and `endAt` alike. An instant an excluded day
+    /// moves past `endAt` is dropped too.
+    pub fn with_bounds(mut self, bounds: Bounds) -> Schedule {
+        self.bounds = bounds;
+        self
+    }
+
+    /// `startAt` and `endAt`.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
     }
 
     /// Whether some days are excluded.
@@ -126,6 +158,25 @@ impl Schedule {
 
     /// Periods strictly after `t`, strictly increasing, lazily.
     pub fn iter_after(&self, t: Timestamp) -> Box<dyn Iterator<Item = Timestamp> + '_> {
+        let from = match self.bounds.start.and_then(|s| s.checked_sub(ONE_NANO).ok()) {
+            Some(before_start) => t.max(before_start),
+            None => t,
+        };
+        match self.bounds.end {
+            Some(end) => Box::new(self.unbounded_after(from).take_while(move |at| *at <= end)),
+            None => self.unbounded_after(from),
+        }
+    }
+
+    /// The latest period at or before `t`.
+    pub fn latest_at_or_before(&self, t: Timestamp) -> Option<Timestamp> {
+        let t = self.bounds.end.map_or(t, |e| t.min(e));
+        self.unbounded_latest(t)
+            .filter(|at| self.bounds.start.is_none_or(|s| *at >= s))
+    }
+
+    /// [`Schedule::iter_after`] without the bounds.
+    fn unbounded_after(&self, t: Timestamp) -> Box<dyn Iterator<Item = Timestamp> + '_> {
         let Some(x) = self.shifting() else {
             return Box::new(self.merged_after(t));
         };
@@ -148,8 +199,8 @@ impl Schedule {
         })
     }
 
-    /// The latest period at or before `t`.
-    pub fn latest_at_or_before(&self, t: Timestamp) -> Option<Timestamp> {
+    /// [`Schedule::latest_at_or_before`] without the bounds.
+    fn unbounded_latest(&self, t: Timestamp) -> Option<Timestamp> {
         let mut bound = t;
         loop {
             let base = self
@@ -164,7 +215,7 @@ impl Schedule {
             // finds nothing at or before `t`, `base` was shifted past `t` together with its whole
             // run of excluded days, so look before that run.
             let from = base.checked_sub(ONE_NANO).ok()?;
-            if let Some(found) = self.iter_after(from).take_while(|at| *at <= t).last() {
+            if let Some(found) = self.unbounded_after(from).take_while(|at| *at <= t).last() {
                 return Some(found);
             }
             let x = self.exclusions.as_ref()?;
