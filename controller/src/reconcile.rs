@@ -271,12 +271,13 @@ async fn decide_and_act(
         plan,
     };
 
-    let new_entries = Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
+    let (new_entries, ended) =
+        Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
     let operating = ops::in_progress(&status.operations);
     let plan = &decided.plan;
     let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
-    Box::pin(after(ctx, sj, &new_entries, notes, started.as_ref())).await?;
+    Box::pin(after(ctx, sj, &new_entries, notes, ended, started.as_ref())).await?;
     Box::pin(late_and_failing(ctx, sj, plan)).await?;
     Box::pin(lift_suspension(ctx, sj, &decided, now)).await?;
 
@@ -354,7 +355,8 @@ fn next_look(
 
 /// Record: what the plan decided goes into `status` (a finished run's token retired in the
 /// backstop first, G3, so that no copy of it can pass the fence from now on), with the next
-/// instants and the conditions. Returns the new history entries, for their Events.
+/// instants and the conditions. Returns the new history entries and the `Ended` condition's
+/// Event if it turned True: both published only once the status is written.
 async fn record(
     ctx: &Context,
     sj: &SingletonJob,
@@ -362,7 +364,7 @@ async fn record(
     seen: &Seen,
     decided: &Decided,
     states: &HashMap<String, JobState>,
-) -> Result<Vec<HistoryEntry>> {
+) -> Result<(Vec<HistoryEntry>, Option<operate::Note>)> {
     let (now, plan, db) = (seen.now, &decided.plan, &seen.db);
     if let Some(b) = db.ready()
         && let Some(token) = plan.finished.iter().map(|(r, _, _)| r.token).max()
@@ -412,12 +414,7 @@ async fn record(
             .await;
     }
     // After the others: a schedule whose bounds hold no period is not a valid one.
-    if let Some(event) =
-        record::bounds_condition(status, &sj.spec, standing.as_ref(), run_count, &facts)
-    {
-        let (type_, reason, note) = event;
-        ctx.events.publish(sj, type_, reason, "Bounds", note).await;
-    }
+    let ended = record::bounds_condition(status, &sj.spec, standing.as_ref(), run_count, &facts);
     if let Some(b) = db.ready()
         && record::claims_recorded_stale(status, &b.target_id())
     {
@@ -426,7 +423,7 @@ async fn record(
     } else if matches!(db, Availability::NotConfigured) {
         status.claims_recorded = None;
     }
-    Ok(new_entries)
+    Ok((new_entries, ended))
 }
 
 /// Operations users asked for (trigger, rerun, backfill) come after the schedule's own run: none
@@ -664,18 +661,22 @@ async fn act(
     Ok(None)
 }
 
-/// After the write: Events and metrics of what was recorded, of the operations and of a manual
-/// run started; then the history limits.
+/// After the write: Events and metrics of what was recorded, of the bounds, of the operations and
+/// of a manual run started; then the history limits.
 async fn after(
     ctx: &Context,
     sj: &SingletonJob,
     new_entries: &[HistoryEntry],
     notes: Vec<operate::Note>,
+    ended: Option<operate::Note>,
     started: Option<&Started>,
 ) -> Result<()> {
     for e in new_entries {
         ctx.events.recorded(sj, e).await;
         crate::metrics::global().recorded(sj, e);
+    }
+    if let Some((type_, reason, note)) = ended {
+        ctx.events.publish(sj, type_, reason, "Bounds", note).await;
     }
     let manual = started.map(|s| operate::started_note(s.origin, s.by.as_deref(), &s.claim));
     for (type_, reason, note) in notes.into_iter().chain(manual) {

@@ -6,10 +6,13 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::{Env, ensure, events_with_reason, periods, plugin, sj_yaml, stderr, stdout};
+use e2e::{
+    Env, backstop_secret, backstop_spec, database_url, ensure, events_with_reason, periods, plugin,
+    sj_yaml, stderr, stdout, table_prefix,
+};
 use jiff::{SignedDuration, Timestamp};
 use kube::api::{Patch, PatchParams, PostParams};
-use singleton::api::{Outcome, SingletonJob};
+use singleton::api::{OperationPhase, OperationStatus, Outcome, SingletonJob};
 
 /// A whole second at least `secs` seconds from now, as RFC 3339.
 fn whole_second_in(secs: i64) -> Timestamp {
@@ -147,6 +150,82 @@ async fn max_runs_stops_the_schedule_until_raised() -> Result<()> {
     env.holds_for("four Jobs, no more", Duration::from_secs(5), || async {
         Ok(env.job_list().await?.len() == 4)
     })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_backfill_stops_at_max_runs() -> Result<()> {
+    let mut env = Env::new("bounds-backfill").await?;
+    let ns = env.ns.clone();
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    env.start_controller(&[]).await?;
+    // Yearly: no scheduled period falls due during the test; the backfill's four are in the past.
+    let keep = "  successfulJobsHistoryLimit: 100\n  maxRuns: 2\n";
+    env.create_sj(&sj_yaml(
+        "b",
+        "0 3 1 1 *",
+        &backstop_spec("db", &prefix, keep),
+    ))
+    .await?;
+    env.wait_for(
+        "the controller to decide b",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("b").await?;
+            Ok(sj.status.and_then(|s| s.decided_through).map(|_| ()))
+        },
+    )
+    .await?;
+    let now = Timestamp::now();
+    let from = (now - SignedDuration::from_hours(4 * 366 * 24)).to_string();
+    let to = now.to_string();
+    let args = [
+        "backfill",
+        "b",
+        "-n",
+        &ns,
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--before-creation",
+        "--wait",
+        "--timeout",
+        "90s",
+    ];
+    // The plugin says the backfill was rejected, and why; the status keeps what it did.
+    let out = plugin(&args, &[])?;
+    let sj = env.get_sj("b").await?;
+    let status = sj.status.clone().unwrap_or_default();
+    let op: OperationStatus = status.operations.backfill.clone().unwrap_or_default();
+    let jobs = env.job_list().await?;
+    ensure(
+        &env,
+        !out.status.success()
+            && stderr(&out).contains("maxRuns (2) reached")
+            && op.phase == OperationPhase::Rejected
+            && op.started == 2
+            && jobs.len() == 2
+            && status.run_count == 2,
+        (
+            "the backfill stopped at maxRuns",
+            stderr(&out),
+            &op,
+            jobs.len(),
+            status.run_count,
+        ),
+    )
+    .await?;
+    env.wait_for(
+        "Ended=True MaxRunsReached",
+        Duration::from_secs(30),
+        || async {
+            let sj = env.get_sj("b").await?;
+            Ok(reason_is(&sj, "Ended", "True", "MaxRunsReached").then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }

@@ -32,8 +32,9 @@ const WINDOW: Duration = Duration::from_secs(25);
 /// The "alone" p99 is taken as at least this, so a quiet baseline of a few tens of milliseconds
 /// does not turn ordinary noise of a shared 2-core machine (other test binaries run beside this
 /// one) into a failure; a stall behind black-holed probes is the backstop's operation timeout
-/// (10 s), five times twice this.
-const BASELINE_FLOOR: f64 = 1.0;
+/// (10 s), 2.5 times twice this (with the protection removed the p99 was 32.9 s). 1 s failed
+/// once (2026-12-06, warm make test: 0.73 s alone, 2.69 s with, five lanes of tests beside it).
+const BASELINE_FLOOR: f64 = 2.0;
 
 /// How many SingletonJobs of `env` show `BackstopReady=False`.
 async fn told(env: &Env) -> Result<usize> {
