@@ -8,9 +8,8 @@
 #     drained and partitioned; the e2e tests' pods run on node 1), one after the other;
 #   - the two-cluster tests, then the two-cluster chaos scenarios (CHAOS_SCOPE=second-cluster):
 #     both use the second control plane of e2e/src/multicluster.rs;
-#   - a queue, longest first (by their times in the last run, kept in target/e2e-times.tsv;
-#     unknown ones first), taken by E2E_LANES workers and by the two lanes above once their own
-#     jobs are done: the other e2e test binaries, each with
+#   - E2E_LANES at a time, longest first (by their times in the last run, kept in
+#     target/e2e-times.tsv; unknown ones first): the other e2e test binaries, each with
 #     E2E_THREADS threads; the chaos scenarios that touch only their own namespace
 #     (CHAOS_SCOPE=namespace, split into CHAOS_LANES processes); demo_dr (two control planes and a
 #     PostgreSQL of its own); and the scenarios that stop or flood the API server, etcd,
@@ -76,25 +75,19 @@ run() {
   cat "$log"
 }
 
-# take <queue>: prints the queue's first job line and removes it, under a lock, so that each job
-# goes to one worker; prints nothing once the queue is empty.
-take() {
-  flock "$1.lock" sh -c 'head -n 1 "$1"; sed -i 1d "$1"' take "$1"
-}
-
-# worker <own jobs> <queue>: runs its own jobs in order (a line each: name<TAB>command...), then
-# takes jobs from the shared queue until it is empty.
-worker() {
-  local own=$1 queue=$2 name cmd line
+# lanes <n> <job file>: runs the jobs (a line each: name<TAB>command...) n at a time, in order.
+lanes() {
+  local n=$1 file=$2 name cmd running=0
   while IFS=$'\t' read -r name cmd; do
+    if [ "$running" -ge "$n" ]; then
+      wait -n || true
+      running=$((running - 1))
+    fi
     # shellcheck disable=SC2086 # cmd is words written by this script
-    run "$name" "$LOGS/$name.log" $cmd
-  done < "$own"
-  while line=$(take "$queue") && [ -n "$line" ]; do
-    IFS=$'\t' read -r name cmd <<< "$line"
-    # shellcheck disable=SC2086 # cmd is words written by this script
-    run "$name" "$LOGS/$name.log" $cmd
-  done
+    run "$name" "$LOGS/$name.log" $cmd &
+    running=$((running + 1))
+  done < "$file"
+  wait
 }
 
 collect() { # the names of the stages that failed, from their marks
@@ -119,11 +112,9 @@ chaos() { # chaos <name> <env...>: the chaos binary for some scenarios, its tabl
   printf '%s\tenv CHAOS_REPORT=%s %s %s --nocapture\n' "$name" "$REPORT.$name" "$*" "$chaos_bin"
 }
 
-# The workers' own jobs: the real nodes' chaos scenarios; the two-cluster tests, then their chaos
-# scenarios; and the shared queue of the rest, longest first by the last run's times (unknown ones
-# first: the slowest guess), which LANES workers take from, and the first two too once their own
-# jobs are done (until 2026-12-06 they stopped there, and the queue ended 3-4 minutes after the
-# real nodes' lane: a warm `make test` of 13 min).
+# The lanes: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios;
+# and the rest, longest first by the last run's times (unknown ones first: the slowest guess),
+# LANES at a time in a subshell of its own, so that its `wait -n` waits only for them.
 chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$LOGS/real.jobs"
 {
   awk -F'\t' -v th="$THREADS" '$1 == "multicluster" { printf "%s\t%s --test-threads=%s\n", $1, $2, th }' <<< "$list"
@@ -153,13 +144,10 @@ jobs=$LOGS/e2e.jobs
   BEGIN { while ((getline l < times) > 0) { split(l, f, "\t"); t[f[1]] = f[2] } }
   { printf "%s\t%s\n", ($1 in t ? t[$1] : 1e9), $0 }
 ' | sort -t$'\t' -k1,1gr | cut -f2- > "$jobs"
-log "side by side: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios; and $(wc -l < "$jobs") test binaries and chaos processes taken from a queue by $LANES workers and those two once done, $THREADS threads each"
-: > "$LOGS/none.jobs"
-worker "$LOGS/real.jobs" "$jobs" &
-worker "$LOGS/second.jobs" "$jobs" &
-for _ in $(seq 1 "$LANES"); do
-  worker "$LOGS/none.jobs" "$jobs" &
-done
+log "side by side: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios; and $(wc -l < "$jobs") test binaries and chaos processes, $LANES at a time, $THREADS threads each"
+lanes 1 "$LOGS/real.jobs" &
+lanes 1 "$LOGS/second.jobs" &
+(lanes "$LANES" "$jobs") &
 wait
 collect
 # Keep each binary's and chaos process's own time for the next run's order.
