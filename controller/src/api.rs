@@ -632,6 +632,26 @@ pub struct Suspension {
     pub since: Option<Time>,
 }
 
+impl Suspension {
+    /// "until 2027-01-03T00:00:00Z, by alice: finance freeze": the parts that were said, for
+    /// the `Suspended` condition, the history of the periods it skipped and the plugin.
+    pub fn note(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(until) = &self.until {
+            parts.push(format!("until {}", until.0));
+        }
+        if let Some(by) = &self.by {
+            parts.push(format!("by {by}"));
+        }
+        let head = parts.join(", ");
+        match (&self.reason, head.is_empty()) {
+            (Some(why), true) => why.clone(),
+            (Some(why), false) => format!("{head}: {why}"),
+            (None, _) => head,
+        }
+    }
+}
+
 /// What happens to a run at its completion deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum CompletionDeadlinePolicy {

@@ -753,7 +753,7 @@ async fn lift_suspension(
             .spec
             .suspension
             .as_ref()
-            .map(record::suspension_note)
+            .map(crate::api::Suspension::note)
             .unwrap_or_default();
         let note = format!("the suspension ({why}) ended; runs start again");
         ctx.events

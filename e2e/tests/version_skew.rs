@@ -329,6 +329,12 @@ async fn served_by_both(env: &mut Env) -> Result<()> {
     let mut obj: Value = serde_yaml::from_str(&sj_yaml("next", "*/2 * * * * *", ""))?;
     obj["apiVersion"] = json!("singleton.dev/v1beta1");
     let obj: DynamicObject = serde_json::from_value(obj)?;
+    // The API server serves a version added to a CRD a moment after the CRD's write returns
+    // (a 404 until then, seen on a loaded machine): wait for it rather than race it.
+    env.wait_for("v1beta1 to be served", Duration::from_secs(30), || async {
+        Ok(beta.list(&Default::default()).await.ok().map(|_| ()))
+    })
+    .await?;
     beta.create(&Default::default(), &obj).await?;
     let alpha = env
         .wait_for(

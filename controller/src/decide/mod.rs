@@ -730,7 +730,7 @@ fn next_look(
 }
 
 /// The user's reason for a suspension (`suspension`) on the periods it skipped, for the history
-/// and its Events: "suspended until ... by ...: finance freeze".
+/// and its Events: "suspended until ..., by ...: finance freeze".
 fn with_suspension_reason(spec: &SingletonJobSpec, records: &mut [HistoryEntry]) {
     let Some(s) = spec
         .suspension
@@ -739,19 +739,10 @@ fn with_suspension_reason(spec: &SingletonJobSpec, records: &mut [HistoryEntry])
     else {
         return;
     };
-    let mut note = String::from("suspended");
-    if let Some(until) = &s.until {
-        note.push_str(&format!(
-            " until {}",
-            crate::naming::period_rfc3339(until.0)
-        ));
-    }
-    if let Some(by) = &s.by {
-        note.push_str(&format!(" by {by}"));
-    }
-    if let Some(why) = &s.reason {
-        note.push_str(&format!(": {why}"));
-    }
+    let note = match s.note() {
+        said if said.is_empty() => "suspended".to_string(),
+        said => format!("suspended {said}"),
+    };
     for e in records.iter_mut() {
         if e.reason.as_deref() == Some(reason::SUSPENDED) {
             e.message = Some(note.clone());

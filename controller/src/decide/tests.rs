@@ -1449,7 +1449,7 @@ fn a_suspension_with_an_end_skips_its_periods_and_never_runs_them_late() {
         assert_eq!(recorded(&p), vec![(Outcome::Skipped, reason::SUSPENDED, 1)]);
         assert_eq!(
             p.records[0].message.as_deref(),
-            Some("suspended until 2027-01-01T03:30:00Z by alice: finance freeze")
+            Some("suspended until 2027-01-01T03:30:00Z, by alice: finance freeze")
         );
         assert_eq!(p.wake_at, Some(ts("2027-01-01T02:00:00Z")));
         apply(&mut st, &p);

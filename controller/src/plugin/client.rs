@@ -196,7 +196,7 @@ impl Cluster {
         };
         Ok(format!(
             "singletonjob {ns}/{name} suspended ({}){ends}\n",
-            crate::record::suspension_note(&suspension)
+            suspension.note()
         ))
     }
 

@@ -255,7 +255,7 @@ fn summary(sj: &SingletonJob, st: &SingletonJobStatus) -> String {
 fn suspend(spec: &SingletonJobSpec) -> String {
     let on = spec.suspend.unwrap_or(false);
     match spec.suspension.as_ref().filter(|_| on) {
-        Some(s) => format!("true ({})", crate::record::suspension_note(s)),
+        Some(s) => format!("true ({})", s.note()),
         None => on.to_string(),
     }
 }

@@ -239,7 +239,7 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
         ),
         (true, false) => (
             "Suspended",
-            f.suspension.map(suspension_note).unwrap_or_default(),
+            f.suspension.map(Suspension::note).unwrap_or_default(),
         ),
         (false, _) => ("Active", String::new()),
     };
@@ -272,23 +272,6 @@ pub fn set_conditions(status: &mut SingletonJobStatus, f: &Facts<'_>) -> bool {
     conditions::set(conds, conditions::READY, ready, why, "", generation, now);
     settle_consistency(status, generation, now);
     turned_unavailable
-}
-
-/// "until 2027-01-03T00:00:00Z, by alice: finance freeze" (the parts that were said).
-pub fn suspension_note(s: &Suspension) -> String {
-    let mut parts = Vec::new();
-    if let Some(until) = &s.until {
-        parts.push(format!("until {}", naming::period_rfc3339(until.0)));
-    }
-    if let Some(by) = &s.by {
-        parts.push(format!("by {by}"));
-    }
-    let head = parts.join(", ");
-    match (&s.reason, head.is_empty()) {
-        (Some(why), true) => why.clone(),
-        (Some(why), false) => format!("{head}: {why}"),
-        (None, _) => head,
-    }
 }
 
 /// The `Ended` condition (only for a SingletonJob with `startAt`, `endAt` or `maxRuns`), and
