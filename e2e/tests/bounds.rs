@@ -33,6 +33,17 @@ fn reason_is(sj: &SingletonJob, type_: &str, status: &str, reason: &str) -> bool
     condition(sj, type_).is_some_and(|(s, r, _)| s == status && r == reason)
 }
 
+/// The Events of the test namespace with `reason`, once there is one (Events are sent in the
+/// background, after the write they follow).
+async fn wait_event(env: &Env, reason: &str) -> Result<Vec<k8s_openapi::api::core::v1::Event>> {
+    let what = format!("the {reason} Event");
+    env.wait_for(&what, Duration::from_secs(30), || async {
+        let evs = events_with_reason(env, reason).await?;
+        Ok((!evs.is_empty()).then_some(evs))
+    })
+    .await
+}
+
 #[tokio::test]
 async fn start_at_and_end_at_bound_the_periods() -> Result<()> {
     let mut env = Env::new("bounds-window").await?;
@@ -97,12 +108,7 @@ async fn start_at_and_end_at_bound_the_periods() -> Result<()> {
         Ok(periods(&env.job_list().await?).iter().all(|t| *t <= end))
     })
     .await?;
-    let ended = env
-        .wait_for("the Ended Event", Duration::from_secs(30), || async {
-            let evs = events_with_reason(&env, "Ended").await?;
-            Ok((!evs.is_empty()).then_some(evs))
-        })
-        .await?;
+    let ended = wait_event(&env, "Ended").await?;
     ensure(&env, ended.len() == 1, ("one Ended Event", ended.len())).await?;
     Ok(())
 }
@@ -257,16 +263,7 @@ async fn bounds_that_hold_nothing_are_refused_or_said() -> Result<()> {
             Ok(said.then_some(sj))
         })
         .await?;
-    let warned = env
-        .wait_for(
-            "the NoPeriodInBounds Event",
-            Duration::from_secs(30),
-            || async {
-                let evs = events_with_reason(&env, "NoPeriodInBounds").await?;
-                Ok((!evs.is_empty()).then_some(evs))
-            },
-        )
-        .await?;
+    let warned = wait_event(&env, "NoPeriodInBounds").await?;
     let (_, _, message) = condition(&sj, "ScheduleValid").unwrap_or_default();
     ensure(
         &env,
@@ -365,17 +362,7 @@ async fn suspend_until_skips_its_periods_and_resumes_by_itself() -> Result<()> {
         Ok(ran.iter().any(|t| *t >= until).then_some(()))
     })
     .await?;
-    // Events are sent in the background: wait for it.
-    let resumed = env
-        .wait_for(
-            "the SuspensionEnded Event",
-            Duration::from_secs(30),
-            || async {
-                let evs = events_with_reason(&env, "SuspensionEnded").await?;
-                Ok((!evs.is_empty()).then_some(evs))
-            },
-        )
-        .await?;
+    let resumed = wait_event(&env, "SuspensionEnded").await?;
     // No Job for a period in the freeze (a second of slack before it: the suspend's own write
     // may land just after a period started), and those periods are Skipped with the reason.
     let ran = periods(&env.job_list().await?);

@@ -571,6 +571,18 @@ fn simulate(
     Ok(run)
 }
 
+/// Outages of a simulated controller: each `(a, len)` is down from `created + 10 a` seconds for
+/// `len` seconds.
+fn outage_windows(created: Timestamp, outages: &[(i64, i64)]) -> Vec<(Timestamp, Timestamp)> {
+    outages
+        .iter()
+        .map(|(a, len)| {
+            let a = created + SignedDuration::from_secs(*a * 10);
+            (a, a + SignedDuration::from_secs(*len))
+        })
+        .collect()
+}
+
 fn schedule_strategy() -> impl Strategy<Value = String> {
     prop_oneof![
         (5u32..30).prop_map(|n| format!("*/{n} * * * * *")),
@@ -601,10 +613,7 @@ proptest! {
         let sc = sched(&s);
         let created = ts("2027-01-01T00:00:00Z") + SignedDuration::from_secs(start_offset);
         let end = created + SignedDuration::from_secs(12 * 3600);
-        let down: Vec<(Timestamp, Timestamp)> = outages.iter().map(|(a, len)| {
-            let a = created + SignedDuration::from_secs(*a * 10);
-            (a, a + SignedDuration::from_secs(*len))
-        }).collect();
+        let down = outage_windows(created, &outages);
         let run = simulate(&s, created, end, &down, |p, now| {
             if let Some(x) = p.start {
                 prop_assert!(x <= now, "started {x} before its instant (now {now})");
@@ -1495,10 +1504,7 @@ proptest! {
         s.max_runs = max_runs;
         let sc = sched(&s);
         let end = created + SignedDuration::from_secs(12 * 3600);
-        let down: Vec<(Timestamp, Timestamp)> = outages.iter().map(|(a, len)| {
-            let a = created + SignedDuration::from_secs(*a * 10);
-            (a, a + SignedDuration::from_secs(*len))
-        }).collect();
+        let down = outage_windows(created, &outages);
         let run = simulate(&s, created, end, &down, |p, now| {
             if let Some(x) = p.start {
                 prop_assert!(x <= now, "started {x} before its instant (now {now})");
@@ -1537,10 +1543,7 @@ proptest! {
         });
         let sc = sched(&s);
         let end = created + SignedDuration::from_secs(12 * 3600);
-        let down: Vec<(Timestamp, Timestamp)> = outages.iter().map(|(a, len)| {
-            let a = created + SignedDuration::from_secs(*a * 10);
-            (a, a + SignedDuration::from_secs(*len))
-        }).collect();
+        let down = outage_windows(created, &outages);
         let run = simulate(&s, created, end, &down, |p, _| {
             if let Some(x) = p.start {
                 prop_assert!(x >= until, "started {x}, before the suspension's end {until}");
