@@ -600,9 +600,11 @@ async fn a_tenant_cannot_fence_another_tenants_job() -> Result<()> {
             .await?;
         Ok::<i64, anyhow::Error>(row.get(0))
     };
-    b.wait_for("B's claims after the attack", Duration::from_secs(40), || async {
-        Ok((claims_after().await? >= 3).then_some(()))
-    })
+    b.wait_for(
+        "B's claims after the attack",
+        Duration::from_secs(40),
+        || async { Ok((claims_after().await? >= 3).then_some(())) },
+    )
     .await?;
     let owner: String = db
         .query_one(

@@ -335,7 +335,10 @@ async fn sigterm_leader_releases_the_lease_and_a_standby_takes_it_at_once() -> R
     ensure(
         &env,
         handover < LEASE / 2,
-        ("handover well inside the lease: released, not expired", handover),
+        (
+            "handover well inside the lease: released, not expired",
+            handover,
+        ),
     )
     .await?;
     // The old leader released the lease and exited cleanly.

@@ -531,9 +531,7 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
             None
         }
     };
-    w.run_for(mode.settle()).await?;
-    // Periods due up to 4 s ago have had time to be decided.
-    let to = Timestamp::now() - SignedDuration::from_secs(4);
+    let to = settle(&mut w, mode).await?;
     let mut obs = w.observe(from, to).await?;
     obs.failovers = inj.failovers;
     obs.fault = Some(FaultWindow {
@@ -818,6 +816,31 @@ async fn alternate_releases(w: &mut World, mode: Mode, inj: &mut Injected) -> Re
         w.build_of(OLDER_SLOT).display()
     ));
     Ok(())
+}
+
+/// The most a row waits, after its settle time, for the controller to decide every period due by
+/// the check: catchUp All replays each period an outage missed, a few seconds each on two loaded
+/// cores. A period still undecided after this counts as lost once older than the pending bound.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(30);
+
+/// Observes the row's settle time after recovery, then until every SingletonJob has decided the
+/// periods due by the check's end (4 s before now), at most [`CATCH_UP_WAIT`]; returns that end. The
+/// checker then judges a settled state instead of a snapshot taken mid catch-up.
+async fn settle(w: &mut World, mode: Mode) -> Result<Timestamp> {
+    w.run_for(mode.settle()).await?;
+    let to = Timestamp::now() - SignedDuration::from_secs(4);
+    let began = Instant::now();
+    // A failed read of a status is no verdict: asked again until the end.
+    while !matches!(w.caught_up(to).await, Ok(true)) && began.elapsed() < CATCH_UP_WAIT {
+        w.run_for(Duration::from_millis(500)).await?;
+    }
+    if began.elapsed() >= Duration::from_millis(500) {
+        eprintln!(
+            "chaos: the controller decided every period due by the check {:.1} s after the settle time",
+            began.elapsed().as_secs_f64()
+        );
+    }
+    Ok(to)
 }
 
 /// Injects `fault`, lets it heal; the failover times and the evidence it measured.

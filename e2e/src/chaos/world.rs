@@ -763,6 +763,26 @@ impl World {
         Ok(true)
     }
 
+    /// Has every SingletonJob decided each of its periods due by `to` (the next instant after its
+    /// `decidedThrough` is later), or (Forbid) does it wait for a run still active? Read from
+    /// the statuses: after a fault the controller may still be catching up (catchUp All runs each
+    /// missed period), and a period it has not reached yet is neither lost nor run.
+    pub async fn caught_up(&self, to: Timestamp) -> Result<bool> {
+        for sj in self.sjs.iter().filter(|sj| !sj.never_scheduled) {
+            let status = self.env.get_sj(&sj.name).await?.status.unwrap_or_default();
+            let schedule =
+                singleton::schedule::Schedule::parse(&sj.schedule, None, Default::default())?;
+            let next = status
+                .decided_through
+                .and_then(|d| schedule.next_after(d.0));
+            let decided = next.is_some_and(|n| n > to);
+            if !decided && !(sj.forbid() && !status.active.is_empty()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Ends the fault's hung transactions, stops the workload (after its in-flight writes, at most
     /// 60 s) and reads the external truth for periods due in (`from`, `to`], with the time of the
     /// check. What the harness knows itself (failovers, fault window, proofs, settle time) the
