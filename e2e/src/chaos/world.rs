@@ -776,7 +776,8 @@ impl World {
                 .decided_through
                 .and_then(|d| schedule.next_after(d.0));
             let decided = next.is_some_and(|n| n > to);
-            if !decided && !(sj.forbid() && !status.active.is_empty()) {
+            let waits_for_active_run = sj.forbid() && !status.active.is_empty();
+            if !decided && !waits_for_active_run {
                 return Ok(false);
             }
         }
