@@ -445,6 +445,14 @@ pub const ANNOTATION_BREAK_LOCK: &str = "singleton.dev/break-lock";
 /// new token that fences the earlier run out:
 /// `{"id": "...", "by": "...", "period": "<RFC 3339>", "replace": false}`.
 pub const ANNOTATION_RERUN: &str = "singleton.dev/rerun";
+/// Annotation through which `kubectl singleton rerun --from --to` asks to re-run every period of
+/// a range whose records match `only`, each like a rerun:
+/// `{"id": "...", "by": "...", "from": "<RFC 3339>", "to": "<RFC 3339>", "only": "Failed",
+/// "order": "Oldest", "parallel": 1}`.
+pub const ANNOTATION_REPAIR: &str = "singleton.dev/repair";
+/// Annotation through which `kubectl singleton rerun --from --to --dry-run` asks which periods a
+/// repair would re-run now, without running any (same fields as [`ANNOTATION_REPAIR`]).
+pub const ANNOTATION_REPAIR_DRY_RUN: &str = "singleton.dev/repair-dry-run";
 
 /// A batch/v1 JobTemplateSpec, kept as the user wrote it. The API server stores it without a
 /// schema, so a wrongly typed field inside it must not make the whole SingletonJob undecodable:
@@ -1018,6 +1026,13 @@ pub struct Operations {
     /// The latest re-run of a period (`kubectl singleton rerun`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun: Option<OperationStatus>,
+    /// The latest repair of a range (`kubectl singleton rerun --from --to --only`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<OperationStatus>,
+    /// The latest dry run of a repair (`kubectl singleton rerun --from --to --dry-run`): what it
+    /// would re-run, decided by the same rules; nothing run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_dry_run: Option<OperationStatus>,
     /// Fields of a newer release, kept as read so that this one's writes never drop them.
     #[serde(flatten)]
     #[schemars(skip)]
@@ -1030,6 +1045,8 @@ impl Operations {
             && self.backfill.is_none()
             && self.break_lock.is_none()
             && self.rerun.is_none()
+            && self.repair.is_none()
+            && self.repair_dry_run.is_none()
             && self.unknown.is_empty()
     }
 }
@@ -1079,6 +1096,27 @@ pub struct OperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_token_schema")]
     pub token: Option<u64>,
+    /// Repair: which periods of the range it re-runs (Failed, Missed or All).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub only: Option<RepairOnly>,
+    /// Repair: the order it walks the range in (Oldest or Newest first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<RepairOrder>,
+    /// Repair: at most this many of its runs active at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<u32>,
+    /// Repair: periods of the range it does not re-run (their records do not match `only`,
+    /// their run is still active, or an identical request re-ran them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(schema_with = "token_schema")]
+    pub passed: u64,
+    /// Repair dry run: how many periods the repair would re-run now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_token_schema")]
+    pub selected: Option<u64>,
+    /// Repair dry run: the periods it would re-run, in its order (the first 100).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub periods: Vec<MicroTime>,
     /// When the controller last changed this record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated: Option<Time>,
@@ -1086,6 +1124,32 @@ pub struct OperationStatus {
     #[serde(flatten)]
     #[schemars(skip)]
     pub unknown: Unknown,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Which periods of its range a repair re-runs, by what their records say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RepairOnly {
+    /// Periods whose latest run failed (or was replaced before it finished).
+    #[default]
+    Failed,
+    /// Periods that never ran (recorded Missed or Skipped, or no run at all).
+    Missed,
+    /// Every decided period of the range whose run is not active.
+    All,
+}
+
+/// The order in which a repair walks its range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RepairOrder {
+    /// The oldest period first.
+    #[default]
+    Oldest,
+    /// The newest period first.
+    Newest,
 }
 
 /// Progress of an operation.

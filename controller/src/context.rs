@@ -219,16 +219,13 @@ impl InFlight {
 pub fn slim_sj(sj: &mut SingletonJob) {
     sj.metadata.managed_fields = None;
     if let Some(a) = sj.metadata.annotations.as_mut() {
-        a.retain(|k, _| OPERATION_ANNOTATIONS.contains(&k.as_str()));
+        a.retain(|k, _| {
+            crate::decide::ops::OperationKind::ALL
+                .iter()
+                .any(|kind| kind.annotation() == k)
+        });
     }
 }
-
-const OPERATION_ANNOTATIONS: [&str; 4] = [
-    crate::api::ANNOTATION_TRIGGER,
-    crate::api::ANNOTATION_BACKFILL,
-    crate::api::ANNOTATION_BREAK_LOCK,
-    crate::api::ANNOTATION_RERUN,
-];
 
 #[cfg(test)]
 mod tests {

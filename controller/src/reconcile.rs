@@ -371,6 +371,12 @@ async fn record(
     {
         ctx.gate.check()?;
         Box::pin(run::retire(sj, b, token)).await?;
+        let outcomes: Vec<_> = plan
+            .finished
+            .iter()
+            .map(|(r, outcome, _)| (r.period.0, r.token, *outcome))
+            .collect();
+        Box::pin(run::record_outcomes(sj, b, &outcomes)).await;
     }
     let new_entries = record::apply_plan(&sj.spec, status, plan, states, now);
     let jitter = |t| sj.jitter(t);
@@ -648,10 +654,11 @@ async fn act(
     }
     if let Some(manual) = manual {
         let origin = manual.origin;
-        let by = OperationKind::from(origin)
-            .slot(&status.operations)
-            .and_then(|o| o.requested_by.clone());
         let cause = manual.cause();
+        let by = cause
+            .operation()
+            .and_then(|kind| kind.slot(&status.operations))
+            .and_then(|o| o.requested_by.clone());
         let claim = Box::pin(run::start(ctx, sj, status, manual.period, cause, db)).await?;
         return Ok(Some(Started { origin, by, claim }));
     }

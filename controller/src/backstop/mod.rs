@@ -32,6 +32,7 @@ mod error;
 mod guard;
 pub mod health;
 pub mod multi;
+mod outcomes;
 pub mod owner;
 mod schema;
 pub mod share;
@@ -858,7 +859,7 @@ async fn claim_tx(client: &mut Client, t: &Tables, c: &Claim<'_>) -> Result<Clai
             "INSERT INTO {} AS c (job, period, token, job_name, cluster) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT ON CONSTRAINT {}claims_job_period_key DO UPDATE \
              SET token = EXCLUDED.token, job_name = EXCLUDED.job_name, cluster = EXCLUDED.cluster, \
-                 claimed_at = now(), confirmed_at = NULL \
+                 claimed_at = now(), confirmed_at = NULL, outcome = NULL \
              WHERE c.token = $6 RETURNING c.token",
             t.claims, t.prefix
         ),

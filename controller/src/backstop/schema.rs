@@ -9,6 +9,7 @@
 //! |                              | controller must know to claim once it is applied (7)      |
 //! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
 //! |                              | with the claiming cluster and its confirmation (schema 4)   |
+//! |                              | and the outcome of the run holding its token (schema 8)     |
 //! | `<p>fences`                  | one row per job: the highest fencing token, the highest     |
 //! |                              | retired one (its period decided: refused from then on), and |
 //! |                              | the role that owns the job (schema 3)                       |
@@ -45,7 +46,7 @@ pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
 pub const ATTEMPT_SQLSTATE: &str = "SF004";
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// The first schema whose version table says which controllers may claim against it (`needs`).
 const NEEDS_SINCE: i32 = 7;
@@ -55,7 +56,7 @@ const NEEDS_SINCE: i32 = 7;
 /// `BackstopReady` condition says why) instead of misreading it. Such a migration must also make
 /// the statements an older controller already connected runs fail (rename what they use), since
 /// a controller checks on connecting only. None so far: every migration up to
-/// [`SCHEMA_VERSION`] only adds, and a controller of schema 6 claims against schema 7 as before.
+/// [`SCHEMA_VERSION`] only adds, and a controller of schema 6 or 7 claims against schema 8 as before.
 const NOT_ONLY_ADDING: &[i32] = &[];
 
 /// The oldest schema a controller must know to claim once migration `version` is applied.
@@ -259,6 +260,16 @@ ALTER TABLE {version} ADD COLUMN needs integer NOT NULL DEFAULT 0;
 COMMENT ON COLUMN {version}.needs IS 'singleton-controller: the oldest schema version a controller must know to claim once this migration is applied; an older controller refuses to claim';
 "#,
             version = t.version
+        )),
+        // Bulk repair (`kubectl singleton rerun --from --to --only failed`): each period's outcome
+        // beside its claim, since the status keeps only the newest history. Written by the run
+        // with the row's token only (super::outcomes), cleared when a rerun takes the row over.
+        8 => Some(format!(
+            r#"
+ALTER TABLE {claims} ADD COLUMN outcome text;
+COMMENT ON COLUMN {claims}.outcome IS 'singleton-controller: how the run with this row''s token ended (Succeeded, Failed, Replaced, ...); NULL: running, not recorded yet, or recorded by a controller before schema 8';
+"#,
+            claims = t.claims
         )),
         _ => None,
     }

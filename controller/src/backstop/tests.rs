@@ -1253,6 +1253,68 @@ async fn a_rerun_takes_the_period_claim_over() {
     cleanup(&prefix).await;
 }
 
+/// Schema 8: each run's outcome beside its claim, written only on the row that still holds the
+/// run's token, cleared when a rerun takes the row over, read back for a range.
+#[tokio::test]
+async fn outcomes_are_recorded_on_the_row_of_their_token() {
+    use crate::api::Outcome;
+    use crate::decide::repair::ClaimFact;
+    let prefix = unique_prefix("outcome");
+    let b = backstop(&prefix);
+    let job = "billing/ledger";
+    let (p1, p2, p3) = (
+        ts("2025-06-01T00:00:00Z"),
+        ts("2025-06-02T00:00:00Z"),
+        ts("2025-06-03T00:00:00Z"),
+    );
+    for (p, t) in [(p1, 1), (p2, 2)] {
+        assert_eq!(
+            b.claim(job, p, t, "ledger", None).await.unwrap(),
+            ClaimOutcome::Claimed
+        );
+    }
+    b.record_outcomes(
+        job,
+        &[(p1, 1, Outcome::Failed), (p2, 2, Outcome::Succeeded)],
+    )
+    .await
+    .unwrap();
+    // A period without a row and an old token record nothing; repeating is harmless.
+    b.record_outcomes(job, &[(p3, 9, Outcome::Failed), (p2, 1, Outcome::Failed)])
+        .await
+        .unwrap();
+    b.record_outcomes(job, &[(p1, 1, Outcome::Failed)])
+        .await
+        .unwrap();
+    let fact = |token, outcome| ClaimFact { token, outcome };
+    assert_eq!(
+        b.claims_between(job, p1, p3).await.unwrap(),
+        vec![
+            (p1, fact(1, Some(Outcome::Failed))),
+            (p2, fact(2, Some(Outcome::Succeeded)))
+        ]
+    );
+    // A rerun takes p1's row over: its outcome is unknown until the rerun's own is recorded,
+    // and the earlier run's late report does not overwrite it.
+    b.claim(job, p1, 3, "ledger-r3", Some(1)).await.unwrap();
+    assert_eq!(
+        b.claims_between(job, p1, p1).await.unwrap(),
+        vec![(p1, fact(3, None))]
+    );
+    b.record_outcomes(job, &[(p1, 1, Outcome::Failed)])
+        .await
+        .unwrap();
+    b.record_outcomes(job, &[(p1, 3, Outcome::Succeeded)])
+        .await
+        .unwrap();
+    assert_eq!(
+        b.claims_between(job, p1, p2).await.unwrap()[0],
+        (p1, fact(3, Some(Outcome::Succeeded)))
+    );
+    assert!(b.claims_between(job, p3, p3).await.unwrap().is_empty());
+    cleanup(&prefix).await;
+}
+
 /// Retiring an older token needs no lock when the fence is above it: a newer run's open
 /// transaction (concurrencyPolicy Allow) does not hold up the decision of the older period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -17,6 +17,43 @@ struct Args {
     command: Cmd,
 }
 
+/// `rerun --only`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Only {
+    /// Periods whose latest run failed (or was replaced before it finished).
+    Failed,
+    /// Periods that never ran.
+    Missed,
+    /// Every decided period whose run is not active.
+    All,
+}
+
+impl From<Only> for singleton::api::RepairOnly {
+    fn from(o: Only) -> Self {
+        match o {
+            Only::Failed => Self::Failed,
+            Only::Missed => Self::Missed,
+            Only::All => Self::All,
+        }
+    }
+}
+
+/// `rerun --order`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Order {
+    Oldest,
+    Newest,
+}
+
+impl From<Order> for singleton::api::RepairOrder {
+    fn from(o: Order) -> Self {
+        match o {
+            Order::Oldest => Self::Oldest,
+            Order::Newest => Self::Newest,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Print the next instants of a schedule, exactly as the controller computes them.
@@ -148,23 +185,53 @@ enum Cmd {
         #[command(flatten)]
         op: OpArgs,
     },
-    /// Run a decided period again, with a new fencing token that fences the earlier run out.
+    /// Run a decided period again (--period), or repair a range (--from --to), each period with
+    /// a new fencing token that fences the earlier run out.
     ///
     /// The re-run gets the period's SINGLETON_PERIOD and SINGLETON_IDEMPOTENCY_KEY, a token above
     /// every token issued before (in the backstop the period's claim moves to it, so the earlier
     /// run's writes are refused by singleton_fence), and a Job of its own, named after the period
-    /// and the token (NAME-SECONDS-rTOKEN). Refused while the period's run is active, unless
-    /// --replace; refused for a period the schedule has not decided (use trigger or backfill).
+    /// and the token (NAME-SECONDS-rTOKEN). --period: refused while the period's run is active,
+    /// unless --replace; refused for a period the schedule has not decided (use trigger or
+    /// backfill).
+    ///
+    /// --from --to: every decided period of the range whose records match --only (failed: its
+    /// latest run failed; missed: it never ran; all), in --order, at most --parallel at a time;
+    /// a period whose run is active is passed. Needs spec.backstop (each period's claim and
+    /// outcome). --dry-run prints exactly what would be re-run now and runs nothing; repeating
+    /// a repair with the same range and --only starts nothing new.
     Rerun {
         name: String,
         /// The period to run again: a scheduled instant (RFC 3339, as kubectl singleton history
         /// shows it).
-        #[arg(long)]
-        period: jiff::Timestamp,
+        #[arg(long, required_unless_present = "from", conflicts_with_all = ["from", "to"])]
+        period: Option<jiff::Timestamp>,
         /// If the period's run is still active, fence it out and delete it first (as
-        /// concurrencyPolicy Replace does) instead of refusing.
-        #[arg(long)]
+        /// concurrencyPolicy Replace does) instead of refusing (--period only).
+        #[arg(long, conflicts_with = "from")]
         replace: bool,
+        /// First instant of the range to repair (RFC 3339).
+        #[arg(long, requires = "to")]
+        from: Option<jiff::Timestamp>,
+        /// Last instant of the range to repair, inclusive (RFC 3339).
+        #[arg(long, requires = "from")]
+        to: Option<jiff::Timestamp>,
+        /// Which periods of the range to re-run.
+        #[arg(long, value_enum, default_value_t = Only::Failed, requires = "from")]
+        only: Only,
+        /// Print what would be re-run, run nothing.
+        #[arg(long, requires = "from")]
+        dry_run: bool,
+        /// At most this many of the repair's runs at once (above 1 needs concurrencyPolicy
+        /// Allow).
+        #[arg(long, default_value_t = 1, requires = "from")]
+        parallel: u32,
+        /// Which end of the range first.
+        #[arg(long, value_enum, default_value_t = Order::Oldest, requires = "from")]
+        order: Order,
+        /// Wait until the whole range is repaired, not only until the repair is accepted.
+        #[arg(long, requires = "from")]
+        wait: bool,
         #[command(flatten)]
         ns: Namespace,
         #[command(flatten)]
@@ -395,12 +462,33 @@ async fn ask(cluster: &Cluster, cmd: Cmd, now: jiff::Timestamp) -> Result<String
             name,
             period,
             replace,
+            from,
+            to,
+            only,
+            dry_run,
+            parallel,
+            order,
+            wait,
             ns,
             op,
         } => {
-            let req = cluster.rerun_request(period, replace, now).await;
-            let kind = OperationKind::Rerun;
-            operate(cluster, &namespace(ns), &name, kind, req, op, false).await
+            let ns = namespace(ns);
+            if let Some(period) = period {
+                let req = cluster.rerun_request(period, replace, now).await;
+                let kind = OperationKind::Rerun;
+                return operate(cluster, &ns, &name, kind, req, op, false).await;
+            }
+            let range = from.zip(to).ok_or_else(|| {
+                PluginError::Usage("rerun needs --period, or --from and --to".into())
+            })?;
+            let req = cluster
+                .repair_request(range, only.into(), order.into(), parallel, now)
+                .await?;
+            let kind = match dry_run {
+                true => OperationKind::RepairDryRun,
+                false => OperationKind::Repair,
+            };
+            operate(cluster, &ns, &name, kind, req, op, wait).await
         }
         Cmd::BreakLock {
             name,

@@ -815,6 +815,7 @@ impl Records {
 
 pub mod bounds;
 pub mod ops;
+pub mod repair;
 pub mod rerun;
 
 pub use bounds::runs_exhausted;

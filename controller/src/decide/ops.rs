@@ -14,8 +14,9 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    ANNOTATION_BACKFILL, ANNOTATION_BREAK_LOCK, ANNOTATION_RERUN, ANNOTATION_TRIGGER,
-    OperationPhase, OperationStatus, Operations, RunOrigin, RunRef, SingletonJob,
+    ANNOTATION_BACKFILL, ANNOTATION_BREAK_LOCK, ANNOTATION_REPAIR, ANNOTATION_REPAIR_DRY_RUN,
+    ANNOTATION_RERUN, ANNOTATION_TRIGGER, OperationPhase, OperationStatus, Operations, RepairOnly,
+    RepairOrder, RunOrigin, RunRef, SingletonJob,
 };
 use crate::schedule::Schedule;
 use crate::text;
@@ -33,13 +34,19 @@ pub enum OperationKind {
     Backfill,
     BreakLock,
     Rerun,
+    /// A range's periods re-run by what their records say ([`super::repair`]).
+    Repair,
+    /// What a repair would re-run now, nothing run.
+    RepairDryRun,
 }
 
 impl OperationKind {
-    pub const ALL: [OperationKind; 4] = [
+    pub const ALL: [OperationKind; 6] = [
         OperationKind::BreakLock,
         OperationKind::Trigger,
         OperationKind::Rerun,
+        OperationKind::RepairDryRun,
+        OperationKind::Repair,
         OperationKind::Backfill,
     ];
 
@@ -49,6 +56,8 @@ impl OperationKind {
             OperationKind::Backfill => ANNOTATION_BACKFILL,
             OperationKind::BreakLock => ANNOTATION_BREAK_LOCK,
             OperationKind::Rerun => ANNOTATION_RERUN,
+            OperationKind::Repair => ANNOTATION_REPAIR,
+            OperationKind::RepairDryRun => ANNOTATION_REPAIR_DRY_RUN,
         }
     }
 
@@ -59,6 +68,8 @@ impl OperationKind {
             OperationKind::Backfill => "backfill",
             OperationKind::BreakLock => "break-lock",
             OperationKind::Rerun => "rerun",
+            OperationKind::Repair => "rerun --from --to",
+            OperationKind::RepairDryRun => "rerun --from --to --dry-run",
         }
     }
 
@@ -68,6 +79,8 @@ impl OperationKind {
             OperationKind::Backfill => ops.backfill.as_ref(),
             OperationKind::BreakLock => ops.break_lock.as_ref(),
             OperationKind::Rerun => ops.rerun.as_ref(),
+            OperationKind::Repair => ops.repair.as_ref(),
+            OperationKind::RepairDryRun => ops.repair_dry_run.as_ref(),
         }
     }
 
@@ -77,6 +90,8 @@ impl OperationKind {
             OperationKind::Backfill => &mut ops.backfill,
             OperationKind::BreakLock => &mut ops.break_lock,
             OperationKind::Rerun => &mut ops.rerun,
+            OperationKind::Repair => &mut ops.repair,
+            OperationKind::RepairDryRun => &mut ops.repair_dry_run,
         }
     }
 }
@@ -127,6 +142,16 @@ pub struct Request {
     /// run them without a claim row): only then are they run, each still once.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub before_creation: bool,
+    /// Repair: which periods of the range to re-run (default Failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub only: Option<RepairOnly>,
+    /// Repair: the order to walk the range in (default Oldest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<RepairOrder>,
+    /// Repair: at most this many of its runs active at once (default 1; above 1 needs
+    /// concurrencyPolicy Allow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<u32>,
 }
 
 /// An RFC 3339 instant, with an error that says so (rather than serde's "invalid type").
@@ -212,41 +237,72 @@ pub fn parse(kind: OperationKind, raw: &str) -> Result<Request, Invalid> {
     if req.reason.as_ref().is_some_and(|r| r.len() > MAX_REASON) {
         return bad(format!("reason must be at most {MAX_REASON} characters"));
     }
+    if let Err(message) = check_fields(kind, &req) {
+        return bad(message);
+    }
+    Ok(req)
+}
+
+/// The fields each kind takes and needs, and their values' bounds.
+fn check_fields(kind: OperationKind, req: &Request) -> Result<(), String> {
     match kind {
         OperationKind::BreakLock if req.reason.as_deref().is_none_or(|r| r.trim().is_empty()) => {
-            return bad("break-lock needs a reason: say why the lock is broken".into());
+            return Err("break-lock needs a reason: say why the lock is broken".into());
         }
-        OperationKind::Backfill => match (req.from, req.to) {
-            (Some(from), Some(to)) if from <= to => {}
-            (Some(from), Some(to)) => {
-                return bad(format!(
-                    "backfill range is empty: from {from} is after to {to}"
-                ));
+        OperationKind::Backfill | OperationKind::Repair | OperationKind::RepairDryRun => {
+            match (req.from, req.to) {
+                (Some(from), Some(to)) if from <= to => {}
+                (Some(from), Some(to)) => {
+                    return Err(format!(
+                        "{} range is empty: from {from} is after to {to}",
+                        kind.command()
+                    ));
+                }
+                _ => {
+                    return Err(format!(
+                        "{} needs both from and to (RFC 3339 instants)",
+                        kind.command()
+                    ));
+                }
             }
-            _ => return bad("backfill needs both from and to (RFC 3339 instants)".into()),
-        },
+        }
         OperationKind::Trigger | OperationKind::BreakLock | OperationKind::Rerun => {
             if req.from.is_some() || req.to.is_some() {
-                return bad(format!("{} takes no from/to", kind.command()));
+                return Err(format!("{} takes no from/to", kind.command()));
             }
         }
     }
+    let repair = matches!(kind, OperationKind::Repair | OperationKind::RepairDryRun);
+    if !repair && (req.only.is_some() || req.order.is_some() || req.parallel.is_some()) {
+        return Err(format!(
+            "{} takes no only/order/parallel (those are rerun --from --to's)",
+            kind.command()
+        ));
+    }
+    if let Some(n) = req.parallel
+        && !(1..=super::repair::MAX_PARALLEL).contains(&n)
+    {
+        return Err(format!(
+            "parallel must be 1 to {}, not {n}",
+            super::repair::MAX_PARALLEL
+        ));
+    }
     match kind {
         OperationKind::Rerun if req.period.is_none() => {
-            return bad(
+            return Err(
                 "rerun needs the period to run again (an RFC 3339 instant of the schedule)".into(),
             );
         }
         OperationKind::Rerun => {}
         _ if req.period.is_some() || req.replace => {
-            return bad(format!(
+            return Err(format!(
                 "{} takes no period/replace (those are rerun's)",
                 kind.command()
             ));
         }
         _ => {}
     }
-    Ok(req)
+    Ok(())
 }
 
 fn example(kind: OperationKind) -> &'static str {
@@ -261,6 +317,9 @@ fn example(kind: OperationKind) -> &'static str {
         OperationKind::Rerun => {
             r#"{"by":"alice","id":"2026-12-02T10:00:00.123456Z","period":"2026-12-01T00:00:00Z","replace":false}"#
         }
+        OperationKind::Repair | OperationKind::RepairDryRun => {
+            r#"{"by":"alice","id":"2026-12-02T10:00:00.123456Z","from":"2026-09-01T00:00:00Z","to":"2026-09-30T00:00:00Z","only":"Failed","order":"Oldest","parallel":1}"#
+        }
     }
 }
 
@@ -274,6 +333,9 @@ pub fn accepted(req: &Request, now: Timestamp) -> OperationStatus {
         from: req.from.map(Into::into),
         to: req.to.map(Into::into),
         period: req.period.map(Into::into),
+        only: req.only,
+        order: req.order,
+        parallel: req.parallel,
         updated: Some(now.into()),
         ..OperationStatus::default()
     }
@@ -316,10 +378,17 @@ pub fn set(slot: &mut Option<OperationStatus>, mut new: OperationStatus) -> bool
 
 /// Whether an operation waits or goes on (then the controller looks again soon).
 pub fn in_progress(ops: &Operations) -> bool {
-    [&ops.trigger, &ops.backfill, &ops.break_lock, &ops.rerun]
-        .into_iter()
-        .flatten()
-        .any(|o| matches!(o.phase, OperationPhase::Pending | OperationPhase::Running))
+    [
+        &ops.trigger,
+        &ops.backfill,
+        &ops.break_lock,
+        &ops.rerun,
+        &ops.repair,
+        &ops.repair_dry_run,
+    ]
+    .into_iter()
+    .flatten()
+    .any(|o| matches!(o.phase, OperationPhase::Pending | OperationPhase::Running))
 }
 
 /// The range a backfill covers: the schedule's periods in `[from, to]` that are already decided
@@ -346,7 +415,7 @@ pub fn backfill_range(
     let count = schedule.count_between(before_from, last, BACKFILL_MAX_PERIODS + 1);
     if count > BACKFILL_MAX_PERIODS {
         return Err(format!(
-            "the range holds more than {BACKFILL_MAX_PERIODS} periods: split it into smaller backfills"
+            "the range holds more than {BACKFILL_MAX_PERIODS} periods: split it into smaller ranges"
         ));
     }
     Ok((first, last, count))
@@ -411,33 +480,39 @@ pub fn after(period: Timestamp) -> Timestamp {
 
 /// Records in `ops` that `claim` was written for an operation (in the claim's own status write,
 /// so "handled" and "claimed" are one atomic step).
-pub fn on_claim(ops: &mut Operations, origin: RunOrigin, claim: &RunRef) {
-    let (slot, done) = match origin {
-        RunOrigin::Trigger => (&mut ops.trigger, true),
-        RunOrigin::Backfill => (&mut ops.backfill, false),
-        RunOrigin::Rerun => (&mut ops.rerun, true),
+pub fn on_claim(ops: &mut Operations, kind: OperationKind, claim: &RunRef) {
+    let Some(op) = kind.slot_mut(ops).as_mut() else {
+        return;
     };
-    let Some(op) = slot.as_mut() else { return };
     op.started += 1;
     op.job_name = Some(claim.job_name.clone());
     op.token = Some(claim.token);
     op.updated = claim.claimed_at.clone();
-    if origin == RunOrigin::Rerun {
-        op.phase = OperationPhase::Done;
-        op.message = rerun_message(claim);
-    } else if done {
-        op.phase = OperationPhase::Done;
-        op.message = format!(
-            "started Job {} with fencing token {}",
-            claim.job_name, claim.token
-        );
-    } else {
-        op.phase = OperationPhase::Running;
-        op.next = Some(after(claim.period.0).into());
-        op.message = format!(
-            "started {} run(s), {} period(s) had run before; latest: Job {} (token {})",
-            op.started, op.already_run, claim.job_name, claim.token
-        );
+    match kind {
+        OperationKind::Rerun => {
+            op.phase = OperationPhase::Done;
+            op.message = rerun_message(claim);
+        }
+        // The walk moved its cursor past the period already (super::repair).
+        OperationKind::Repair => {
+            op.phase = OperationPhase::Running;
+            op.message = super::repair::progress(op, claim);
+        }
+        OperationKind::Backfill => {
+            op.phase = OperationPhase::Running;
+            op.next = Some(after(claim.period.0).into());
+            op.message = format!(
+                "started {} run(s), {} period(s) had run before; latest: Job {} (token {})",
+                op.started, op.already_run, claim.job_name, claim.token
+            );
+        }
+        OperationKind::Trigger | OperationKind::BreakLock | OperationKind::RepairDryRun => {
+            op.phase = OperationPhase::Done;
+            op.message = format!(
+                "started Job {} with fencing token {}",
+                claim.job_name, claim.token
+            );
+        }
     }
 }
 
@@ -703,6 +778,36 @@ mod tests {
                 "{\"id\":\"x\",",
                 "singleton.dev/rerun is not a valid request",
             ),
+            (
+                OperationKind::Repair,
+                r#"{"id":"x","from":"2026-01-02T00:00:00Z","to":"2026-01-01T00:00:00Z"}"#,
+                "rerun --from --to range is empty",
+            ),
+            (
+                OperationKind::RepairDryRun,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z"}"#,
+                "needs both from and to",
+            ),
+            (
+                OperationKind::Repair,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","only":"Broken"}"#,
+                "not a valid request",
+            ),
+            (
+                OperationKind::Repair,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","parallel":0}"#,
+                "parallel must be 1 to 100, not 0",
+            ),
+            (
+                OperationKind::Repair,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","period":"2026-01-01T00:00:00Z"}"#,
+                "takes no period/replace",
+            ),
+            (
+                OperationKind::Backfill,
+                r#"{"id":"x","from":"2026-01-01T00:00:00Z","to":"2026-01-02T00:00:00Z","only":"All"}"#,
+                "takes no only/order/parallel",
+            ),
         ] {
             let e = parse(kind, raw).expect_err(raw);
             assert!(e.message.contains(says), "{raw}: {}", e.message);
@@ -729,7 +834,19 @@ mod tests {
                     e.message.clone(),
                     ts("2026-01-01T00:00:00Z"),
                 )),
-                rerun: Some(rejected(&e.id, None, e.message, ts("2026-01-01T00:00:00Z"))),
+                rerun: Some(rejected(
+                    &e.id,
+                    None,
+                    e.message.clone(),
+                    ts("2026-01-01T00:00:00Z"),
+                )),
+                repair: Some(rejected(
+                    &e.id,
+                    None,
+                    e.message.clone(),
+                    ts("2026-01-01T00:00:00Z"),
+                )),
+                repair_dry_run: Some(rejected(&e.id, None, e.message, ts("2026-01-01T00:00:00Z"))),
             };
             assert!(pending(&sj(&[(kind.annotation(), raw)], rejected_once), kind).is_none());
         }
@@ -782,7 +899,7 @@ mod tests {
                 claimed_at: None,
             }],
         };
-        on_claim(&mut ops, RunOrigin::Rerun, &claim);
+        on_claim(&mut ops, OperationKind::Rerun, &claim);
         let op = ops.rerun.clone().unwrap();
         assert_eq!(op.phase, OperationPhase::Done);
         assert_eq!(
@@ -891,7 +1008,7 @@ mod tests {
                 supersedes: None,
                 replaces: Vec::new(),
             };
-            on_claim(&mut ops, RunOrigin::Backfill, &claim);
+            on_claim(&mut ops, OperationKind::Backfill, &claim);
         }
         assert_eq!(
             seen,
@@ -983,7 +1100,7 @@ mod tests {
                         replaces: Vec::new(),
                     };
                     let mut ops = Operations { backfill: Some(op), ..Default::default() };
-                    on_claim(&mut ops, RunOrigin::Backfill, &claim);
+                    on_claim(&mut ops, OperationKind::Backfill, &claim);
                     op = ops.backfill.unwrap();
                 }
                 // The cursor goes through the status as a Time (whole seconds).

@@ -10,7 +10,7 @@ use kube::api::{Api, Patch, PatchParams};
 
 use super::client::Cluster;
 use super::error::PluginError;
-use crate::api::{OperationPhase, OperationStatus, SingletonJob};
+use crate::api::{OperationPhase, OperationStatus, RepairOnly, RepairOrder, SingletonJob};
 use crate::decide::ops::{self, OperationKind, Request};
 
 /// How long an operation command waits, and for what.
@@ -66,6 +66,37 @@ impl Cluster {
         req.period = Some(period);
         req.replace = replace;
         req
+    }
+
+    /// A repair of the range `from`..=`to` (or its dry run: the controller answers what it would
+    /// re-run). Usage errors are found before the cluster is asked anything.
+    pub async fn repair_request(
+        &self,
+        range: (Timestamp, Timestamp),
+        only: RepairOnly,
+        order: RepairOrder,
+        parallel: u32,
+        now: Timestamp,
+    ) -> Result<Request, PluginError> {
+        let (from, to) = range;
+        if from > to {
+            return Err(PluginError::Usage(format!(
+                "--from {from} is after --to {to}"
+            )));
+        }
+        let max = crate::decide::repair::MAX_PARALLEL;
+        if !(1..=max).contains(&parallel) {
+            return Err(PluginError::Usage(format!(
+                "--parallel must be 1 to {max}, not {parallel}"
+            )));
+        }
+        let mut req = new_request(self.whoami().await, now);
+        req.from = Some(from);
+        req.to = Some(to);
+        req.only = Some(only);
+        req.order = Some(order);
+        req.parallel = Some(parallel);
+        Ok(req)
     }
 
     /// A break-lock. It must say why: the reason is recorded in status and in the LockBroken
@@ -177,10 +208,17 @@ impl Cluster {
 /// a backfill has the backstop it needs.
 fn check_may_ask(sj: &SingletonJob, kind: OperationKind) -> Result<(), PluginError> {
     check_not_busy(sj, kind)?;
-    if kind == OperationKind::Backfill && sj.spec.backstop.is_none() {
+    let ranged = matches!(
+        kind,
+        OperationKind::Backfill | OperationKind::Repair | OperationKind::RepairDryRun
+    );
+    if ranged && sj.spec.backstop.is_none() {
         return Err(PluginError::Rejected {
             command: kind.command(),
-            message: "backfill needs spec.backstop: only the backstop's claims table remembers every period that ever ran".into(),
+            message: format!(
+                "{} needs spec.backstop: only the backstop's claims table remembers every period that ever ran",
+                kind.command()
+            ),
         });
     }
     Ok(())

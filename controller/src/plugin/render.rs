@@ -106,16 +106,38 @@ pub fn format_operation(
         (OperationKind::Backfill, OperationPhase::Running) => {
             format!("singletonjob {ns}/{name}: backfill accepted")
         }
+        (OperationKind::Repair, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name}: repair done")
+        }
+        (OperationKind::Repair, OperationPhase::Running) => {
+            format!("singletonjob {ns}/{name}: repair accepted")
+        }
+        (OperationKind::RepairDryRun, OperationPhase::Done) => {
+            format!("singletonjob {ns}/{name}: dry run")
+        }
         (_, _) => format!(
             "singletonjob {ns}/{name}: {} accepted, not done yet",
             kind.command()
         ),
     };
-    Ok(format!(
+    let mut out = format!(
         "{head}: {} (request {})\n",
         text::printable(&op.message),
         text::printable(&op.id)
-    ))
+    );
+    // A dry run lists the periods it would re-run, one per line, in the repair's order.
+    if kind == OperationKind::RepairDryRun && op.phase == OperationPhase::Done {
+        for p in &op.periods {
+            out.push_str(&format!("  {}\n", crate::naming::period_rfc3339(p.0)));
+        }
+        let listed = op.periods.len() as u64;
+        if let Some(more) = op.selected.filter(|n| *n > listed).map(|n| n - listed) {
+            out.push_str(&format!(
+                "  ... and {more} more (narrow --from/--to to list them)\n"
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// `output` as JSON or YAML; a table is not one of them.

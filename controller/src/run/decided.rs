@@ -159,6 +159,19 @@ async fn retire_unstarted(sj: &SingletonJob, b: &Backstop, token: u64) -> Result
     }
 }
 
+/// Records how the finished runs ended beside their claims, for bulk repair
+/// ([`crate::decide::repair`]). Not a safety step: a failure is logged and the decision goes on
+/// (repair then reads the outcome from the status history, by the run's token).
+pub async fn record_outcomes(
+    sj: &SingletonJob,
+    b: &Backstop,
+    runs: &[(jiff::Timestamp, u64, crate::api::Outcome)],
+) {
+    if let Err(e) = b.record_outcomes(&sj.backstop_key(), runs).await {
+        tracing::warn!(sj = %sj.key(), error = %e, "could not record the outcome of finished runs in the backstop; a repair reads them from the status history instead");
+    }
+}
+
 /// Retires `token` (its period is decided). Correctness: an error stops the caller from
 /// recording the decision (it is retried); Efficiency: logged, and the decision goes on.
 pub async fn retire(sj: &SingletonJob, b: &Backstop, token: u64) -> Result<()> {

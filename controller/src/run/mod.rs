@@ -87,7 +87,7 @@ use crate::{Error, Result};
 pub use break_lock::break_lock;
 pub use confirm::resume;
 pub use create::{Admission, admission};
-pub use decided::retire;
+pub use decided::{record_outcomes, retire};
 pub use kube_io::write_status;
 
 /// Claims `period` and starts its Job. `status` is the status to write with the claim (already
@@ -138,7 +138,11 @@ pub async fn start(
             status.last_schedule_time = Some(period.into());
         }
         // The operation is marked handled by this same write: asked once, claimed once.
-        (_, Some(origin)) => crate::decide::ops::on_claim(&mut status.operations, origin, &claim),
+        (_, Some(_)) => {
+            if let Some(kind) = cause.operation() {
+                crate::decide::ops::on_claim(&mut status.operations, kind, &claim);
+            }
+        }
         (_, None) => {}
     }
     // maxRuns counts the schedule's periods claimed, in the claim's own write: never one more.
@@ -186,8 +190,9 @@ fn new_claim(
         claimed_at: Some(Timestamp::now().into()),
         job_uid: None,
         origin,
-        requested_by: origin
-            .and_then(|o| crate::decide::ops::OperationKind::from(o).slot(&status.operations))
+        requested_by: cause
+            .operation()
+            .and_then(|kind| kind.slot(&status.operations))
             .and_then(|op| op.requested_by.clone()),
         supersedes: match cause {
             Cause::Rerun { supersedes, .. } => supersedes,
@@ -209,10 +214,12 @@ pub enum Cause<'a> {
     /// schedule cursor; its Job has a name of its own; `supersedes` is the token of the period's
     /// backstop claim row, which the claim takes over (None: the backstop has no row, or there is
     /// no backstop); `replace` are the period's active runs to fence and delete first
-    /// (`--replace`, as concurrencyPolicy Replace does).
+    /// (`--replace`, as concurrencyPolicy Replace does); `repair`: one period of a repair
+    /// (`rerun --from --to`), whose record counts it.
     Rerun {
         replace: &'a [RunRef],
         supersedes: Option<u64>,
+        repair: bool,
     },
 }
 
@@ -222,6 +229,17 @@ impl Cause<'_> {
             Cause::Scheduled { .. } => None,
             Cause::Manual(o) => Some(o),
             Cause::Rerun { .. } => Some(RunOrigin::Rerun),
+        }
+    }
+
+    /// The operation whose record the claim's write updates, if a user asked for the run.
+    pub fn operation(self) -> Option<crate::decide::ops::OperationKind> {
+        use crate::decide::ops::OperationKind;
+        match self {
+            Cause::Scheduled { .. } => None,
+            Cause::Manual(o) => Some(OperationKind::from(o)),
+            Cause::Rerun { repair: false, .. } => Some(OperationKind::Rerun),
+            Cause::Rerun { repair: true, .. } => Some(OperationKind::Repair),
         }
     }
 

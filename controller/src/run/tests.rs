@@ -648,6 +648,7 @@ async fn a_rerun_claims_its_period_again_under_a_name_of_its_own() {
     let cause = Cause::Rerun {
         replace: std::slice::from_ref(&earlier),
         supersedes: None,
+        repair: false,
     };
     let db = Availability::NotConfigured;
     let (started, ()) = tokio::join!(start(&ctx, &sj, status, period, cause, &db), server);

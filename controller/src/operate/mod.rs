@@ -1,8 +1,11 @@
 //! Operations users ask for through annotations
 //! (`kubectl singleton trigger|backfill|break-lock|rerun`), carried out by the reconcile: requests
-//! are accepted, rejected or followed in `status.operations` (parsing, ranges and what a rerun may
-//! re-run are pure, in [`crate::decide::ops`] and [`crate::decide::rerun`]); a run they ask for is
-//! claimed through the run protocol like a scheduled one ([`crate::run::start`]).
+//! are accepted, rejected or followed in `status.operations` (parsing, ranges and what a rerun or
+//! a repair may re-run are pure, in [`crate::decide::ops`], [`crate::decide::rerun`] and
+//! [`crate::decide::repair`]); a run they ask for is claimed through the run protocol like a
+//! scheduled one ([`crate::run::start`]). A repair's steps are in [`repair`].
+
+mod repair;
 
 use std::time::Duration;
 
@@ -108,6 +111,8 @@ pub struct ManualRun {
     pub replace: Vec<RunRef>,
     /// Rerun: the token of the period's claim row in the backstop, which the claim takes over.
     pub supersedes: Option<u64>,
+    /// Rerun: one period of a repair (`rerun --from --to`), counted in its record.
+    pub repair: bool,
 }
 
 impl ManualRun {
@@ -117,6 +122,7 @@ impl ManualRun {
             origin,
             replace: Vec::new(),
             supersedes: None,
+            repair: false,
         }
     }
 
@@ -126,6 +132,7 @@ impl ManualRun {
             RunOrigin::Rerun => run::Cause::Rerun {
                 replace: &self.replace,
                 supersedes: self.supersedes,
+                repair: self.repair,
             },
             origin => run::Cause::Manual(origin),
         }
@@ -139,6 +146,10 @@ impl Operations<'_> {
             return Ok(Some(ManualRun::new(period, RunOrigin::Trigger)));
         }
         if let Some(run) = Box::pin(self.rerun()).await? {
+            return Ok(Some(run));
+        }
+        Box::pin(self.repair_dry_run()).await?;
+        if let Some(run) = Box::pin(self.repair()).await? {
             return Ok(Some(run));
         }
         if !self.accept_backfill() {
@@ -245,6 +256,7 @@ impl Operations<'_> {
             origin: RunOrigin::Rerun,
             replace,
             supersedes: claim,
+            repair: false,
         }))
     }
 

@@ -1,0 +1,486 @@
+//! Bulk repair, `kubectl singleton rerun NAME --from --to --only failed|missed|all [--dry-run]
+//! [--parallel N] [--order oldest|newest]`, against the real API server, job controller and
+//! PostgreSQL (docs/operations.md, "Repair a range"). A SingletonJob every two seconds fails
+//! while its template cannot run (no node matches, `activeDeadlineSeconds: 1`), then succeeds once
+//! fixed; the dry run lists exactly the failed periods (judged from outside: the history and the
+//! backstop's claim rows), the repair re-runs each once with a new token newest first, two at a
+//! time, the claim rows move to the new tokens with outcome Succeeded, and an identical second
+//! request starts nothing. Missed periods (suspended ones) are found and run by `--only missed`.
+//! Bad input is refused with the reason, nothing run.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use e2e::{
+    Env, backstop_secret, backstop_spec, database_url, ensure, never_scheduled, pg, plugin,
+    sj_yaml, stderr, stdout, table_prefix,
+};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Patch, PatchParams};
+use singleton::api::{OperationPhase, OperationStatus, Outcome, SingletonJob};
+
+const EVERY_2S: &str = "*/2 * * * * *";
+
+/// A template that cannot run: the job controller fails it a second after it starts.
+fn failing(spec: &str) -> String {
+    never_scheduled(sj_yaml("pay", EVERY_2S, spec)).replace(
+        "      backoffLimit: 0\n",
+        "      backoffLimit: 0\n      activeDeadlineSeconds: 1\n",
+    )
+}
+
+fn op(out: &std::process::Output) -> Result<OperationStatus> {
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("-o json: {} {}", stdout(out), stderr(out)))
+}
+
+/// Periods by their newest history outcome.
+fn outcomes(sj: &SingletonJob) -> BTreeMap<Timestamp, Outcome> {
+    let mut out = BTreeMap::new();
+    for h in sj.status.iter().flat_map(|s| s.history.iter()).rev() {
+        if h.last_period.is_none() {
+            out.insert(h.period.0, h.outcome);
+        }
+    }
+    out
+}
+
+/// The claim rows of `job` in [`from`, `to`]: period -> (token, outcome).
+async fn claims(
+    prefix: &str,
+    job: &str,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<BTreeMap<Timestamp, (i64, Option<String>)>> {
+    let rows = pg()
+        .await?
+        .query(
+            &format!(
+                "SELECT period, token, outcome FROM {prefix}claims WHERE job = $1 AND period BETWEEN $2 AND $3"
+            ),
+            &[&job, &from, &to],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect())
+}
+
+/// The SingletonJob's rerun Jobs (named `<name>-<seconds>-r<token>`): period -> token.
+async fn rerun_jobs(env: &Env) -> Result<BTreeMap<Timestamp, Vec<u64>>> {
+    let mut out: BTreeMap<Timestamp, Vec<u64>> = BTreeMap::new();
+    for j in env.job_list().await? {
+        if !j
+            .metadata
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .contains("-r")
+        {
+            continue;
+        }
+        let period = j
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("singleton.dev/period"))
+            .and_then(|p| p.parse().ok());
+        if let Some(p) = period {
+            out.entry(p).or_default().push(e2e::token_of(&j));
+        }
+    }
+    Ok(out)
+}
+
+fn succeeded(j: &Job) -> bool {
+    j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0
+}
+
+#[tokio::test]
+async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing() -> Result<()> {
+    let mut env = Env::new("repair").await?;
+    let ns = env.ns.clone();
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    env.start_controller(&[]).await?;
+    let spec = backstop_spec(
+        "db",
+        &prefix,
+        "  concurrencyPolicy: Allow\n  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n",
+    );
+    env.create_sj(&failing(&spec)).await?;
+    env.wait_for("three failed runs", Duration::from_secs(60), || async {
+        let sj = env.get_sj("pay").await?;
+        let failed = outcomes(&sj)
+            .values()
+            .filter(|o| **o == Outcome::Failed)
+            .count();
+        Ok((failed >= 3).then_some(()))
+    })
+    .await?;
+    // Fixed: the template runs (kwok's pods succeed), and runs succeed from now on.
+    let api: kube::Api<SingletonJob> = kube::Api::namespaced(env.client.clone(), &ns);
+    let fix = serde_json::json!({"spec": {"jobTemplate": {"spec": {
+        "activeDeadlineSeconds": null,
+        "template": {"spec": {"nodeSelector": null}},
+    }}}});
+    api.patch("pay", &PatchParams::default(), &Patch::Merge(&fix))
+        .await?;
+    let fixed_at = Timestamp::now();
+    let sj = env
+        .wait_for(
+            "two succeeded runs after the fix",
+            Duration::from_secs(60),
+            || async {
+                let sj = env.get_sj("pay").await?;
+                let ok = outcomes(&sj)
+                    .iter()
+                    .filter(|(p, o)| **p > fixed_at && **o == Outcome::Succeeded)
+                    .count();
+                Ok((ok >= 2).then_some(sj))
+            },
+        )
+        .await?;
+    // The range: from the first period to the last one decided with an outcome.
+    let seen = outcomes(&sj);
+    let (from, to) = (
+        *seen.keys().next().context("a period")?,
+        *seen.keys().last().context("a period")?,
+    );
+    let failed: Vec<Timestamp> = seen
+        .iter()
+        .filter(|(_, o)| **o == Outcome::Failed)
+        .map(|(p, _)| *p)
+        .collect();
+    let key = format!("{ns}/pay");
+    let before = claims(&prefix, &key, from, to).await?;
+    // The backstop says the same as the history: each failed period's row has outcome Failed.
+    for p in &failed {
+        ensure(
+            &env,
+            before.get(p).and_then(|c| c.1.as_deref()) == Some("Failed"),
+            ("the claim row records the failure", p, &before),
+        )
+        .await?;
+    }
+    let (f, t) = (from.to_string(), to.to_string());
+    let range = ["-n", &ns, "--from", &f, "--to", &t];
+
+    // The dry run lists exactly the failed periods, newest first, and runs nothing.
+    let args = [
+        &["rerun", "pay"][..],
+        &range,
+        &["--dry-run", "--order", "newest", "-o", "json"],
+    ]
+    .concat();
+    let dry = op(&plugin(&args, &[])?)?;
+    let mut newest_first = failed.clone();
+    newest_first.reverse();
+    let listed: Vec<Timestamp> = dry.periods.iter().map(|p| p.0).collect();
+    ensure(
+        &env,
+        dry.phase == OperationPhase::Done
+            && listed == newest_first
+            && dry.selected == Some(failed.len() as u64),
+        ("the dry run lists the failed periods", &dry, &newest_first),
+    )
+    .await?;
+    ensure(
+        &env,
+        rerun_jobs(&env).await?.is_empty(),
+        "a dry run starts nothing",
+    )
+    .await?;
+    let table = plugin(
+        &[&["rerun", "pay"][..], &range, &["--dry-run"]].concat(),
+        &[],
+    )?;
+    let first_line = format!("  {}", singleton::naming::period_rfc3339(failed[0]));
+    ensure(
+        &env,
+        table.status.success()
+            && stdout(&table).contains("dry run: would re-run")
+            && stdout(&table).contains(&first_line),
+        (
+            "the dry run's table lists the periods",
+            stdout(&table),
+            stderr(&table),
+        ),
+    )
+    .await?;
+
+    // The repair: each failed period re-run once, newest first, two at a time.
+    let args = [
+        &["rerun", "pay"][..],
+        &range,
+        &[
+            "--order",
+            "newest",
+            "--parallel",
+            "2",
+            "--wait",
+            "--timeout",
+            "90s",
+            "-o",
+            "json",
+        ],
+    ]
+    .concat();
+    let done = op(&plugin(&args, &[])?)?;
+    ensure(
+        &env,
+        done.phase == OperationPhase::Done && done.started == failed.len() as u64,
+        ("the repair is done", &done),
+    )
+    .await?;
+    let reruns = env
+        .wait_for(
+            "the re-runs to succeed",
+            Duration::from_secs(60),
+            || async {
+                let jobs = env.job_list().await?;
+                let all = jobs.iter().filter(|j| {
+                    j.metadata
+                        .name
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains("-r")
+                });
+                Ok(all.clone().all(succeeded).then_some(all.count()))
+            },
+        )
+        .await?;
+    let by_period = rerun_jobs(&env).await?;
+    ensure(
+        &env,
+        reruns == failed.len()
+            && by_period.keys().copied().collect::<Vec<_>>() == failed
+            && by_period.values().all(|t| t.len() == 1),
+        (
+            "one re-run per failed period, none other",
+            &by_period,
+            &failed,
+        ),
+    )
+    .await?;
+    // Newest first: the tokens were issued in the order claimed, so they fall as periods rise.
+    let tokens: Vec<u64> = by_period.values().map(|t| t[0]).collect();
+    ensure(
+        &env,
+        tokens.windows(2).all(|w| w[0] > w[1]),
+        ("claimed newest first", &tokens),
+    )
+    .await?;
+    let after = env
+        .wait_for(
+            "the outcomes recorded in the backstop",
+            Duration::from_secs(30),
+            || async {
+                let rows = claims(&prefix, &key, from, to).await?;
+                let all = failed
+                    .iter()
+                    .all(|p| rows.get(p).and_then(|c| c.1.as_deref()) == Some("Succeeded"));
+                Ok(all.then_some(rows))
+            },
+        )
+        .await?;
+    for p in &failed {
+        let (old, new) = (before[p].0, after[p].0);
+        ensure(
+            &env,
+            new as u64 == by_period[p][0] && new > old,
+            ("the claim row moved to the re-run's token", p, old, new),
+        )
+        .await?;
+    }
+
+    // An identical request: nothing new, and the dry run says so too.
+    let args = [
+        &["rerun", "pay"][..],
+        &range,
+        &["--order", "newest", "-o", "json"],
+    ]
+    .concat();
+    let again = op(&plugin(&args, &[])?)?;
+    ensure(
+        &env,
+        again.phase == OperationPhase::Done && again.message.contains("identical to repair"),
+        ("a second identical request", &again),
+    )
+    .await?;
+    let next = Timestamp::now();
+    env.wait_for(
+        "a later period decided",
+        Duration::from_secs(20),
+        || async {
+            let sj = env.get_sj("pay").await?;
+            Ok(outcomes(&sj).keys().any(|p| *p > next).then_some(()))
+        },
+    )
+    .await?;
+    ensure(
+        &env,
+        rerun_jobs(&env).await? == by_period,
+        "the identical request started nothing",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn missed_periods_are_found_and_run_and_bad_requests_are_refused() -> Result<()> {
+    let mut env = Env::new("repair-missed").await?;
+    let ns = env.ns.clone();
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml("pay", EVERY_2S, &backstop_spec("db", &prefix, "")))
+        .await?;
+    env.wait_for("a run", Duration::from_secs(30), || async {
+        let sj = env.get_sj("pay").await?;
+        Ok(outcomes(&sj)
+            .values()
+            .any(|o| *o == Outcome::Succeeded)
+            .then_some(()))
+    })
+    .await?;
+    // Suspended for a while: its periods are recorded Skipped, never run.
+    let api: kube::Api<SingletonJob> = kube::Api::namespaced(env.client.clone(), &ns);
+    let suspend = |on: bool| serde_json::json!({"spec": {"suspend": on}});
+    api.patch(
+        "pay",
+        &PatchParams::default(),
+        &Patch::Merge(&suspend(true)),
+    )
+    .await?;
+    let suspended_at = Timestamp::now();
+    env.wait_for("periods skipped", Duration::from_secs(30), || async {
+        let sj = env.get_sj("pay").await?;
+        let skipped = sj
+            .status
+            .iter()
+            .flat_map(|s| s.history.iter())
+            .filter(|h| h.outcome == Outcome::Skipped)
+            .map(|h| h.count)
+            .sum::<u64>();
+        Ok((skipped >= 2).then_some(()))
+    })
+    .await?;
+    api.patch(
+        "pay",
+        &PatchParams::default(),
+        &Patch::Merge(&suspend(false)),
+    )
+    .await?;
+    let resumed_at = Timestamp::now();
+    let sj = env
+        .wait_for("a run after the pause", Duration::from_secs(30), || async {
+            let sj = env.get_sj("pay").await?;
+            let ran = outcomes(&sj)
+                .iter()
+                .any(|(p, o)| *p > resumed_at && *o == Outcome::Succeeded);
+            Ok(ran.then_some(sj))
+        })
+        .await?;
+    let skipped: Vec<Timestamp> = sj
+        .status
+        .iter()
+        .flat_map(|s| s.history.iter())
+        .filter(|h| h.outcome == Outcome::Skipped)
+        .flat_map(|h| {
+            let last = h.last_period.as_ref().map_or(h.period.0, |l| l.0);
+            let schedule =
+                singleton::schedule::Schedule::parse(EVERY_2S, None, Default::default()).unwrap();
+            let mut ps = vec![h.period.0];
+            ps.extend(schedule.iter_after(h.period.0).take_while(|p| *p <= last));
+            ps
+        })
+        .collect();
+    let (f, t) = (
+        (suspended_at - jiff::SignedDuration::from_secs(2)).to_string(),
+        resumed_at.to_string(),
+    );
+    let range = ["-n", &ns, "--from", &f, "--to", &t, "--only", "missed"];
+    let dry = op(&plugin(
+        &[&["rerun", "pay"][..], &range, &["--dry-run", "-o", "json"]].concat(),
+        &[],
+    )?)?;
+    let mut want = skipped.clone();
+    want.sort();
+    let listed: Vec<Timestamp> = dry.periods.iter().map(|p| p.0).collect();
+    ensure(
+        &env,
+        !want.is_empty() && listed == want,
+        ("missed periods listed, oldest first", &dry, &want),
+    )
+    .await?;
+    let done = op(&plugin(
+        &[
+            &["rerun", "pay"][..],
+            &range,
+            &["--wait", "--timeout", "60s", "-o", "json"],
+        ]
+        .concat(),
+        &[],
+    )?)?;
+    ensure(
+        &env,
+        done.phase == OperationPhase::Done && done.started == want.len() as u64,
+        ("missed periods run", &done),
+    )
+    .await?;
+    let ran = rerun_jobs(&env).await?;
+    ensure(
+        &env,
+        ran.keys().copied().collect::<Vec<_>>() == want,
+        ("a run per missed period", &ran),
+    )
+    .await?;
+
+    // Bad input: refused with the reason, nothing run.
+    let refusals: [(&[&str], &str); 3] = [
+        (&["--from", &t, "--to", &f], "is after --to"),
+        (
+            &["--from", &t, "--to", &t, "--parallel", "0"],
+            "--parallel must be 1 to 100",
+        ),
+        (
+            &["--from", &f, "--to", &t, "--parallel", "2"],
+            "needs concurrencyPolicy Allow",
+        ),
+    ];
+    for (args, says) in refusals {
+        let out = plugin(&[&["rerun", "pay", "-n", &ns][..], args].concat(), &[])?;
+        ensure(
+            &env,
+            !out.status.success() && stderr(&out).contains(says),
+            (args, says, stdout(&out), stderr(&out)),
+        )
+        .await?;
+    }
+    let future = (Timestamp::now() + jiff::SignedDuration::from_hours(1)).to_string();
+    let out = plugin(
+        &[
+            "rerun", "pay", "-n", &ns, "--from", &future, "--to", &future,
+        ],
+        &[],
+    )?;
+    ensure(
+        &env,
+        out.status.code() == Some(1)
+            && stderr(&out).contains("rejected by the controller")
+            && stderr(&out).contains("not decided yet"),
+        ("a range in the future", stderr(&out)),
+    )
+    .await?;
+    ensure(
+        &env,
+        rerun_jobs(&env).await? == ran,
+        "nothing run by a refused request",
+    )
+    .await?;
+    Ok(())
+}
