@@ -211,7 +211,7 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
     ensure!(c["resources"]["requests"]["cpu"].is_string());
     ensure!(c["resources"]["requests"]["memory"].is_string());
     ensure!(
-        c["image"].as_str() == Some("singleton-controller:0.1.0"),
+        c["image"].as_str() == Some("singleton-controller:0.2.0"),
         "image: {:?}",
         c["image"]
     );

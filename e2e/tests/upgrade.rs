@@ -4,13 +4,14 @@
 //! history by hack/previous-release.sh and cached; `SINGLETON_PREVIOUS_RELEASE` is its
 //! directory) is installed with its own chart and CRD and runs a burst of fenced SingletonJobs
 //! due every few seconds. Then, each time in the middle of a burst (a quarter of its Jobs
-//! created), the cluster goes through what `helm upgrade` and `helm rollback` do to it:
+//! created), the cluster goes through what an upgrade and a rollback do to it:
 //!
 //! 1. upgrade: `helm upgrade` to this tree's chart (its CRD, RBAC, Deployment), a replica of
 //!    this tree started, the old leader stopped by SIGTERM: the Lease passes old → new;
-//! 2. rollback: `helm rollback` to the first revision, a replica of the previous release
-//!    started, the new leader frozen (SIGSTOP) past its Lease: new → old; the frozen one is
-//!    resumed once the old one has run a burst, with whatever it had in flight;
+//! 2. rollback: `helm upgrade` to the previous release's chart (which keeps the newer CRD: checked;
+//!    `helm rollback` would replay the old CRD and prune the newer fields), a replica of the
+//!    previous release started, the new leader frozen (SIGSTOP) past its Lease: new → old; the
+//!    frozen one is resumed once the old one has run a burst, with whatever it had in flight;
 //! 3. upgrade again: `helm upgrade`, a replica of this tree, the old leader killed (SIGKILL):
 //!    old → new.
 //!
@@ -172,6 +173,13 @@ async fn crd_at(env: &Env, version: &str) -> Result<()> {
         },
     )
     .await
+}
+
+/// Whether the installed SingletonJob CRD's schema has a property named `field`.
+async fn crd_has_field(env: &Env, field: &str) -> Result<bool> {
+    let api: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let crd = api.get(CRDS[0]).await?;
+    Ok(serde_json::to_string(&crd.spec)?.contains(&format!("\"{field}\":")))
 }
 
 /// The next instant of [`SCHEDULE`] after `t`.
@@ -386,10 +394,18 @@ async fn upgrade_rollback_and_upgrade_again_mid_burst() -> Result<()> {
 
     // 2. Rollback, mid-burst; the new leader frozen past its Lease: new -> old.
     let at = mid_burst(&env, &pods).await?;
-    helm_run(
+    // A rollback as docs/operations.md says: `helm upgrade` to the previous chart, which renders
+    // again and keeps the newer CRD (its guard sees a newer version installed), so the fields
+    // this tree added are not pruned from stored SingletonJobs. (`helm rollback` replays the
+    // old revision's manifest as rendered then, the older CRD with it: tried, it pruned them.)
+    helm_apply(&env, "upgrade", release, &prev.join("chart"))?;
+    crd_at(&env, new_app).await?;
+    ensure(
         &env,
-        &["rollback", release, "1", "--wait", "--timeout", "120s"],
-    )?;
+        crd_has_field(&env, "startAt").await?,
+        "the rollback kept the newer CRD (with startAt)",
+    )
+    .await?;
     let old2 = env.start_controller_bin(&old_bin, &sa, &elect()).await?;
     env.signal_controller(new1, "STOP").await?;
     leads(&env, old2).await?;
