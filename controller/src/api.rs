@@ -554,6 +554,11 @@ fn token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "integer", "format": "int64", "minimum": 0})
 }
 
+/// A repair's parallelism: u32 in Rust, published as the int32 Kubernetes knows.
+fn parallel_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "integer", "format": "int32", "minimum": 1, "nullable": true})
+}
+
 fn optional_token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "integer", "format": "int64", "minimum": 0, "nullable": true})
 }
@@ -1104,6 +1109,7 @@ pub struct OperationStatus {
     pub order: Option<RepairOrder>,
     /// Repair: at most this many of its runs active at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "parallel_schema")]
     pub parallel: Option<u32>,
     /// Repair: periods of the range it does not re-run (their records do not match `only`,
     /// their run is still active, or an identical request re-ran them).

@@ -90,3 +90,56 @@ fn the_check_sees_a_sentence_cut_in_two_and_reflow_mends_it() {
         "{mended}"
     );
 }
+
+/// The formats of every property: the API server warns about any it does not know (schemars
+/// writes `uint32` and `uint64` for Rust's unsigned integers).
+fn formats(node: &Value, path: &str, out: &mut Vec<(String, String)>) {
+    if let Some(f) = node.get("format").and_then(Value::as_str) {
+        out.push((path.to_string(), f.to_string()));
+    }
+    for (name, child) in node
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        formats(child, &format!("{path}.{name}"), out);
+    }
+    if let Some(items) = node.get("items") {
+        formats(items, path, out);
+    }
+}
+
+#[test]
+fn every_format_is_one_the_api_server_knows() {
+    // OpenAPI's and Kubernetes' own formats (k8s.io/kube-openapi's format registry).
+    let known = [
+        "int32",
+        "int64",
+        "date-time",
+        "byte",
+        "double",
+        "float",
+        "date",
+        "duration",
+    ];
+    let crd = serde_json::to_value(singleton::api::crd()).expect("crd as json");
+    let mut all = Vec::new();
+    formats(
+        &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+        "",
+        &mut all,
+    );
+    assert!(
+        all.iter().any(|(_, f)| f == "int64"),
+        "the walk saw the schema"
+    );
+    let unknown: Vec<_> = all
+        .iter()
+        .filter(|(_, f)| !known.contains(&f.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "formats the API server warns about: {unknown:?}"
+    );
+}

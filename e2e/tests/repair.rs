@@ -99,19 +99,14 @@ fn succeeded(j: &Job) -> bool {
     j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0
 }
 
-#[tokio::test]
-async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing() -> Result<()> {
-    let mut env = Env::new("repair").await?;
-    let ns = env.ns.clone();
-    let prefix = table_prefix(&env);
-    backstop_secret(&env, "db", &database_url()?, true).await?;
-    env.start_controller(&[]).await?;
-    let spec = backstop_spec(
-        "db",
-        &prefix,
-        "  concurrencyPolicy: Allow\n  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n",
-    );
-    env.create_sj(&failing(&spec)).await?;
+/// A SingletonJob `pay` whose runs fail until its template is fixed, then succeed: the range
+/// of its decided periods and those that failed (at least three), oldest first.
+async fn failing_then_fixed(
+    env: &Env,
+    spec: &str,
+) -> Result<(Timestamp, Timestamp, Vec<Timestamp>)> {
+    let ns = &env.ns;
+    env.create_sj(&failing(spec)).await?;
     env.wait_for("three failed runs", Duration::from_secs(60), || async {
         let sj = env.get_sj("pay").await?;
         let failed = outcomes(&sj)
@@ -122,7 +117,7 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
     })
     .await?;
     // Fixed: the template runs (kwok's pods succeed), and runs succeed from now on.
-    let api: kube::Api<SingletonJob> = kube::Api::namespaced(env.client.clone(), &ns);
+    let api: kube::Api<SingletonJob> = kube::Api::namespaced(env.client.clone(), ns);
     let fix = serde_json::json!({"spec": {"jobTemplate": {"spec": {
         "activeDeadlineSeconds": null,
         "template": {"spec": {"nodeSelector": null}},
@@ -155,33 +150,23 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
         .filter(|(_, o)| **o == Outcome::Failed)
         .map(|(p, _)| *p)
         .collect();
-    let key = format!("{ns}/pay");
-    let before = claims(&prefix, &key, from, to).await?;
-    // The backstop says the same as the history: each failed period's row has outcome Failed.
-    for p in &failed {
-        ensure(
-            &env,
-            before.get(p).and_then(|c| c.1.as_deref()) == Some("Failed"),
-            ("the claim row records the failure", p, &before),
-        )
-        .await?;
-    }
-    let (f, t) = (from.to_string(), to.to_string());
-    let range = ["-n", &ns, "--from", &f, "--to", &t];
+    Ok((from, to, failed))
+}
 
-    // The dry run lists exactly the failed periods, newest first, and runs nothing.
+/// The dry run lists exactly the `failed` periods, newest first, and runs nothing.
+async fn dry_run_lists_the_failed(env: &Env, range: &[&str], failed: &[Timestamp]) -> Result<()> {
     let args = [
         &["rerun", "pay"][..],
-        &range,
+        range,
         &["--dry-run", "--order", "newest", "-o", "json"],
     ]
     .concat();
     let dry = op(&plugin(&args, &[])?)?;
-    let mut newest_first = failed.clone();
+    let mut newest_first = failed.to_vec();
     newest_first.reverse();
     let listed: Vec<Timestamp> = dry.periods.iter().map(|p| p.0).collect();
     ensure(
-        &env,
+        env,
         dry.phase == OperationPhase::Done
             && listed == newest_first
             && dry.selected == Some(failed.len() as u64),
@@ -189,18 +174,18 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
     )
     .await?;
     ensure(
-        &env,
-        rerun_jobs(&env).await?.is_empty(),
+        env,
+        rerun_jobs(env).await?.is_empty(),
         "a dry run starts nothing",
     )
     .await?;
     let table = plugin(
-        &[&["rerun", "pay"][..], &range, &["--dry-run"]].concat(),
+        &[&["rerun", "pay"][..], range, &["--dry-run"]].concat(),
         &[],
     )?;
     let first_line = format!("  {}", singleton::naming::period_rfc3339(failed[0]));
     ensure(
-        &env,
+        env,
         table.status.success()
             && stdout(&table).contains("dry run: would re-run")
             && stdout(&table).contains(&first_line),
@@ -212,10 +197,19 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
     )
     .await?;
 
-    // The repair: each failed period re-run once, newest first, two at a time.
+    Ok(())
+}
+
+/// The repair, newest first, two at a time: each failed period re-run once, none other, each
+/// re-run succeeded. Returns the re-runs' tokens by period.
+async fn repair_re_runs_each_once(
+    env: &Env,
+    range: &[&str],
+    failed: &[Timestamp],
+) -> Result<BTreeMap<Timestamp, Vec<u64>>> {
     let args = [
         &["rerun", "pay"][..],
-        &range,
+        range,
         &[
             "--order",
             "newest",
@@ -231,7 +225,7 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
     .concat();
     let done = op(&plugin(&args, &[])?)?;
     ensure(
-        &env,
+        env,
         done.phase == OperationPhase::Done && done.started == failed.len() as u64,
         ("the repair is done", &done),
     )
@@ -253,11 +247,11 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
             },
         )
         .await?;
-    let by_period = rerun_jobs(&env).await?;
+    let by_period = rerun_jobs(env).await?;
     ensure(
-        &env,
+        env,
         reruns == failed.len()
-            && by_period.keys().copied().collect::<Vec<_>>() == failed
+            && by_period.keys().copied().collect::<Vec<_>>() == failed.to_vec()
             && by_period.values().all(|t| t.len() == 1),
         (
             "one re-run per failed period, none other",
@@ -269,11 +263,43 @@ async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing
     // Newest first: the tokens were issued in the order claimed, so they fall as periods rise.
     let tokens: Vec<u64> = by_period.values().map(|t| t[0]).collect();
     ensure(
-        &env,
+        env,
         tokens.windows(2).all(|w| w[0] > w[1]),
         ("claimed newest first", &tokens),
     )
     .await?;
+    Ok(by_period)
+}
+
+#[tokio::test]
+async fn failed_periods_are_re_run_once_each_and_a_second_request_starts_nothing() -> Result<()> {
+    let mut env = Env::new("repair").await?;
+    let ns = env.ns.clone();
+    let prefix = table_prefix(&env);
+    backstop_secret(&env, "db", &database_url()?, true).await?;
+    env.start_controller(&[]).await?;
+    let spec = backstop_spec(
+        "db",
+        &prefix,
+        "  concurrencyPolicy: Allow\n  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n",
+    );
+    let (from, to, failed) = failing_then_fixed(&env, &spec).await?;
+    let key = format!("{ns}/pay");
+    let before = claims(&prefix, &key, from, to).await?;
+    // The backstop says the same as the history: each failed period's row has outcome Failed.
+    for p in &failed {
+        ensure(
+            &env,
+            before.get(p).and_then(|c| c.1.as_deref()) == Some("Failed"),
+            ("the claim row records the failure", p, &before),
+        )
+        .await?;
+    }
+    let (f, t) = (from.to_string(), to.to_string());
+    let range = ["-n", &ns, "--from", &f, "--to", &t];
+
+    dry_run_lists_the_failed(&env, &range, &failed).await?;
+    let by_period = repair_re_runs_each_once(&env, &range, &failed).await?;
     let after = env
         .wait_for(
             "the outcomes recorded in the backstop",
@@ -337,8 +363,14 @@ async fn missed_periods_are_found_and_run_and_bad_requests_are_refused() -> Resu
     let prefix = table_prefix(&env);
     backstop_secret(&env, "db", &database_url()?, true).await?;
     env.start_controller(&[]).await?;
-    env.create_sj(&sj_yaml("pay", EVERY_2S, &backstop_spec("db", &prefix, "")))
-        .await?;
+    // Forbid (the default): a repair's runs wait for the schedule's; every Job kept to count.
+    let keep = "  successfulJobsHistoryLimit: 100\n  failedJobsHistoryLimit: 100\n";
+    env.create_sj(&sj_yaml(
+        "pay",
+        EVERY_2S,
+        &backstop_spec("db", &prefix, keep),
+    ))
+    .await?;
     env.wait_for("a run", Duration::from_secs(30), || async {
         let sj = env.get_sj("pay").await?;
         Ok(outcomes(&sj)
@@ -399,9 +431,11 @@ async fn missed_periods_are_found_and_run_and_bad_requests_are_refused() -> Resu
             ps
         })
         .collect();
+    // To a moment past the resume: a period due just after it may still have been skipped
+    // (the controller sees the resume a little later).
     let (f, t) = (
         (suspended_at - jiff::SignedDuration::from_secs(2)).to_string(),
-        resumed_at.to_string(),
+        (resumed_at + jiff::SignedDuration::from_secs(2)).to_string(),
     );
     let range = ["-n", &ns, "--from", &f, "--to", &t, "--only", "missed"];
     let dry = op(&plugin(

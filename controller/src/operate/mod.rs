@@ -3,7 +3,7 @@
 //! are accepted, rejected or followed in `status.operations` (parsing, ranges and what a rerun or
 //! a repair may re-run are pure, in [`crate::decide::ops`], [`crate::decide::rerun`] and
 //! [`crate::decide::repair`]); a run they ask for is claimed through the run protocol like a
-//! scheduled one ([`crate::run::start`]). A repair's steps are in [`repair`].
+//! scheduled one ([`crate::run::start`]). A repair's steps are in `operate/repair.rs`.
 
 mod repair;
 

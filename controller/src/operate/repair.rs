@@ -103,8 +103,13 @@ impl Operations<'_> {
         ) {
             op.selected = Some(0);
             op.message = format!(
-                "a repair now would start nothing: it is identical to repair {} ({:?})",
-                same.id, same.phase
+                "a repair now would start nothing new: it is identical to repair {} ({:?}{})",
+                same.id,
+                same.phase,
+                match same.phase {
+                    OperationPhase::Running => ", which goes on",
+                    _ => "",
+                }
             );
             ops::set(&mut self.status.operations.repair_dry_run, op);
             return Ok(());
@@ -243,6 +248,13 @@ impl Operations<'_> {
             },
             op.parallel.unwrap_or(1)
         );
+        // One repair at a time: a different request replaces one still running, and says so.
+        if let Some(old) = latest.filter(|o| o.phase == OperationPhase::Running) {
+            op.message.push_str(&format!(
+                "; replaces repair {}, stopped after re-running {} period(s)",
+                old.id, old.started
+            ));
+        }
         let by = a.req.by.as_deref().unwrap_or("unknown");
         let note = format!("repair requested by {by}: {}", op.message);
         self.notes.push((EventType::Normal, "RepairAccepted", note));
