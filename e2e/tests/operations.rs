@@ -352,11 +352,13 @@ async fn break_lock_fences_out_a_stuck_run() -> Result<()> {
         ("trigger", &stuck, stderr(&out)),
     )
     .await?;
-    // The stuck run holds the fence: its writes go through.
-    ensure(
-        &env,
-        fenced_write(&prefix, &key, 1).await?.is_ok(),
+    // The stuck run holds the fence: its writes go through. Waited for: the trigger's record
+    // is written with the status claim, the backstop's claim (which raises the fence) a moment
+    // later.
+    env.wait_for(
         "token 1 before the break",
+        Duration::from_secs(20),
+        || async { Ok(fenced_write(&prefix, &key, 1).await?.ok()) },
     )
     .await?;
 

@@ -132,6 +132,23 @@ fn helm_apply(env: &Env, verb: &str, name: &str, chart: &std::path::Path) -> Res
 /// Removes the CRDs `make e2e` applied (and with them every SingletonJob of this control
 /// plane, which is this test's alone), so the previous release's chart installs its own.
 async fn remove_crds(env: &Env) -> Result<()> {
+    // A CRD deleted while its storage still initializes (make e2e applied it a moment ago, on
+    // a loaded machine) fails the API server's cleanup ("storage is (re)initializing", seen in
+    // its log) and is retried with a growing backoff, past this test's wait: first both kinds
+    // answer a list.
+    env.wait_for(
+        "the CRDs' storage to serve",
+        Duration::from_secs(60),
+        || async {
+            let jobs: Api<singleton::api::SingletonJob> = Api::all(env.client.clone());
+            let calendars: Api<singleton::api::SingletonCalendar> = Api::all(env.client.clone());
+            let one = kube::api::ListParams::default().limit(1);
+            jobs.list(&one).await?;
+            calendars.list(&one).await?;
+            Ok(Some(()))
+        },
+    )
+    .await?;
     let api: Api<CustomResourceDefinition> = Api::all(env.client.clone());
     for name in CRDS {
         let _ = api.delete(name, &DeleteParams::default()).await;

@@ -199,11 +199,8 @@ impl Operations<'_> {
             }));
         }
         op.phase = OperationPhase::Done;
-        op.message = format!(
-            "done: re-ran {} period(s), passed {}",
-            op.started, op.passed
-        );
-        let note = format!("repair {} {}", op.id, op.message);
+        op.message = format!("re-ran {} period(s), passed {}", op.started, op.passed);
+        let note = format!("repair {} done: {}", op.id, op.message);
         self.notes.push((EventType::Normal, "RepairDone", note));
         ops::set(&mut self.status.operations.repair, op);
         Ok(None)

@@ -344,6 +344,37 @@ mod tests {
             "{line}"
         );
 
+        // A repair's dry run lists its periods, one per line, and says how many it left out.
+        let mut dry = ops::accepted(&req, now());
+        dry.phase = OperationPhase::Done;
+        dry.message = "would re-run 3 of 30 period(s) (3 failed)".into();
+        dry.periods = vec![
+            "2026-09-17T22:00:00Z".parse::<Timestamp>().unwrap().into(),
+            "2026-09-03T22:00:00Z".parse::<Timestamp>().unwrap().into(),
+        ];
+        dry.selected = Some(3);
+        let out = format_operation(
+            OperationKind::RepairDryRun,
+            "ns",
+            "hello",
+            &dry,
+            Output::Table,
+        )
+        .unwrap();
+        assert_eq!(
+            out.lines().skip(1).collect::<Vec<_>>(),
+            [
+                "  2026-09-17T22:00:00Z",
+                "  2026-09-03T22:00:00Z",
+                "  ... and 1 more (narrow --from/--to to list them)"
+            ],
+            "{out}"
+        );
+        assert!(
+            out.starts_with("singletonjob ns/hello: dry run: would re-run 3"),
+            "{out}"
+        );
+
         // The handled request in the annotation: a new one may be written.
         let raw = serde_json::to_string(&req).unwrap();
         s.metadata.annotations = Some([(ANNOTATION_TRIGGER.to_string(), raw)].into());
