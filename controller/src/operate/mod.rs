@@ -14,10 +14,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::api::{
-    ConcurrencyPolicy, LockPurpose, OperationPhase, RunOrigin, RunRef, SingletonJob,
-    SingletonJobStatus,
+    ConcurrencyPolicy, LockPurpose, OperationPhase, OperationStatus, RunOrigin, RunRef,
+    SingletonJob, SingletonJobStatus,
 };
-use crate::backstop::Availability;
+use crate::backstop::{Availability, Backstop};
 use crate::context::Context;
 use crate::decide::ops::{self, Invalid, OperationKind, Request};
 use crate::decide::{Waiting, rerun};
@@ -313,6 +313,29 @@ impl Operations<'_> {
         true
     }
 
+    /// The backstop a walk over a range (backfill, repair) reads, or None with its record
+    /// `op` saying why: it waits while the database does not answer, and is rejected once
+    /// `spec.backstop` was removed.
+    fn walk_backstop(
+        &mut self,
+        kind: OperationKind,
+        mut op: OperationStatus,
+    ) -> Option<std::sync::Arc<Backstop>> {
+        match self.db {
+            Availability::Ready(b) => Some(b.clone()),
+            Availability::Unavailable(why) => {
+                op.message = format!("waiting for the backstop database: {why}");
+                ops::set(kind.slot_mut(&mut self.status.operations), op);
+                None
+            }
+            Availability::NotConfigured => {
+                let why = format!("spec.backstop was removed while the {} ran", kind.command());
+                self.reject(kind, &op.id, None, why);
+                None
+            }
+        }
+    }
+
     /// Backfill, then: walked a period at a time. One that ran before (any record says so) is
     /// counted and passed; the first that did not is started, once it may.
     async fn walk_backfill(&mut self) -> Result<Option<Timestamp>> {
@@ -325,19 +348,8 @@ impl Operations<'_> {
         else {
             return Ok(None);
         };
-        let backstop = match self.db {
-            Availability::Ready(b) => b.clone(),
-            Availability::Unavailable(why) => {
-                op.message = format!("waiting for the backstop database: {why}");
-                ops::set(&mut self.status.operations.backfill, op);
-                return Ok(None);
-            }
-            Availability::NotConfigured => {
-                let why = "spec.backstop was removed while the backfill ran".to_string();
-                let id = op.id.clone();
-                self.reject(OperationKind::Backfill, &id, None, why);
-                return Ok(None);
-            }
+        let Some(backstop) = self.walk_backstop(OperationKind::Backfill, op.clone()) else {
+            return Ok(None);
         };
         // Bounded, so a long run of periods that ran before spreads over several reconciles.
         for _ in 0..BACKFILL_CHECKS_PER_RECONCILE {

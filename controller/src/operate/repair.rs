@@ -153,19 +153,8 @@ impl Operations<'_> {
         else {
             return Ok(None);
         };
-        let backstop = match self.db {
-            Availability::Ready(b) => b.clone(),
-            Availability::Unavailable(why) => {
-                op.message = format!("waiting for the backstop database: {why}");
-                ops::set(&mut self.status.operations.repair, op);
-                return Ok(None);
-            }
-            Availability::NotConfigured => {
-                let why = "spec.backstop was removed while the repair ran".to_string();
-                let id = op.id.clone();
-                self.reject(OperationKind::Repair, &id, None, why);
-                return Ok(None);
-            }
+        let Some(backstop) = self.walk_backstop(OperationKind::Repair, op.clone()) else {
+            return Ok(None);
         };
         let records = self.records(&backstop, &op).await?;
         let status = &*self.status;
