@@ -9,6 +9,9 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod notify;
+pub use notify::*;
+
 pub use crate::schedule::{
     Bounds, DateRange, DayRules, DstPolicy, ExcludedAction, FoldPolicy, GapPolicy,
 };
@@ -376,6 +379,16 @@ pub struct SingletonJobSpec {
     /// label `kueue.x-k8s.io/queue-name` is added only once the run's claim is confirmed.
     #[schemars(schema_with = "job_template_schema")]
     pub job_template: JobTemplate,
+
+    /// Receivers told what happened to each period (CloudEvents over HTTP, Slack, Healthchecks),
+    /// at least once, never holding up a run. See docs/notifications.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[x_kube(
+        validation = Rule::new("self.all(t, self.exists_one(u, u.name == t.name))")
+            .message("notify target names must be unique")
+    )]
+    pub notify: Vec<NotifyTarget>,
 }
 
 /// `catchUpLimit` when unset.
@@ -557,6 +570,11 @@ fn token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 /// A repair's parallelism: u32 in Rust, published as the int32 Kubernetes knows.
 fn parallel_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({"type": "integer", "format": "int32", "minimum": 1, "nullable": true})
+}
+
+/// A count: u64 in Rust, published as int64 >= 0.
+fn counter_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    token_schema(g)
 }
 
 fn optional_token_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -978,6 +996,11 @@ pub struct SingletonJobStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100))]
     pub unsettled_claims: Vec<UnsettledClaim>,
+
+    /// What `spec.notify` is told: the events still to deliver, and how each target fares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: empty without `spec.notify`, and every cached SingletonJob carries its status.
+    pub notifications: Option<Box<Notifications>>,
     /// Fields of a newer release, kept as read so that this one's writes never drop them.
     #[serde(flatten)]
     #[schemars(skip)]
@@ -1278,7 +1301,9 @@ impl From<&RunRef> for ReplacedRun {
 }
 
 /// What happened to a period.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 pub enum Outcome {
     /// The run is active.
     Running,

@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
+use crate::notify::Notifier;
 use crate::sync::lock;
 use crate::{Error, Result};
 
@@ -49,6 +50,8 @@ pub struct Context {
     /// Job uids this process resumed lately (step 8): until the Job watch shows them resumed,
     /// the cache still says suspended, and resuming them again would cost a request each.
     pub resumed: Recent,
+    /// Delivers the events `status.notifications` holds (`spec.notify`).
+    pub notifier: Arc<Notifier>,
 }
 
 impl Context {
@@ -58,6 +61,7 @@ impl Context {
         crate::metrics::global().forget(sj);
         self.own_writes.forget(sj);
         self.backstops.forget(&sj.key());
+        self.notifier.forget(sj);
         lock(&self.rejections_seen).remove(&sj.key());
         if let Some(uid) = &sj.metadata.uid {
             self.backstop_health.forget(uid);

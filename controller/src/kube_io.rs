@@ -55,6 +55,10 @@ struct WrittenMeta {
 
 /// Writes `status` to `sj`'s status subresource with `sj`'s resourceVersion as precondition
 /// (compare-and-swap). Returns the object as written, carrying the new resourceVersion.
+///
+/// Every status write carries the notifications of the history entries it adds (the outbox,
+/// [`crate::decide::notify::fill`]): recorded in the same write as the period, whichever step
+/// wrote it, so neither is ever without the other. Once written, their delivery starts.
 pub async fn write_status(
     ctx: &Context,
     sj: &SingletonJob,
@@ -66,6 +70,65 @@ pub async fn write_status(
 
 /// [`write_status`] with a failpoint reached right before the write is sent.
 pub async fn write_status_at(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: SingletonJobStatus,
+    lane: Lane,
+    point: Option<&'static str>,
+) -> Result<SingletonJob> {
+    let mut status = status;
+    fill_outbox(ctx, sj, sj.status.as_ref(), &mut status);
+    write_status_filled(ctx, sj, status, lane, point).await
+}
+
+/// Adds to `status`'s outbox the notifications of the history entries it adds to `base`
+/// ([`crate::decide::notify::fill`]), for a write whose precondition copy no longer holds the
+/// status it was made from (see [`write_status_filled`]).
+pub fn fill_outbox(
+    ctx: &Context,
+    sj: &SingletonJob,
+    base: Option<&SingletonJobStatus>,
+    status: &mut SingletonJobStatus,
+) {
+    crate::decide::notify::fill(
+        &sj.spec.notify,
+        &sj.key(),
+        base,
+        status,
+        |job| pods_started(ctx, sj, job),
+        Timestamp::now(),
+    );
+}
+
+/// [`write_status_at`] for a `status` whose outbox the caller filled with [`fill_outbox`]: `sj`
+/// is only the precondition (its resourceVersion), its status may have been dropped to save
+/// memory while the write waited.
+pub async fn write_status_filled(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: SingletonJobStatus,
+    lane: Lane,
+    point: Option<&'static str>,
+) -> Result<SingletonJob> {
+    let written = write_status_raw(ctx, sj, status, lane, point).await?;
+    if let Some(st) = written.status.as_ref() {
+        ctx.notifier.written(&written, st);
+    }
+    ctx.notifier.offer(&written, written.status.as_ref());
+    Ok(written)
+}
+
+/// The pods a run's Job has started so far (active, succeeded and failed), from the cache.
+fn pods_started(ctx: &Context, sj: &SingletonJob, job: &str) -> Option<i32> {
+    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+    let j = ctx
+        .jobs
+        .get(&kube::runtime::reflector::ObjectRef::new(job).within(ns))?;
+    let s = j.status.as_ref()?;
+    Some(s.active.unwrap_or(0) + s.succeeded.unwrap_or(0) + s.failed.unwrap_or(0))
+}
+
+async fn write_status_raw(
     ctx: &Context,
     sj: &SingletonJob,
     status: SingletonJobStatus,

@@ -31,11 +31,13 @@ pub mod telemetry;
 pub mod decide;
 pub mod job;
 
-// The world outside: the API server's clock, the gate, the backstop database, Events.
+// The world outside: the API server's clock, the gate, the backstop database, Events, the
+// receivers of notifications.
 pub mod backstop;
 pub mod clock;
 pub mod events;
 pub mod gate;
+pub mod notify;
 
 // What a reconcile shares, and its gated writes.
 pub mod context;

@@ -106,6 +106,42 @@ pub struct ClusterClaimLabels {
     pub result: String,
 }
 
+/// Labels of `singleton_notifications_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NotifyLabels {
+    pub namespace: String,
+    pub name: String,
+    /// A [`NotifyResult`] variant's name.
+    pub result: String,
+}
+
+/// What became of a notification's try.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotifyResult {
+    /// The receiver accepted it.
+    Delivered,
+    /// A try failed (it is tried again).
+    Failed,
+    /// Tried for `giveUpAfterSeconds` in vain.
+    GaveUp,
+}
+
+impl NotifyResult {
+    pub const ALL: [NotifyResult; 3] = [
+        NotifyResult::Delivered,
+        NotifyResult::Failed,
+        NotifyResult::GaveUp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NotifyResult::Delivered => "Delivered",
+            NotifyResult::Failed => "Failed",
+            NotifyResult::GaveUp => "GaveUp",
+        }
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn backstop_histogram() -> Histogram {
@@ -139,6 +175,8 @@ pub struct Metrics {
     // Fencing.
     pub tokens_issued: Family<JobLabels, Counter>,
     pub stale_writes_refused: Family<SourceLabels, Counter>,
+    // Notifications.
+    pub notifications: Family<NotifyLabels, Counter>,
     // Backstop and clock.
     pub backstop_operation_seconds: HistogramFamily<OpLabels>,
     pub backstop_errors: Family<OpErrorLabels, Counter>,
@@ -189,6 +227,7 @@ impl Metrics {
             next_runs: Default::default(),
             tokens_issued: Family::default(),
             stale_writes_refused: Family::default(),
+            notifications: Family::default(),
             backstop_operation_seconds: Family::new_with_constructor(backstop_histogram),
             backstop_errors: Family::default(),
             backstop_deferred: Family::default(),
@@ -297,6 +336,11 @@ impl Metrics {
             m.tokens_issued.clone(),
         );
         r.register("stale_writes_refused", "Writes refused for a stale token or lost leadership: source=controller counts this process's own status writes (409 or gate closed); source=workload is the backstop database's count of fence() refusals, sampled on each reconcile", m.stale_writes_refused.clone());
+        r.register(
+            "notifications",
+            "Notification tries by result: Delivered (the receiver accepted the event), Failed (a try failed; it is tried again), GaveUp (tried for giveUpAfterSeconds in vain, dropped)",
+            m.notifications.clone(),
+        );
         r.register_with_unit(
             "backstop_operation",
             "Duration of backstop database operations",
@@ -467,6 +511,17 @@ impl Metrics {
         }
     }
 
+    /// A notification of the SingletonJob `namespace/name` was tried, with `result`.
+    pub fn notification(&self, namespace: &str, name: &str, result: NotifyResult) {
+        self.notifications
+            .get_or_create(&NotifyLabels {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                result: result.name().to_string(),
+            })
+            .inc();
+    }
+
     /// The next scheduled instant of `sj` (None: none, or suspended).
     pub fn next_run(&self, sj: &SingletonJob, next: Option<Timestamp>) {
         let next = next.filter(|_| !sj.spec.suspend.unwrap_or(false));
@@ -583,6 +638,13 @@ impl Metrics {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 outcome: outcome.name().to_string(),
+            });
+        }
+        for result in NotifyResult::ALL {
+            self.notifications.remove(&NotifyLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                result: result.name().to_string(),
             });
         }
         for source in ["controller", "workload"] {
@@ -752,6 +814,7 @@ mod tests {
         m.suspended_after_failures.get_or_create(&job(&a)).inc();
         m.next_run(&a, Some(Timestamp::now() + SignedDuration::from_secs(60)));
         m.write_refused(&a, &Error::NotLeader);
+        m.notification("ns", "a", NotifyResult::GaveUp);
         m.backstop_op(
             "read fence",
             Duration::from_millis(3),
@@ -809,6 +872,7 @@ mod tests {
             ("singleton_next_run_seconds", "gauge"),
             ("singleton_tokens_issued", "counter"),
             ("singleton_stale_writes_refused", "counter"),
+            ("singleton_notifications", "counter"),
             ("singleton_backstop_operation_seconds", "histogram"),
             ("singleton_backstop_errors", "counter"),
             ("singleton_backstop_deferred", "counter"),
@@ -827,6 +891,7 @@ mod tests {
             "singleton_leader_transitions_total 1\n",
             r#"singleton_lease_acquire_attempts_failed_total{reason="Contention"} 1"#,
             r#"singleton_runs_started_total{namespace="ns",name="a"} 1"#,
+            r#"singleton_notifications_total{namespace="ns",name="a",result="GaveUp"} 1"#,
             r#"singleton_multicluster_claims_total{cluster="east",result="TookOver"} 1"#,
             r#"singleton_tokens_issued_total{namespace="ns",name="a"} 1"#,
             r#"singleton_claims_conflicted_total{namespace="ns",name="a"} 1"#,

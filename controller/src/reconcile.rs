@@ -8,6 +8,7 @@
 //! decide   : the schedule, the template, the active runs' Jobs → decide::plan
 //! record   : what the plan decided, the conditions (pure: crate::record)
 //! operate  : trigger, rerun and backfill requests (crate::operate)
+//! notify   : what came of the notifications' deliveries (crate::notify)
 //! act      : claim and start a run (crate::run), or write the status
 //! after    : Events, metrics, pruning, when to look again
 //! ```
@@ -46,6 +47,8 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     }
     crate::metrics::global().undecodable(&sj, false);
     let _timer = crate::metrics::global().reconcile_timer();
+    // Events a failover left pending are sent by the new leader (at least once).
+    ctx.notifier.offer(&sj, sj.status.as_ref());
 
     // Observe. A verdict on the clocks no older than --clock-check-seconds (G4; at rest none is
     // sought), and a period is due when the earliest time the API server's clock may show has
@@ -274,10 +277,13 @@ async fn decide_and_act(
     let (new_entries, ended) =
         Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
+    let gave_up =
+        crate::decide::notify::settle(&sj.spec.notify, &mut status, &ctx.notifier.news(sj));
     let operating = ops::in_progress(&status.operations);
     let plan = &decided.plan;
     let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
     Box::pin(after(ctx, sj, &new_entries, notes, ended, started.as_ref())).await?;
+    Box::pin(notifications_given_up(ctx, sj, gave_up)).await;
     Box::pin(late_and_failing(ctx, sj, plan)).await?;
     Box::pin(lift_suspension(ctx, sj, &decided, now)).await?;
 
@@ -695,6 +701,34 @@ async fn after(
 /// Runs past their completion deadline get an Event and the metric, once each; reaching
 /// `suspendAfterConsecutiveFailures` suspends the SingletonJob (after the status write, which
 /// keeps the count until the suspension is seen, so a failed write here is tried again).
+/// An Event for each notification given up after `giveUpAfterSeconds`, once its status write is
+/// done.
+async fn notifications_given_up(
+    ctx: &Context,
+    sj: &SingletonJob,
+    gave_up: Vec<(
+        crate::api::PendingNotification,
+        crate::decide::notify::Delivery,
+    )>,
+) {
+    for (p, d) in gave_up {
+        let why = match &d.fate {
+            crate::decide::notify::Fate::GaveUp(e) => e.as_str(),
+            _ => "",
+        };
+        let note = format!(
+            "notification {} ({} of period {}) to {} given up after giveUpAfterSeconds: {why}",
+            p.id,
+            p.event.name(),
+            crate::naming::period_rfc3339(p.entry.period.0),
+            d.target
+        );
+        ctx.events
+            .publish(sj, EventType::Warning, "NotificationFailed", "Notify", note)
+            .await;
+    }
+}
+
 async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Result<()> {
     let metrics = crate::metrics::global();
     for run in &plan.late {

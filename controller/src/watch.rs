@@ -1,7 +1,7 @@
 //! The watches and the wiring: the reflectors over SingletonJobs and their Jobs (with what their
 //! caches keep), the Controller that runs [`crate::reconcile`] for each change, the reconciles
-//! asked for when the gate opens, the clock's verdict changes and a confirm ends, the error
-//! policy, and the shutdown.
+//! asked for when the gate opens, the clock's verdict changes, a confirm ends or a notification's
+//! delivery has news, the error policy, and the shutdown.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,6 +25,7 @@ use crate::context::{Context, InFlight, OwnWrites, Recent};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
+use crate::notify::Notifier;
 use crate::watch_backoff::{WatchBackoff, retrying};
 use crate::watch_decode::{self, Listed};
 use crate::{Error, Result, naming};
@@ -152,7 +153,15 @@ pub async fn run(
         gate.opened(),
     );
     let (confirming, confirmed_runs) = InFlight::new();
-    let ctx = context(client, &cfg, gate, clock, (jobs, calendars), confirming);
+    let (notifier, notified) = Notifier::new(client.clone(), gate.clone());
+    let ctx = context(
+        client,
+        &cfg,
+        gate,
+        clock,
+        (jobs, calendars),
+        (confirming, notifier),
+    );
     let by_calendar = sj_reader.clone();
     let (forget_ctx, store) = (ctx.clone(), sj_reader.clone());
     let sj_stream = retrying(
@@ -176,7 +185,7 @@ pub async fn run(
             naming_calendar(&by_calendar, &cal)
         })
         .reconcile_all_on(reconcile_all)
-        .reconcile_on(confirmed_runs)
+        .reconcile_on(futures::stream::select(confirmed_runs, notified))
         .graceful_shutdown_on(async move {
             // The controller wants a Sync future; a watch receiver is one.
             let _ = stop_rx.changed().await;
@@ -338,7 +347,7 @@ fn context(
     gate: Gate,
     clock: Arc<Clock>,
     (jobs, calendars): (reflector::Store<Job>, reflector::Store<SingletonCalendar>),
-    confirming: InFlight,
+    (confirming, notifier): (InFlight, Arc<Notifier>),
 ) -> Arc<Context> {
     let reporter = Reporter {
         controller: cfg.reporter.clone(),
@@ -362,6 +371,7 @@ fn context(
         own_writes: OwnWrites::default(),
         confirming,
         resumed: Recent::default(),
+        notifier,
     })
 }
 

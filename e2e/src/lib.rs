@@ -18,6 +18,7 @@ mod markdown;
 pub mod multicluster;
 mod proxy;
 pub mod real_node;
+pub mod receiver;
 mod service_account;
 pub mod sim_pods;
 pub mod skew;

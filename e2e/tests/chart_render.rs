@@ -835,6 +835,7 @@ fn network_policy_is_off_by_default_and_opens_only_the_ports_and_peers_named() -
         "networkPolicy.enabled=true",
         "networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}",
         "networkPolicy.egress.backstop.cidrs={10.20.0.0/16,10.21.0.5/32}",
+        "networkPolicy.egress.notify.cidrs={203.0.113.0/24}",
         "networkPolicy.ingress.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
     ])?;
     let np = one(&docs, "NetworkPolicy", FULLNAME)?;
@@ -857,9 +858,10 @@ fn network_policy_is_off_by_default_and_opens_only_the_ports_and_peers_named() -
             .iter()
             .all(|r| r["ports"].as_sequence().map(Vec::len) == Some(1))
     );
-    // Egress: the API server by address, DNS, the backstop databases; nothing else.
+    // Egress: the API server by address, DNS, the backstop databases, the notifications'
+    // receivers; nothing else.
     let egress = spec["egress"].as_sequence().context("egress")?;
-    ensure!(egress.len() == 3, "{egress:?}");
+    ensure!(egress.len() == 4, "{egress:?}");
     let cidrs = |rule: &Value| -> Vec<String> {
         rule["to"]
             .as_sequence()
@@ -882,7 +884,8 @@ fn network_policy_is_off_by_default_and_opens_only_the_ports_and_peers_named() -
             && ports(&egress[1]) == [53, 53]
     );
     ensure!(cidrs(&egress[2]) == ["10.20.0.0/16", "10.21.0.5/32"] && ports(&egress[2]) == [5432]);
-    // No backstop addresses: no rule for them (not an open one).
+    ensure!(cidrs(&egress[3]) == ["203.0.113.0/24"] && ports(&egress[3]) == [443]);
+    // No backstop or receiver addresses: no rule for them (not an open one).
     let docs = render(&[
         "networkPolicy.enabled=true",
         "networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}",

@@ -814,6 +814,7 @@ impl Records {
 }
 
 pub mod bounds;
+pub mod notify;
 pub mod ops;
 pub mod repair;
 pub mod rerun;

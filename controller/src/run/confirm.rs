@@ -73,7 +73,8 @@ async fn confirm(
     admission: Admission,
 ) -> Result<()> {
     let ns = fresh.metadata.namespace.clone().unwrap_or_default();
-    match kube_io::write_status_at(ctx, &fresh, status, Lane::Create, Some(failpoint::CONFIRM))
+    // `fresh` holds no status any more: the outbox was filled when `status` was made.
+    match kube_io::write_status_filled(ctx, &fresh, status, Lane::Create, Some(failpoint::CONFIRM))
         .await
     {
         Ok(_) => {

@@ -330,7 +330,9 @@ pub async fn complete_claim(
     // ([`crate::context::InFlight`]).
     let mut claim = claim;
     claim.job_uid = Some(uid.clone());
-    let status = confirm::status_after_confirm(&fresh, &claim, backstop_skipped);
+    let mut status = confirm::status_after_confirm(&fresh, &claim, backstop_skipped);
+    // Its notifications (the run's start), while the status it was made from is at hand.
+    crate::kube_io::fill_outbox(ctx, &fresh, fresh.status.as_ref(), &mut status);
     // The task keeps only what its write needs: in a burst many of them wait in a lane.
     let admission = create::admission(&fresh);
     let mut fresh = fresh;

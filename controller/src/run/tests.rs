@@ -20,6 +20,7 @@ fn context(client: kube::Client) -> Context {
         std::time::Duration::from_secs(30),
     ));
     let lanes = crate::lanes::Lanes::new(4);
+    let client_for_notifier = client.clone();
     Context {
         client: client.clone(),
         events: Events::new(
@@ -41,6 +42,7 @@ fn context(client: kube::Client) -> Context {
         own_writes: OwnWrites::default(),
         confirming: InFlight::new().0,
         resumed: Recent::default(),
+        notifier: crate::notify::Notifier::new(client_for_notifier, Gate::always()).0,
     }
 }
 
