@@ -381,14 +381,15 @@ pub struct SingletonJobSpec {
     pub job_template: JobTemplate,
 
     /// Receivers told what happened to each period (CloudEvents over HTTP, Slack, Healthchecks),
-    /// at least once, never holding up a run. See docs/notifications.md.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// at least once, never holding up a run. Unset: the controller's defaults (the chart's
+    /// `notify.defaults`, if any); `[]`: none. See docs/notifications.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 8))]
     #[x_kube(
         validation = Rule::new("self.all(t, self.exists_one(u, u.name == t.name))")
             .message("notify target names must be unique")
     )]
-    pub notify: Vec<NotifyTarget>,
+    pub notify: Option<Vec<NotifyTarget>>,
 }
 
 /// `catchUpLimit` when unset.

@@ -91,7 +91,7 @@ pub fn fill_outbox(
     status: &mut SingletonJobStatus,
 ) {
     crate::decide::notify::fill(
-        &sj.spec.notify,
+        ctx.notifier.targets(sj),
         &sj.key(),
         base,
         status,

@@ -277,8 +277,11 @@ async fn decide_and_act(
     let (new_entries, ended) =
         Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
-    let gave_up =
-        crate::decide::notify::settle(&sj.spec.notify, &mut status, &ctx.notifier.news(sj));
+    let gave_up = crate::decide::notify::settle(
+        ctx.notifier.targets(sj),
+        &mut status,
+        &ctx.notifier.news(sj),
+    );
     let operating = ops::in_progress(&status.operations);
     let plan = &decided.plan;
     let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;

@@ -121,6 +121,8 @@ pub struct Config {
     pub backstop_allowed_hosts: AllowedHosts,
     /// This cluster's identity in shared backstop databases (`--cluster-id`; empty: none).
     pub cluster_id: String,
+    /// The notification targets of SingletonJobs without `spec.notify` (`--default-notify`).
+    pub notify: crate::notify::Defaults,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -153,7 +155,7 @@ pub async fn run(
         gate.opened(),
     );
     let (confirming, confirmed_runs) = InFlight::new();
-    let (notifier, notified) = Notifier::new(client.clone(), gate.clone());
+    let (notifier, notified) = Notifier::new(client.clone(), gate.clone(), cfg.notify.clone());
     let ctx = context(
         client,
         &cfg,

@@ -939,3 +939,54 @@ fn backstop_allowed_hosts_become_one_flag_and_are_off_by_default() -> Result<()>
     ensure!(err.contains("backstopAllowedHosts"), "{err}");
     Ok(())
 }
+
+#[test]
+fn default_notification_targets_become_one_flag_and_a_role_for_exactly_their_secrets() -> Result<()>
+{
+    let docs = render(&[])?;
+    ensure!(
+        !args(&docs)?
+            .iter()
+            .any(|a| a.starts_with("--default-notify"))
+    );
+    ensure!(
+        all(&docs, "Role")
+            .iter()
+            .all(|r| !name_of(r).ends_with("-notify-secrets")),
+        "no Secret grant without defaults"
+    );
+    let docs = render(&[
+        "notify.defaults[0].name=platform",
+        "notify.defaults[0].format=Slack",
+        "notify.defaults[0].urlSecretRef.name=platform-slack",
+        "notify.defaults[0].urlSecretRef.key=url",
+        "notify.defaults[1].name=hooks",
+        "notify.defaults[1].url=https://hooks.example.com/x",
+        "notify.defaults[1].signingSecretRef.name=hook-key",
+        "notify.defaults[1].signingSecretRef.key=k",
+    ])?;
+    let flag = args(&docs)?
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--default-notify=").map(String::from))
+        .context("--default-notify")?;
+    let targets: Vec<singleton::api::NotifyTarget> = serde_json::from_str(&flag)?;
+    ensure!(
+        targets.len() == 2 && targets.iter().all(|t| t.check().is_ok()),
+        "{flag}"
+    );
+    let role = one(&docs, "Role", &format!("{FULLNAME}-notify-secrets"))?;
+    let rule = &role["rules"][0];
+    ensure!(
+        strs(&rule["resourceNames"]) == ["hook-key", "platform-slack"]
+            && strs(&rule["verbs"]) == ["get"],
+        "{rule:?}"
+    );
+    one(&docs, "RoleBinding", &format!("{FULLNAME}-notify-secrets"))?;
+    // The schema refuses what the controller would refuse at start-up.
+    let err = render_err(&[
+        "notify.defaults[0].name=x",
+        "notify.defaults[0].url=ftp://example.com/",
+    ])?;
+    ensure!(err.contains("notify"), "{err}");
+    Ok(())
+}

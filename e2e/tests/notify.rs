@@ -439,3 +439,66 @@ async fn bad_notify_input_is_refused_or_said_on_the_object_and_no_run_waits() ->
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn the_controllers_defaults_serve_singletonjobs_without_notify_and_an_empty_list_opts_out()
+-> Result<()> {
+    let mut env = Env::new("notify-defaults").await?;
+    let rx = Receiver::start().await?;
+    // The defaults' Secrets are in the controller's own namespace (here the one it serves).
+    secret(&env, "platform-key", "key", KEY, true).await?;
+    let defaults = serde_json::json!([{
+        "name": "platform",
+        "url": rx.url("/platform"),
+        "signingSecretRef": {"name": "platform-key", "key": "key"},
+        "events": ["Succeeded"],
+    }])
+    .to_string();
+    env.start_controller(&["--default-notify", &defaults])
+        .await?;
+    env.create_sj(&sj_yaml("plain", "*/2 * * * * *", ""))
+        .await?;
+    env.create_sj(&sj_yaml("quiet", "*/2 * * * * *", "  notify: []\n"))
+        .await?;
+    env.wait_for(
+        "the default target told of plain's runs",
+        Duration::from_secs(60),
+        || async {
+            let got = rx.under("/platform");
+            let plain = got
+                .iter()
+                .filter(|r| r.accepted() && r.signed_with(KEY.as_bytes()))
+                .filter(|r| r.json()["data"]["name"] == "plain")
+                .count();
+            let quiet = env.get_sj("quiet").await?;
+            Ok((plain >= 2 && succeeded(&quiet).len() >= 2).then_some(()))
+        },
+    )
+    .await?;
+    let quiet_events = rx
+        .received()
+        .iter()
+        .filter(|r| r.json()["data"]["name"] == "quiet")
+        .count();
+    ensure(
+        &env,
+        quiet_events == 0,
+        ("notify: [] opts out of the defaults", quiet_events),
+    )
+    .await?;
+    // A bad default is refused at start-up, with what is wrong.
+    let out = std::process::Command::new(e2e::controller_bin())
+        .args([
+            "--default-notify",
+            r#"[{"name":"x","url":"ftp://example.com/"}]"#,
+        ])
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure(
+        &env,
+        !out.status.success() && err.contains("url must be an absolute http:// or https:// URL"),
+        ("a bad --default-notify", &err),
+    )
+    .await?;
+    Ok(())
+}

@@ -72,6 +72,44 @@ impl NotifyTarget {
         }
     }
 
+    /// What the CRD's schema checks, for targets that do not come through the API server (the
+    /// controller's defaults, `--default-notify`).
+    pub fn check(&self) -> Result<(), String> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 63
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !self.name.starts_with('-')
+            && !self.name.ends_with('-');
+        if !name_ok {
+            return Err(format!(
+                "notify target name {:?}: at most 63 lower-case letters, digits and '-'",
+                self.name
+            ));
+        }
+        match (&self.url, &self.url_secret_ref) {
+            (Some(_), Some(_)) | (None, None) => Err(format!(
+                "notify target {}: set exactly one of url and urlSecretRef",
+                self.name
+            )),
+            (Some(u), None) if !(u.starts_with("https://") || u.starts_with("http://")) => {
+                Err(format!(
+                    "notify target {}: url must be an absolute http:// or https:// URL",
+                    self.name
+                ))
+            }
+            _ => match self.give_up_after_seconds {
+                Some(s) if !(5..=604_800).contains(&s) => Err(format!(
+                    "notify target {}: giveUpAfterSeconds must be from 5 to 604800",
+                    self.name
+                )),
+                _ => Ok(()),
+            },
+        }
+    }
+
     /// `giveUpAfterSeconds`, or its default.
     pub fn give_up_after(&self) -> std::time::Duration {
         let s = self
@@ -226,4 +264,47 @@ pub struct NotifyTargetStatus {
     #[serde(flatten)]
     #[schemars(skip)]
     pub unknown: Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(url: Option<&str>, secret: bool) -> NotifyTarget {
+        NotifyTarget {
+            name: "ops".into(),
+            url: url.map(String::from),
+            url_secret_ref: secret.then(|| SecretKeyRef {
+                name: "s".into(),
+                key: "url".into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The checks of the controller's defaults say what the CRD's rules say.
+    #[test]
+    fn a_default_target_is_checked_as_the_crd_checks_spec_notify() {
+        assert!(target(Some("https://x.example/"), false).check().is_ok());
+        assert!(target(None, true).check().is_ok());
+        let err = |t: NotifyTarget| t.check().unwrap_err();
+        assert!(err(target(Some("ftp://x/"), false)).contains("absolute http://"));
+        assert!(err(target(Some("https://x/"), true)).contains("exactly one of url"));
+        assert!(err(target(None, false)).contains("exactly one of url"));
+        let mut t = target(Some("http://x/"), false);
+        t.name = "Ops".into();
+        assert!(err(t).contains("lower-case"));
+        let mut t = target(Some("http://x/"), false);
+        t.give_up_after_seconds = Some(1);
+        assert!(err(t).contains("giveUpAfterSeconds"));
+    }
+
+    #[test]
+    fn unset_events_are_failed_missed_and_late() {
+        let t = target(Some("http://x/"), false);
+        assert_eq!(
+            t.wanted(),
+            &[NotifyOn::Failed, NotifyOn::Missed, NotifyOn::Late]
+        );
+    }
 }

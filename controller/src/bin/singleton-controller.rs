@@ -2,11 +2,12 @@
 use std::time::Duration;
 
 use clap::Parser;
+use singleton::api::NotifyTarget;
 use singleton::backstop::AllowedHosts;
 use singleton::endpoints::{MetricsAuth, MetricsOptions};
 use singleton::lease::{self, ElectionConfig};
 use singleton::replica::{self, ElectionOptions, ReplicaOptions};
-use singleton::watch;
+use singleton::{notify, watch};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -71,6 +72,11 @@ struct Args {
     /// Empty: single-cluster; such claims are never taken over.
     #[arg(long, env = "SINGLETON_CLUSTER_ID", default_value = "", value_parser = parse_cluster_id)]
     cluster_id: String,
+    /// Notification targets for the SingletonJobs without `spec.notify`, as JSON: a list shaped
+    /// like `spec.notify` (docs/notifications.md). Their Secrets are read in the controller's
+    /// own namespace (`POD_NAMESPACE`). Default: none.
+    #[arg(long, env = "SINGLETON_DEFAULT_NOTIFY", value_parser = parse_default_notify)]
+    default_notify: Option<DefaultNotify>,
     /// Address of /healthz and /readyz (plain HTTP, no authentication).
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
@@ -104,12 +110,14 @@ async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     args.namespace = args.namespace.filter(|ns| !ns.is_empty());
     singleton::telemetry::init_logging(args.log_json);
+    // The controller's own namespace: the Lease's, and that of the default targets' Secrets.
+    let home = args
+        .lease_namespace
+        .or_else(|| args.namespace.clone())
+        .unwrap_or_else(|| "default".into());
     let election = if args.leader_elect {
         Some(ElectionOptions {
-            lease_namespace: args
-                .lease_namespace
-                .or_else(|| args.namespace.clone())
-                .unwrap_or_else(|| "default".into()),
+            lease_namespace: home.clone(),
             lease_name: args.lease_name,
             config: ElectionConfig::from_secs(
                 lease::identity(args.instance.as_deref()),
@@ -125,6 +133,10 @@ async fn main() -> anyhow::Result<()> {
         args.max_clock_skew_seconds.into(),
     ));
     let client = clock.client().await?;
+    let notify = notify::Defaults {
+        targets: args.default_notify.map(|d| d.0).unwrap_or_default(),
+        namespace: home,
+    };
     let cfg = watch::Config {
         namespace: args.namespace,
         reporter: "singleton-controller".into(),
@@ -134,6 +146,7 @@ async fn main() -> anyhow::Result<()> {
         label_selector: args.label_selector.filter(|s| !s.trim().is_empty()),
         backstop_allowed_hosts: AllowedHosts::parse(&args.backstop_allowed_hosts)?,
         cluster_id: args.cluster_id,
+        notify,
     };
     let opts = ReplicaOptions {
         election,
@@ -147,6 +160,22 @@ async fn main() -> anyhow::Result<()> {
     // Err(LeadershipLost) exits non-zero: the Deployment restarts this pod as a standby.
     replica::run_replica(client, cfg, opts, singleton::telemetry::shutdown_signal()).await?;
     Ok(())
+}
+
+/// `--default-notify`'s targets, checked as the CRD checks `spec.notify`.
+#[derive(Clone, Debug)]
+struct DefaultNotify(Vec<NotifyTarget>);
+
+fn parse_default_notify(s: &str) -> Result<DefaultNotify, String> {
+    let targets: Vec<NotifyTarget> = serde_json::from_str(s)
+        .map_err(|e| format!("a JSON list of notification targets, as spec.notify: {e}"))?;
+    for (i, t) in targets.iter().enumerate() {
+        t.check()?;
+        if targets[..i].iter().any(|u| u.name == t.name) {
+            return Err(format!("notify target name {} given twice", t.name));
+        }
+    }
+    Ok(DefaultNotify(targets))
 }
 
 /// A cluster identity: at most 63 characters of `[A-Za-z0-9._-]` (it goes into status, Events,

@@ -47,10 +47,20 @@ const REMEMBER_DONE: Duration = Duration::from_secs(600);
 /// Which SingletonJob, which event, which target.
 type Key = (String, String, String);
 
+/// The controller's default targets, for the SingletonJobs without `spec.notify`
+/// (`--default-notify`, the chart's `notify.defaults`): their Secrets are in `namespace`, the
+/// controller's own, not the SingletonJob's.
+#[derive(Clone, Debug, Default)]
+pub struct Defaults {
+    pub targets: Vec<NotifyTarget>,
+    pub namespace: String,
+}
+
 /// The deliveries of this process.
 pub struct Notifier {
     client: kube::Client,
     gate: Gate,
+    defaults: Defaults,
     http: OnceLock<Result<send::Http, String>>,
     slots: Semaphore,
     /// (uid, event id, target) being delivered (None), or done and written to status (when): a
@@ -67,11 +77,13 @@ impl Notifier {
     pub fn new(
         client: kube::Client,
         gate: Gate,
+        defaults: Defaults,
     ) -> (Arc<Self>, UnboundedReceiverStream<ObjectRef<SingletonJob>>) {
         let (wake, rx) = mpsc::unbounded_channel();
         let n = Notifier {
             client,
             gate,
+            defaults,
             http: OnceLock::new(),
             slots: Semaphore::new(SLOTS),
             busy: Mutex::default(),
@@ -79,6 +91,19 @@ impl Notifier {
             wake,
         };
         (Arc::new(n), UnboundedReceiverStream::new(rx))
+    }
+
+    /// `sj`'s targets: `spec.notify`, or the controller's defaults when it is unset.
+    pub fn targets<'a>(&'a self, sj: &'a SingletonJob) -> &'a [NotifyTarget] {
+        sj.spec.notify.as_deref().unwrap_or(&self.defaults.targets)
+    }
+
+    /// Where `sj`'s targets' Secrets are: its own namespace, the controller's for the defaults.
+    fn secrets_in(&self, sj: &SingletonJob) -> String {
+        match sj.spec.notify {
+            Some(_) => sj.metadata.namespace.clone().unwrap_or_default(),
+            None => self.defaults.namespace.clone(),
+        }
     }
 
     /// Starts delivering each event pending in `status` (of `sj`) to each target not yet on its
@@ -95,7 +120,7 @@ impl Notifier {
         }
         for p in &pending.pending {
             for name in &p.targets {
-                let Some(target) = sj.spec.notify.iter().find(|t| t.name == *name) else {
+                let Some(target) = self.targets(sj).iter().find(|t| t.name == *name) else {
                     continue;
                 };
                 let key = (uid.clone(), p.id.clone(), name.clone());
@@ -106,7 +131,11 @@ impl Notifier {
                     }
                     busy.insert(key.clone(), None);
                 }
-                let job = JobRef::of(sj);
+                let job = JobRef {
+                    namespace: sj.metadata.namespace.clone().unwrap_or_default(),
+                    name: sj.metadata.name.clone().unwrap_or_default(),
+                    secrets_in: self.secrets_in(sj),
+                };
                 tokio::spawn(Arc::clone(self).deliver(job, key, target.clone(), p.clone()));
             }
         }
@@ -253,7 +282,7 @@ impl Notifier {
         let url = match (&target.url, &target.url_secret_ref) {
             (Some(url), _) => url.clone(),
             (None, Some(r)) => {
-                let v = self.secret_value(&job.namespace, r).await?;
+                let v = self.secret_value(&job.secrets_in, r).await?;
                 String::from_utf8(v)
                     .map(|s| s.trim().to_string())
                     .map_err(|_| format!("Secret {} key {} is not text", r.name, r.key))?
@@ -274,7 +303,7 @@ impl Notifier {
         );
         let mut headers = Vec::new();
         if let Some(r) = &target.signing_secret_ref {
-            let key = sign::key(&self.secret_value(&job.namespace, r).await?);
+            let key = sign::key(&self.secret_value(&job.secrets_in, r).await?);
             let now = Timestamp::now().as_second();
             headers.push(("webhook-id", p.id.clone()));
             headers.push(("webhook-timestamp", now.to_string()));
@@ -323,21 +352,15 @@ impl Notifier {
     }
 }
 
-/// A SingletonJob as a delivery names it.
+/// A SingletonJob as a delivery names it, and where its target's Secrets are.
 #[derive(Clone, Debug)]
 struct JobRef {
     namespace: String,
     name: String,
+    secrets_in: String,
 }
 
 impl JobRef {
-    fn of(sj: &SingletonJob) -> JobRef {
-        JobRef {
-            namespace: sj.metadata.namespace.clone().unwrap_or_default(),
-            name: sj.metadata.name.clone().unwrap_or_default(),
-        }
-    }
-
     fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }

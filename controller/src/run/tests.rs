@@ -42,7 +42,12 @@ fn context(client: kube::Client) -> Context {
         own_writes: OwnWrites::default(),
         confirming: InFlight::new().0,
         resumed: Recent::default(),
-        notifier: crate::notify::Notifier::new(client_for_notifier, Gate::always()).0,
+        notifier: crate::notify::Notifier::new(
+            client_for_notifier,
+            Gate::always(),
+            Default::default(),
+        )
+        .0,
     }
 }
 
