@@ -70,6 +70,8 @@ struct State {
     got: Vec<Received>,
     /// Paths (by prefix) answered with a status other than 200.
     answers: Vec<(String, u16)>,
+    /// Paths (by prefix) whose requests are held without an answer (a receiver that hangs).
+    hangs: Vec<String>,
 }
 
 /// The receiver, serving until dropped or [`Receiver::down`].
@@ -103,6 +105,11 @@ impl Receiver {
         let mut s = self.state.lock().unwrap();
         s.answers.retain(|(p, _)| p != prefix);
         s.answers.push((prefix.to_string(), status));
+    }
+
+    /// Requests to paths under `prefix` get no answer (held until the client gives up).
+    pub fn hang(&self, prefix: &str) {
+        self.state.lock().unwrap().hangs.push(prefix.to_string());
     }
 
     /// Stops serving: the port refuses connections (the open ones are closed).
@@ -187,6 +194,24 @@ async fn handle(
         })
         .collect();
     let body = req.into_body().collect().await?.to_bytes().to_vec();
+    let hangs = state
+        .lock()
+        .unwrap()
+        .hangs
+        .iter()
+        .any(|p| path.starts_with(p.as_str()));
+    if hangs {
+        // Recorded, never answered: the client's timeout ends it.
+        state.lock().unwrap().got.push(Received {
+            path,
+            query,
+            headers,
+            body,
+            status: 0,
+        });
+        std::future::pending::<()>().await;
+        unreachable!("a pending future never completes");
+    }
     let mut s = state.lock().unwrap();
     let status = s
         .answers

@@ -502,3 +502,80 @@ async fn the_controllers_defaults_serve_singletonjobs_without_notify_and_an_empt
     .await?;
     Ok(())
 }
+
+/// The worst delay from a period's instant to its Job's creation, over the Jobs of `sj`.
+fn worst_delay(jobs: &[k8s_openapi::api::batch::v1::Job], sj: &str) -> (usize, f64) {
+    let delays: Vec<f64> = jobs
+        .iter()
+        .filter(|j| {
+            j.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&format!("{sj}-")))
+        })
+        .filter_map(|j| {
+            let created = j.metadata.creation_timestamp.as_ref()?.0;
+            let period: jiff::Timestamp = j
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("singleton.dev/period")?
+                .parse()
+                .ok()?;
+            Some(created.duration_since(period).as_secs_f64())
+        })
+        .collect();
+    (delays.len(), delays.into_iter().fold(0.0, f64::max))
+}
+
+#[tokio::test]
+async fn a_receiver_that_never_answers_delays_no_run() -> Result<()> {
+    let mut env = Env::new("notify-hang").await?;
+    let rx = Receiver::start().await?;
+    rx.hang("/hang");
+    let notify = format!(
+        "  notify:\n  - name: hang\n    url: {}\n    events: [Started, Succeeded]\n",
+        rx.url("/hang")
+    );
+    env.start_controller(&[]).await?;
+    // `calm` has no receivers: the machine's own delay, for comparison on a loaded machine.
+    let keep = "  successfulJobsHistoryLimit: 20\n";
+    env.create_sj(&sj_yaml(
+        "busy",
+        "*/2 * * * * *",
+        &format!("{keep}{notify}"),
+    ))
+    .await?;
+    env.create_sj(&sj_yaml("calm", "*/2 * * * * *", keep))
+        .await?;
+    // Every try hangs until the 10 s timeout; meanwhile runs go on at their instants.
+    let jobs = env
+        .wait_for(
+            "8 runs of each and a timed-out try",
+            Duration::from_secs(60),
+            || async {
+                let jobs = env.job_list().await?;
+                let sj = env.get_sj("busy").await?;
+                let timed_out =
+                    target_error(&sj, "hang").is_some_and(|e| e.contains("no answer within"));
+                let enough = worst_delay(&jobs, "busy").0 >= 8 && worst_delay(&jobs, "calm").0 >= 8;
+                Ok((enough && timed_out).then_some(jobs))
+            },
+        )
+        .await?;
+    let (busy, calm) = (worst_delay(&jobs, "busy").1, worst_delay(&jobs, "calm").1);
+    let sj = env.get_sj("busy").await?;
+    // A run held up by a delivery would wait its 10 s timeout; 2 s is a period of the schedule.
+    ensure(
+        &env,
+        busy <= calm + 2.0 && pending(&sj) >= 4 && !rx.under("/hang").is_empty(),
+        (
+            "worst delay with a hanging receiver, without, events pending",
+            busy,
+            calm,
+            pending(&sj),
+        ),
+    )
+    .await?;
+    Ok(())
+}
