@@ -277,11 +277,7 @@ async fn decide_and_act(
     let (new_entries, ended) =
         Box::pin(record(ctx, sj, &mut status, &seen, &decided, states)).await?;
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
-    let gave_up = crate::decide::notify::settle(
-        ctx.notifier.targets(sj),
-        &mut status,
-        &ctx.notifier.news(sj),
-    );
+    let gave_up = settle_notifications(ctx, sj, &mut status);
     let operating = ops::in_progress(&status.operations);
     let plan = &decided.plan;
     let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
@@ -701,19 +697,26 @@ async fn after(
     Box::pin(record::prune::prune_jobs(ctx, sj)).await
 }
 
-/// Runs past their completion deadline get an Event and the metric, once each; reaching
-/// `suspendAfterConsecutiveFailures` suspends the SingletonJob (after the status write, which
-/// keeps the count until the suspension is seen, so a failed write here is tried again).
-/// An Event for each notification given up after `giveUpAfterSeconds`, once its status write is
-/// done.
-async fn notifications_given_up(
+/// Notifications given up, with the delivery that gave up.
+type GaveUp = Vec<(
+    crate::api::PendingNotification,
+    crate::decide::notify::Delivery,
+)>;
+
+/// What came of the notifications' deliveries, into `status` (written by this reconcile's act):
+/// the ones given up, for their Events once written.
+fn settle_notifications(
     ctx: &Context,
     sj: &SingletonJob,
-    gave_up: Vec<(
-        crate::api::PendingNotification,
-        crate::decide::notify::Delivery,
-    )>,
-) {
+    status: &mut SingletonJobStatus,
+) -> GaveUp {
+    let news = ctx.notifier.news(sj);
+    crate::decide::notify::settle(ctx.notifier.targets(sj), status, &news)
+}
+
+/// An Event for each notification given up after `giveUpAfterSeconds`, once its status write is
+/// done.
+async fn notifications_given_up(ctx: &Context, sj: &SingletonJob, gave_up: GaveUp) {
     for (p, d) in gave_up {
         let why = match &d.fate {
             crate::decide::notify::Fate::GaveUp(e) => e.as_str(),
@@ -732,6 +735,9 @@ async fn notifications_given_up(
     }
 }
 
+/// Runs past their completion deadline get an Event and the metric, once each; reaching
+/// `suspendAfterConsecutiveFailures` suspends the SingletonJob (after the status write, which
+/// keeps the count until the suspension is seen, so a failed write here is tried again).
 async fn late_and_failing(ctx: &Context, sj: &SingletonJob, plan: &Plan) -> Result<()> {
     let metrics = crate::metrics::global();
     for run in &plan.late {
