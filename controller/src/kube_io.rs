@@ -90,32 +90,19 @@ pub fn fill_outbox(
     base: Option<&SingletonJobStatus>,
     status: &mut SingletonJobStatus,
 ) {
+    let targets = ctx.notifier.targets(sj);
+    // Most SingletonJobs have none: nothing to compare, not even a key to format.
+    if targets.is_empty() {
+        return;
+    }
     crate::decide::notify::fill(
-        ctx.notifier.targets(sj),
+        targets,
         &sj.key(),
         base,
         status,
         |job| pods_started(ctx, sj, job),
         Timestamp::now(),
     );
-}
-
-/// [`write_status_at`] for a `status` whose outbox the caller filled with [`fill_outbox`]: `sj`
-/// is only the precondition (its resourceVersion), its status may have been dropped to save
-/// memory while the write waited.
-pub async fn write_status_filled(
-    ctx: &Context,
-    sj: &SingletonJob,
-    status: SingletonJobStatus,
-    lane: Lane,
-    point: Option<&'static str>,
-) -> Result<SingletonJob> {
-    let written = write_status_raw(ctx, sj, status, lane, point).await?;
-    if let Some(st) = written.status.as_ref() {
-        ctx.notifier.written(&written, st);
-    }
-    ctx.notifier.offer(&written, written.status.as_ref());
-    Ok(written)
 }
 
 /// The pods a run's Job has started so far (active, succeeded and failed), from the cache.
@@ -128,7 +115,10 @@ fn pods_started(ctx: &Context, sj: &SingletonJob, job: &str) -> Option<i32> {
     Some(s.active.unwrap_or(0) + s.succeeded.unwrap_or(0) + s.failed.unwrap_or(0))
 }
 
-async fn write_status_raw(
+/// [`write_status_at`] for a `status` whose outbox the caller filled with [`fill_outbox`]: `sj`
+/// is only the precondition (its resourceVersion), its status may have been dropped to save
+/// memory while the write waited.
+pub async fn write_status_filled(
     ctx: &Context,
     sj: &SingletonJob,
     status: SingletonJobStatus,
@@ -168,12 +158,18 @@ async fn write_status_raw(
         obj.metadata.resource_version = written.metadata.resource_version;
         Ok::<_, kube::Error>(obj)
     };
-    gated(ctx, lane, point, send)
+    let written = gated(ctx, lane, point, send)
         .await
         .and_then(|r| {
             r.map_err(|e| Error::from_write(e, &format!("singletonjob {ns}/{name} status")))
         })
-        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))
+        .inspect_err(|e| crate::metrics::global().write_refused(sj, e))?;
+    // What this write settled is no longer news; what it recorded starts on its way.
+    if let Some(st) = written.status.as_ref() {
+        ctx.notifier.written(&written, st);
+        ctx.notifier.offer(&written, Some(st));
+    }
+    Ok(written)
 }
 
 /// Creates `job` (suspended: see [`crate::run`]). The API server's answer is the caller's to
