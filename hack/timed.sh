@@ -13,7 +13,9 @@
 #            suite with --nocapture). Stage "." adds no row of its own, only those.
 #            With either, the command's stderr is merged into its stdout (both are read).
 #        hack/timed.sh reset    empties $SINGLETON_STAGES
-#        hack/timed.sh report   prints the table of $SINGLETON_STAGES, in the order stages began
+#        hack/timed.sh report   prints the table of $SINGLETON_STAGES, in the order stages began,
+#                               then the last lines the first failed stage wrote (CI keeps only
+#                               the end of its output: a compiler's error above would be cut)
 # Rows of stages run side by side (parallel test groups) are all kept; the total is wall time.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,6 +52,11 @@ report() {
     printf '  %-52s %10s  %s\n' "$(printf '%*s%s' $((${#depth} * 2)) '' "$label")" "$(fmt "$secs")" "$result"
   done
   printf '  %-52s %10s\n' "wall time, first stage's start to last one's end" "$(fmt "$(awk -v a="$first" -v b="$last" 'BEGIN { print b - a }')")"
+  if [ -s "$FILE.failed" ]; then
+    echo
+    echo "The first stage to fail, and the last lines of its stderr (its whole output for test binaries):"
+    sed 's/^/  | /' "$FILE.failed"
+  fi
 }
 
 # parse <stage> <suites 0|1> <chaos 0|1>: passes stdin through unchanged, writing the suite and
@@ -91,7 +98,7 @@ parse() {
 }
 
 case ${1:-} in
-  reset) [ -n "$FILE" ] || die "SINGLETON_STAGES is not set"; mkdir -p "$(dirname "$FILE")"; : > "$FILE"; exit 0 ;;
+  reset) [ -n "$FILE" ] || die "SINGLETON_STAGES is not set"; mkdir -p "$(dirname "$FILE")"; : > "$FILE"; rm -f "$FILE.failed"; exit 0 ;;
   report) report; exit 0 ;;
 esac
 
@@ -112,18 +119,27 @@ if [ "$stage" = . ]; then name=$parent; else name=$parent${parent:+/}$stage; fi
 export SINGLETON_STAGE_PARENT=$name
 mkdir -p "$(dirname "$FILE")"
 t0=$EPOCHREALTIME rc=0
+# What the command writes to stderr (its whole output with --suites/--chaos) is also kept, so
+# that the report can repeat the end of the first failure's.
+out=$(mktemp)
 # Interrupted (Ctrl-C, CI's timeout): the row says so, and the signal goes on.
 trap 'row "$t0" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" "BEGIN { print b - a }")" interrupted "$name"; trap - INT TERM; kill -INT $$' INT TERM
 if [ "$suites$chaos" = 00 ]; then
-  "$@" || rc=$?
+  # stdout goes straight on (fd 3), stderr through tee; pipefail: the command's status.
+  { "$@" 2>&1 1>&3 3>&- | tee "$out" >&2; } 3>&1 || rc=$?
 else
-  "$@" 2>&1 | parse "$name" "$suites" "$chaos" || rc=$?   # pipefail: the command's status
+  "$@" 2>&1 | tee "$out" | parse "$name" "$suites" "$chaos" || rc=$?   # pipefail: the command's status
 fi
 trap - INT TERM
 secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }')
 if [ "$stage" != . ]; then
   if [ "$rc" = 0 ]; then result=ok; else result="failed ($rc)"; fi
+  # The innermost stage fails first; stages around it find the file written.
+  if [ "$rc" != 0 ] && [ ! -s "$FILE.failed" ]; then
+    { echo "$name: $result"; tail -n 30 "$out"; } > "$FILE.failed"
+  fi
   row "$t0" "$secs" "$result" "$name"
   log "$name: $(fmt "$secs") ($result)"
 fi
+rm -f "$out"
 exit "$rc"
