@@ -11,9 +11,9 @@
 
 use jiff::Timestamp;
 
-use super::schema::holder_key_sql;
+use super::engine::engine;
 use super::{Backstop, to_i64};
-use crate::{Error, Result};
+use crate::Result;
 
 /// One registered attempt of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,26 +68,7 @@ impl Backstop {
     pub async fn attempts(&self, job: &str, token: u64) -> Result<Vec<AttemptRow>> {
         let token = to_i64(token)?;
         self.bounded("read attempts", async {
-            let mut slot = self.session().await?;
-            let sql = format!(
-                "SELECT seq, attempt, registered_at FROM {} WHERE job = $1 AND token = $2 ORDER BY seq",
-                slot.tables()?.attempts
-            );
-            let r = slot
-                .client()?
-                .query(&sql, &[&job, &token])
-                .await
-                .map_err(|e| Error::from_pg(e, false))
-                .map(|rows| {
-                    rows.iter()
-                        .map(|r| AttemptRow {
-                            seq: r.get(0),
-                            attempt: r.get(1),
-                            registered_at: r.get(2),
-                        })
-                        .collect()
-                });
-            slot.settle(r)
+            engine!(self, e => e.attempts(job, token).await)
         })
         .await
     }
@@ -95,48 +76,14 @@ impl Backstop {
     /// Retires `token` of `job` for a period decided without a Job (rejected, name taken,
     /// missed), unless an attempt of that token registered: then a Job with the token ran (a
     /// replica that paused past its Lease decided the claim another replica had completed), and
-    /// retiring would fence out a live run ([`Error::RunStarted`]). The check and the
+    /// retiring would fence out a live run ([`crate::Error::RunStarted`]). The check and the
     /// retirement happen under the fence row's lock, which every registration takes: a
     /// registration either precedes the check (and is seen) or follows the retirement (and is
     /// refused). Idempotent; a token already below the fence or retired changes nothing.
     pub async fn retire_unstarted(&self, job: &str, token: u64, namespace: &str) -> Result<()> {
-        let token_i = to_i64(token)?;
+        to_i64(token)?;
         self.bounded("retire unstarted token", async {
-            let mut slot = self.session().await?;
-            let t = slot.tables()?.clone();
-            let client = slot.client_mut()?;
-            let r = async {
-                let pg = |e| Error::from_pg(e, false);
-                let tx = client.transaction().await.map_err(pg)?;
-                let row = tx
-                    .query_opt(
-                        &format!(
-                            "SELECT token, retired, namespace FROM {} WHERE job = $1 FOR UPDATE",
-                            t.fences
-                        ),
-                        &[&job],
-                    )
-                    .await
-                    .map_err(pg)?;
-                if let Some(r) = &row {
-                    super::owner::check(job, r.get(2), namespace)?;
-                    if r.get::<_, i64>(0) > token_i || r.get::<_, i64>(1) >= token_i {
-                        return Ok(());
-                    }
-                }
-                // A fresh snapshot, taken after the row lock: a registration that held it has
-                // committed and is seen here.
-                not_started(&tx, &t, job, token).await?;
-                tx.execute(
-                    &super::retire_sql(&t),
-                    &[&job, &token_i, &super::owner::recorded(namespace)],
-                )
-                .await
-                .map_err(pg)?;
-                tx.commit().await.map_err(pg)
-            }
-            .await;
-            slot.settle(r)
+            engine!(self, e => e.retire_unstarted(job, token, namespace).await)
         })
         .await
     }
@@ -144,9 +91,9 @@ impl Backstop {
     /// Withdraws the claim of (`job`, `period`) with `token`, if its row exists and still names
     /// that token, and retires the token: its period was decided without a Job while the
     /// database did not answer in the middle of the claim (F10c), so the row, if the claim did
-    /// commit, names a Job that never existed. Refused ([`Error::RunStarted`]) if an attempt of
+    /// commit, names a Job that never existed. Refused ([`crate::Error::RunStarted`]) if an attempt of
     /// the token registered. Idempotent.
-    /// Refused ([`Error::NotOwner`]) when the job key belongs to a namespace other than
+    /// Refused ([`crate::Error::NotOwner`]) when the job key belongs to a namespace other than
     /// `namespace` (empty: not checked): a planted `unsettledClaims` entry must not delete
     /// another tenant's claim.
     pub async fn withdraw(
@@ -156,44 +103,9 @@ impl Backstop {
         token: u64,
         namespace: &str,
     ) -> Result<()> {
-        let token_i = to_i64(token)?;
+        to_i64(token)?;
         self.bounded("withdraw claim", async {
-            let mut slot = self.session().await?;
-            let t = slot.tables()?.clone();
-            let client = slot.client_mut()?;
-            let r = async {
-                let pg = |e| Error::from_pg(e, false);
-                let tx = client.transaction().await.map_err(pg)?;
-                let row = tx
-                    .query_opt(
-                        &format!("SELECT namespace FROM {} WHERE job = $1 FOR UPDATE", t.fences),
-                        &[&job],
-                    )
-                    .await
-                    .map_err(pg)?;
-                if let Some(r) = &row {
-                    super::owner::check(job, r.get(0), namespace)?;
-                }
-                not_started(&tx, &t, job, token).await?;
-                tx.execute(
-                    &format!("DELETE FROM {} WHERE job = $1 AND period = $2 AND token = $3", t.claims),
-                    &[&job, &period, &token_i],
-                )
-                .await
-                .map_err(pg)?;
-                tx.execute(
-                    &format!(
-                        "UPDATE {} SET retired = greatest(retired, $2) WHERE job = $1 AND token >= $2",
-                        t.fences
-                    ),
-                    &[&job, &token_i],
-                )
-                .await
-                .map_err(pg)?;
-                tx.commit().await.map_err(pg)
-            }
-            .await;
-            slot.settle(r)
+            engine!(self, e => e.withdraw(job, period, token, namespace).await)
         })
         .await
     }
@@ -203,25 +115,7 @@ impl Backstop {
     /// functions are in use.
     pub async fn fence_holders(&self, job: &str) -> Result<Vec<Holder>> {
         self.bounded("read fence holders", async {
-            let mut slot = self.session().await?;
-            let sql = holders_sql(&holder_key_sql(slot.tables()?));
-            let r = slot
-                .client()?
-                .query(&sql, &[&job])
-                .await
-                .map_err(|e| Error::from_pg(e, false))
-                .map(|rows| {
-                    rows.iter()
-                        .map(|r| Holder {
-                            pid: r.get(0),
-                            role: r.get::<_, Option<String>>(1).unwrap_or_default(),
-                            application: r.get::<_, Option<String>>(2).unwrap_or_default(),
-                            client: r.get::<_, Option<String>>(3).unwrap_or_default(),
-                            since: r.get(4),
-                        })
-                        .collect()
-                });
-            slot.settle(r)
+            engine!(self, e => e.fence_holders(job).await)
         })
         .await
     }
@@ -237,72 +131,13 @@ impl Backstop {
             let pid = holder.pid;
             let result = self
                 .bounded("end fence holder", async {
-                    let mut slot = self.session().await?;
-                    let r = match slot
-                        .client()?
-                        .query_one("SELECT pg_catalog.pg_terminate_backend($1)", &[&pid])
-                        .await
-                    {
-                        Ok(row) if row.get::<_, bool>(0) => Ok(Ok(())),
-                        Ok(_) => Ok(Err("the session was gone already".to_string())),
-                        Err(e) => match e.as_db_error() {
-                            Some(db) => Ok(Err(format!(
-                                "{} (SQLSTATE {})",
-                                db.message(),
-                                db.code().code()
-                            ))),
-                            None => Err(Error::from_pg(e, false)),
-                        },
-                    };
-                    slot.settle(r)
+                    engine!(self, e => e.end_holder(pid).await)
                 })
                 .await?;
             ended.push(Ended { holder, result });
         }
         Ok(ended)
     }
-}
-
-/// Refuses ([`Error::RunStarted`]) when an attempt of `job`'s run with `token` registered; to be
-/// asked under the fence row's lock, which every registration takes.
-async fn not_started(
-    tx: &tokio_postgres::Transaction<'_>,
-    t: &super::schema::Tables,
-    job: &str,
-    token: u64,
-) -> Result<()> {
-    let first = tx
-        .query_opt(
-            &format!(
-                "SELECT attempt FROM {} WHERE job = $1 AND token = $2 ORDER BY seq LIMIT 1",
-                t.attempts
-            ),
-            &[&job, &to_i64(token)?],
-        )
-        .await
-        .map_err(|e| Error::from_pg(e, false))?;
-    match first {
-        Some(row) => Err(Error::RunStarted {
-            job: job.to_string(),
-            token,
-            attempt: row.get(0),
-        }),
-        None => Ok(()),
-    }
-}
-
-/// The holders of the advisory lock `key` (an expression of `$1`, the job) in this database,
-/// other than this session.
-fn holders_sql(key: &str) -> String {
-    format!(
-        "SELECT l.pid, a.usename::text, a.application_name, host(a.client_addr), a.xact_start \
-         FROM pg_catalog.pg_locks AS l LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-           AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
-           AND ((l.classid::bigint << 32) | l.objid::bigint) = {key} \
-           AND l.pid <> pg_catalog.pg_backend_pid() \
-         ORDER BY l.pid"
-    )
 }
 
 #[cfg(test)]

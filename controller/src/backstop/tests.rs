@@ -29,6 +29,7 @@ use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use tokio_postgres::NoTls;
 
+use super::postgres::schema;
 use super::*;
 
 pub(super) fn database_url() -> String {
@@ -1014,7 +1015,7 @@ fn tls_backstop(mode: &str, ca: Option<&str>, extra: &[(&str, &str)]) -> Backsto
 
 /// Whether the backstop's own session is encrypted (pg_stat_ssl of its backend).
 async fn session_tls(b: &Backstop) -> Result<bool> {
-    let mut slot = b.session().await?;
+    let mut slot = b.postgres().session().await?;
     let ssl: bool = slot
         .client()?
         .query_one(

@@ -12,7 +12,7 @@ use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::config::SslMode;
+use crate::backstop::config::SslMode;
 
 /// The TLS configuration for `mode`, or `None` for plain TCP.
 pub(crate) fn client_config(

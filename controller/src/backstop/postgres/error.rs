@@ -1,6 +1,6 @@
 //! How PostgreSQL's errors are sorted into the crate's: `BackstopUnavailable` (retryable),
 //! `BackstopConfig`, `Backstop`. A claim that finds the period already taken is not an error: it is
-//! [`super::ClaimOutcome::Duplicate`].
+//! [`crate::backstop::ClaimOutcome::Duplicate`].
 
 use std::error::Error as _;
 
@@ -9,10 +9,6 @@ use tokio_postgres::error::SqlState;
 use crate::Error;
 
 impl Error {
-    pub(crate) fn backstop_timeout(what: &str, after: std::time::Duration) -> Self {
-        Error::BackstopUnavailable(format!("{what} timed out after {after:?}"))
-    }
-
     /// Sorts a driver error. `connecting` says whether it happened while establishing the
     /// session: the server's words are then replaced by a fixed text, because startup errors
     /// quote the user and database names taken from the Secret.

@@ -29,21 +29,8 @@ use crate::{Error, Result};
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
-use super::config::TablePrefix;
-
-/// The SQLSTATE `<p>fence()` raises for a stale token.
-pub const STALE_TOKEN_SQLSTATE: &str = "SF001";
-
-/// The SQLSTATE `<p>fence()` raises for a caller whose role may not fence the job (schema 3).
-pub const NOT_PERMITTED_SQLSTATE: &str = "SF002";
-
-/// The SQLSTATE `<p>fence()` raises for a token the controller never issued (schema 3).
-pub const NEVER_ISSUED_SQLSTATE: &str = "SF003";
-
-/// The SQLSTATE `<p>fence()` and `<p>attempt()` raise for an attempt that is not its run's newest
-/// (a newer attempt registered since, or it never registered), and `<p>fence(job, token)` for a
-/// run whose attempts registered (schema 5).
-pub const ATTEMPT_SQLSTATE: &str = "SF004";
+use crate::backstop::config::TablePrefix;
+use crate::backstop::refusals::*;
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i32 = 8;
@@ -113,6 +100,58 @@ pub(crate) fn migration_sql(version: i32, t: &Tables) -> Option<String> {
 
 /// Migration `version`'s statements.
 fn migration(version: i32, t: &Tables) -> Option<String> {
+    let Tables { claims, fences, .. } = t;
+    match version {
+        1 => Some(migration_1(t)),
+        2 => Some(migration_2(t)),
+        3 => Some(migration_3(t)),
+        // Multi-cluster (docs/multi-cluster.md): which cluster claimed the period, and when it
+        // confirmed it was starting the Job. An unconfirmed claim of another cluster may be taken
+        // over after a bound judged by the database's clock (`claimed_at`, `now()`). Rows already
+        // there, and rows an older controller inserts, get the empty identity: never taken over.
+        4 => Some(format!(
+            r#"
+ALTER TABLE {claims} ADD COLUMN cluster text NOT NULL DEFAULT '';
+ALTER TABLE {claims} ADD COLUMN confirmed_at timestamptz;
+COMMENT ON COLUMN {claims}.cluster IS 'singleton-controller: the identity (--cluster-id) of the cluster that claimed the period; empty: none, never taken over';
+COMMENT ON COLUMN {claims}.confirmed_at IS 'singleton-controller: the database time its claimer confirmed it was starting the Job; a confirmed claim is never taken over';
+"#
+        )),
+        5 => Some(migration_5(t)),
+        // Job keys belong to a namespace (super::owner): the first claim's namespace, recorded
+        // by the claim transaction and checked there. Rows already there have none until their
+        // next claim records it; an older controller's claims neither record nor check it.
+        6 => Some(format!(
+            r#"
+ALTER TABLE {fences} ADD COLUMN namespace text;
+COMMENT ON COLUMN {fences}.namespace IS 'singleton-controller: the Kubernetes namespace that owns the job key (its first claim''s); claims from any other namespace are refused. ''*'': shared with every namespace (set by an administrator); NULL: recorded by the next claim';
+"#
+        )),
+        // Version skew (docs/design.md): each applied migration says which controllers may
+        // still claim. Rows already there need nothing (every migration before only added).
+        7 => Some(format!(
+            r#"
+ALTER TABLE {version} ADD COLUMN needs integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN {version}.needs IS 'singleton-controller: the oldest schema version a controller must know to claim once this migration is applied; an older controller refuses to claim';
+"#,
+            version = t.version
+        )),
+        // Bulk repair (`kubectl singleton rerun --from --to --only failed`): each period's outcome
+        // beside its claim, since the status keeps only the newest history. Written by the run
+        // with the row's token only (super::outcomes), cleared when a rerun takes the row over.
+        8 => Some(format!(
+            r#"
+ALTER TABLE {claims} ADD COLUMN outcome text;
+COMMENT ON COLUMN {claims}.outcome IS 'singleton-controller: how the run with this row''s token ended (Succeeded, Failed, Replaced, ...); NULL: running, not recorded yet, or recorded by a controller before schema 8';
+"#,
+            claims = t.claims
+        )),
+        _ => None,
+    }
+}
+
+/// Schema 1: the claims and fences tables, the rejection counter and `<p>fence()`.
+fn migration_1(t: &Tables) -> String {
     let p = &t.prefix;
     let Tables {
         claims,
@@ -121,9 +160,8 @@ fn migration(version: i32, t: &Tables) -> Option<String> {
         function,
         ..
     } = t;
-    match version {
-        1 => Some(format!(
-            r#"
+    format!(
+        r#"
 CREATE TABLE {claims} (
     job        text        NOT NULL,
     period     timestamptz NOT NULL,
@@ -184,13 +222,23 @@ $fn$;
 REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION {function}(text, bigint) IS 'singleton-controller: call inside your transaction with SINGLETON_JOB and SINGLETON_FENCING_TOKEN; raises SQLSTATE {STALE_TOKEN_SQLSTATE} when a newer run holds the fence';
 "#
-        )),
-        // A token is retired once its period is decided (the run finished, or was decided
-        // without a Job): from then on no write with it passes the fence, even though it still
-        // equals the stored token. Without this, a run re-created with its own token (a paused
-        // claimer resuming after its period was completed and its Job pruned) would pass.
-        2 => Some(format!(
-            r#"
+    )
+}
+
+/// A token is retired once its period is decided (the run finished, or was decided
+/// without a Job): from then on no write with it passes the fence, even though it still
+/// equals the stored token. Without this, a run re-created with its own token (a paused
+/// claimer resuming after its period was completed and its Job pruned) would pass.
+fn migration_2(t: &Tables) -> String {
+    let p = &t.prefix;
+    let Tables {
+        fences,
+        rejections,
+        function,
+        ..
+    } = t;
+    format!(
+        r#"
 ALTER TABLE {fences} ADD COLUMN retired bigint NOT NULL DEFAULT 0 CHECK (retired >= 0);
 COMMENT ON COLUMN {fences}.retired IS 'singleton-controller: the highest token whose period is decided; {p}fence() refuses it and every lower one';
 
@@ -228,51 +276,7 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION {function}(text, bigint) FROM PUBLIC;
 "#
-        )),
-        3 => Some(migration_3(t)),
-        // Multi-cluster (docs/multi-cluster.md): which cluster claimed the period, and when it
-        // confirmed it was starting the Job. An unconfirmed claim of another cluster may be taken
-        // over after a bound judged by the database's clock (`claimed_at`, `now()`). Rows already
-        // there, and rows an older controller inserts, get the empty identity: never taken over.
-        4 => Some(format!(
-            r#"
-ALTER TABLE {claims} ADD COLUMN cluster text NOT NULL DEFAULT '';
-ALTER TABLE {claims} ADD COLUMN confirmed_at timestamptz;
-COMMENT ON COLUMN {claims}.cluster IS 'singleton-controller: the identity (--cluster-id) of the cluster that claimed the period; empty: none, never taken over';
-COMMENT ON COLUMN {claims}.confirmed_at IS 'singleton-controller: the database time its claimer confirmed it was starting the Job; a confirmed claim is never taken over';
-"#
-        )),
-        5 => Some(migration_5(t)),
-        // Job keys belong to a namespace (super::owner): the first claim's namespace, recorded
-        // by the claim transaction and checked there. Rows already there have none until their
-        // next claim records it; an older controller's claims neither record nor check it.
-        6 => Some(format!(
-            r#"
-ALTER TABLE {fences} ADD COLUMN namespace text;
-COMMENT ON COLUMN {fences}.namespace IS 'singleton-controller: the Kubernetes namespace that owns the job key (its first claim''s); claims from any other namespace are refused. ''*'': shared with every namespace (set by an administrator); NULL: recorded by the next claim';
-"#
-        )),
-        // Version skew (docs/design.md): each applied migration says which controllers may
-        // still claim. Rows already there need nothing (every migration before only added).
-        7 => Some(format!(
-            r#"
-ALTER TABLE {version} ADD COLUMN needs integer NOT NULL DEFAULT 0;
-COMMENT ON COLUMN {version}.needs IS 'singleton-controller: the oldest schema version a controller must know to claim once this migration is applied; an older controller refuses to claim';
-"#,
-            version = t.version
-        )),
-        // Bulk repair (`kubectl singleton rerun --from --to --only failed`): each period's outcome
-        // beside its claim, since the status keeps only the newest history. Written by the run
-        // with the row's token only (super::outcomes), cleared when a rerun takes the row over.
-        8 => Some(format!(
-            r#"
-ALTER TABLE {claims} ADD COLUMN outcome text;
-COMMENT ON COLUMN {claims}.outcome IS 'singleton-controller: how the run with this row''s token ended (Succeeded, Failed, Replaced, ...); NULL: running, not recorded yet, or recorded by a controller before schema 8';
-"#,
-            claims = t.claims
-        )),
-        _ => None,
-    }
+    )
 }
 
 /// Migration 3: fence per tenant. Each fence row names the role that owns the job (`owner`,
@@ -379,17 +383,21 @@ pub(crate) fn holder_key_sql(t: &Tables) -> String {
 /// The newest attempt counts only while `attempt_token` is the stored token, so the claim's fence
 /// advance (also an older controller's) needs no change.
 fn migration_5(t: &Tables) -> String {
+    [
+        attempt_columns(t),
+        fence_check(t),
+        attempt_fences(t),
+        attempt_register(t),
+    ]
+    .concat()
+}
+
+/// Schema 5, part 1: the fence row's newest attempt, and the attempts table.
+fn attempt_columns(t: &Tables) -> String {
     let p = &t.prefix;
     let Tables {
-        fences,
-        rejections,
-        function,
-        attempts,
-        attempt_function,
-        check_function,
-        ..
+        fences, attempts, ..
     } = t;
-    let holder = holder_key_sql(t);
     format!(
         r#"
 ALTER TABLE {fences} ADD COLUMN attempt text;
@@ -408,7 +416,24 @@ CREATE TABLE {attempts} (
 );
 COMMENT ON TABLE {attempts} IS 'singleton-controller: every attempt (pod) of a run that registered with {p}attempt(), in order';
 
-CREATE FUNCTION {check_function}(job text, token bigint,
+"#
+    )
+}
+
+/// Schema 5, part 2: `<p>fence_check`, shared by both fences and the registration: the owner,
+/// the row lock, the token's checks, and the shared advisory lock `holder` that names the
+/// holders (break-lock).
+fn fence_check(t: &Tables) -> String {
+    let p = &t.prefix;
+    let Tables {
+        fences,
+        rejections,
+        check_function,
+        ..
+    } = t;
+    let holder = holder_key_sql(t);
+    format!(
+        r#"CREATE FUNCTION {check_function}(job text, token bigint,
     OUT stored bigint, OUT newest text, OUT newest_seq integer)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $fn$
@@ -464,7 +489,22 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION {check_function}(text, bigint) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION {function}(job text, token bigint) RETURNS bigint
+"#
+    )
+}
+
+/// Schema 5, part 3: the two fences, `<p>fence(job, token)` and `<p>fence(job, token, attempt)`.
+fn attempt_fences(t: &Tables) -> String {
+    let p = &t.prefix;
+    let Tables {
+        rejections,
+        function,
+        attempts,
+        check_function,
+        ..
+    } = t;
+    format!(
+        r#"CREATE OR REPLACE FUNCTION {function}(job text, token bigint) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
@@ -511,7 +551,23 @@ $fn$;
 REVOKE ALL ON FUNCTION {function}(text, bigint, text) FROM PUBLIC;
 COMMENT ON FUNCTION {function}(text, bigint, text) IS 'singleton-controller: call first inside your transaction with SINGLETON_JOB, SINGLETON_FENCING_TOKEN and SINGLETON_ATTEMPT; raises SQLSTATE {STALE_TOKEN_SQLSTATE} when a newer run holds the fence, {ATTEMPT_SQLSTATE} when a newer attempt of this run registered';
 
-CREATE FUNCTION {attempt_function}(job text, token bigint, attempt text) RETURNS integer
+"#
+    )
+}
+
+/// Schema 5, part 4: `<p>attempt()`, the registration of an attempt (pod).
+fn attempt_register(t: &Tables) -> String {
+    let p = &t.prefix;
+    let Tables {
+        fences,
+        rejections,
+        attempts,
+        attempt_function,
+        check_function,
+        ..
+    } = t;
+    format!(
+        r#"CREATE FUNCTION {attempt_function}(job text, token bigint, attempt text) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
@@ -585,28 +641,7 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
         .await
         .map_err(pg)?
         .get(0);
-    let mut version = current;
-    while let Some(sql) = migration(version + 1, &tables) {
-        version += 1;
-        tx.batch_execute(&sql).await.map_err(pg)?;
-        if version >= NEEDS_SINCE {
-            tx.execute(
-                &format!(
-                    "INSERT INTO {} (version, needs) VALUES ($1, $2)",
-                    tables.version
-                ),
-                &[&version, &needs(version)],
-            )
-            .await
-        } else {
-            tx.execute(
-                &format!("INSERT INTO {} (version) VALUES ($1)", tables.version),
-                &[&version],
-            )
-            .await
-        }
-        .map_err(pg)?;
-    }
+    let version = apply_migrations(&tx, &tables, current).await?;
     tx.commit().await.map_err(pg)?;
     verify_owners(client, &schema, prefix).await?;
     let needed: i32 = client
@@ -631,6 +666,40 @@ pub(crate) async fn migrate(client: &mut Client, prefix: &TablePrefix) -> Result
         );
     }
     Ok((version, tables))
+}
+
+/// Applies the migrations after `current` in the schema lock's transaction, recording each
+/// (with the oldest controller that may still claim, from [`NEEDS_SINCE`] on); returns the
+/// version now in place.
+async fn apply_migrations(
+    tx: &tokio_postgres::Transaction<'_>,
+    tables: &Tables,
+    current: i32,
+) -> Result<i32> {
+    let pg = |e| Error::from_pg(e, false);
+    let mut version = current;
+    while let Some(sql) = migration(version + 1, tables) {
+        version += 1;
+        tx.batch_execute(&sql).await.map_err(pg)?;
+        if version >= NEEDS_SINCE {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {} (version, needs) VALUES ($1, $2)",
+                    tables.version
+                ),
+                &[&version, &needs(version)],
+            )
+            .await
+        } else {
+            tx.execute(
+                &format!("INSERT INTO {} (version) VALUES ($1)", tables.version),
+                &[&version],
+            )
+            .await
+        }
+        .map_err(pg)?;
+    }
+    Ok(version)
 }
 
 /// The schema lock's wait ended by `lock_timeout`: another session (a replica connecting, or one
@@ -705,7 +774,7 @@ async fn verify_owners(client: &Client, schema: &str, prefix: &TablePrefix) -> R
 
 /// The advisory lock key for one (schema, prefix): a stable hash, so every replica and version of
 /// the controller agrees on it.
-pub(super) fn lock_key(schema: &str, prefix: &TablePrefix) -> i64 {
+pub(crate) fn lock_key(schema: &str, prefix: &TablePrefix) -> i64 {
     let digest = Sha256::digest(format!("singleton-controller/schema/{schema}.{prefix}"));
     let mut bytes = [0u8; 8];
     bytes.copy_from_slice(&digest[..8]);
