@@ -92,86 +92,111 @@ fn env_path(name: &str) -> anyhow::Result<PathBuf> {
 async fn main() -> anyhow::Result<()> {
     let quick = std::env::var("BENCH").is_ok_and(|m| m == "quick");
     let out = env_path("BENCH_OUT")?;
-    let kcm_pidfile = env_path("BENCH_KCM_PIDFILE")?;
-    let kcm_pid: u32 = std::fs::read_to_string(&kcm_pidfile)?
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("no kube-controller-manager pid")?;
-    let mut b = Bench {
-        client: Client::try_default().await?,
-        audit: Audit::new(env_path("BENCH_AUDIT_LOG")?),
-        controller_bin: env_path("BENCH_CONTROLLER_BIN")?,
-        controller_kubeconfig: env_path("BENCH_CONTROLLER_KUBECONFIG")?,
-        kcm_pid,
-        work: env_path("BENCH_WORK")?,
-        run: format!("b{}", Timestamp::now().as_second() % 100_000),
-        sizes: Sizes::new(quick),
-        res: serde_json::Map::new(),
-        series: Vec::new(),
-    };
+    let mut b = Bench::new(quick).await?;
     let started = Timestamp::now();
-    b.res
-        .insert("mode".into(), json!(if quick { "quick" } else { "full" }));
-    b.res.insert(
-        "machine".into(),
-        json!(std::env::var("BENCH_MACHINE").unwrap_or_default()),
-    );
-    b.res.insert("started".into(), json!(started.to_string()));
-    b.res
-        .insert("kcm_rss_start_kib".into(), json!(procs::rss_kib(b.kcm_pid)));
+    b.record_start(quick, started);
+    b.workloads().await?;
+    b.write_results(&out, started)
+}
 
-    // BENCH_ONLY=raw,idle,seconds,burst,failover,scale[-sj|-cj] runs some workloads (iterating).
-    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    let on = |w: &str| only.is_empty() || only.split(',').any(|o| o.trim() == w);
-    if on("raw") {
-        step("raw Job-create throughput");
-        b.raw_throughput().await?;
+impl Bench {
+    /// The bench as hack/bench.sh set it up (its environment), with nothing measured yet.
+    async fn new(quick: bool) -> anyhow::Result<Self> {
+        let kcm_pidfile = env_path("BENCH_KCM_PIDFILE")?;
+        let kcm_pid: u32 = std::fs::read_to_string(&kcm_pidfile)?
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("no kube-controller-manager pid")?;
+        Ok(Bench {
+            client: Client::try_default().await?,
+            audit: Audit::new(env_path("BENCH_AUDIT_LOG")?),
+            controller_bin: env_path("BENCH_CONTROLLER_BIN")?,
+            controller_kubeconfig: env_path("BENCH_CONTROLLER_KUBECONFIG")?,
+            kcm_pid,
+            work: env_path("BENCH_WORK")?,
+            run: format!("b{}", Timestamp::now().as_second() % 100_000),
+            sizes: Sizes::new(quick),
+            res: serde_json::Map::new(),
+            series: Vec::new(),
+        })
     }
-    if on("idle") {
-        step("idle latency");
-        b.idle().await?;
+
+    /// The run's mode, machine and start, and the KCM's memory before any workload.
+    fn record_start(&mut self, quick: bool, started: Timestamp) {
+        self.res
+            .insert("mode".into(), json!(if quick { "quick" } else { "full" }));
+        self.res.insert(
+            "machine".into(),
+            json!(std::env::var("BENCH_MACHINE").unwrap_or_default()),
+        );
+        self.res
+            .insert("started".into(), json!(started.to_string()));
+        self.res.insert(
+            "kcm_rss_start_kib".into(),
+            json!(procs::rss_kib(self.kcm_pid)),
+        );
     }
-    if on("seconds") {
-        step("seconds schedule (SingletonJob only)");
-        b.seconds().await?;
-    }
-    if on("burst") {
-        for n in b.sizes.bursts.clone() {
-            step(&format!("burst of {n}"));
-            b.burst(n, SJ).await?;
-            b.burst(n, CJ).await?;
+
+    /// Every workload, or those BENCH_ONLY names, one after the other.
+    async fn workloads(&mut self) -> anyhow::Result<()> {
+        // BENCH_ONLY=raw,idle,seconds,burst,failover,scale[-sj|-cj] runs some workloads
+        // (iterating).
+        let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+        let on = |w: &str| only.is_empty() || only.split(',').any(|o| o.trim() == w);
+        if on("raw") {
+            step("raw Job-create throughput");
+            self.raw_throughput().await?;
         }
-    }
-    if on("failover") {
-        step("failover");
-        b.failover().await?;
-    }
-    if on("scale") || on("scale-sj") {
-        step("footprint at scale");
-        b.footprint(SJ).await?;
-    }
-    if on("scale") || on("scale-cj") {
-        b.footprint(CJ).await?;
+        if on("idle") {
+            step("idle latency");
+            self.idle().await?;
+        }
+        if on("seconds") {
+            step("seconds schedule (SingletonJob only)");
+            self.seconds().await?;
+        }
+        if on("burst") {
+            for n in self.sizes.bursts.clone() {
+                step(&format!("burst of {n}"));
+                self.burst(n, SJ).await?;
+                self.burst(n, CJ).await?;
+            }
+        }
+        if on("failover") {
+            step("failover");
+            self.failover().await?;
+        }
+        if on("scale") || on("scale-sj") {
+            step("footprint at scale");
+            self.footprint(SJ).await?;
+        }
+        if on("scale") || on("scale-cj") {
+            self.footprint(CJ).await?;
+        }
+        Ok(())
     }
 
-    let wall = Timestamp::now().duration_since(started);
-    b.res
-        .insert("wall_seconds".into(), json!(wall.as_secs_f64().round()));
-    std::fs::create_dir_all(&out)?;
-    let results = Value::Object(b.res.clone());
-    std::fs::write(
-        out.join("results.json"),
-        serde_json::to_string_pretty(&results)? + "\n",
-    )?;
-    std::fs::write(out.join("results.md"), report::markdown(&results))?;
-    plot::skew(&out.join("skew.png"), &b.series)?;
-    println!("{}", report::markdown(&results));
-    eprintln!(
-        "bench: wrote {}/results.{{md,json}} and skew.png",
-        out.display()
-    );
-    Ok(())
+    /// results.json, results.md and skew.png in `out`; the report on stdout too.
+    fn write_results(&mut self, out: &std::path::Path, started: Timestamp) -> anyhow::Result<()> {
+        let wall = Timestamp::now().duration_since(started);
+        self.res
+            .insert("wall_seconds".into(), json!(wall.as_secs_f64().round()));
+        std::fs::create_dir_all(out)?;
+        let results = Value::Object(self.res.clone());
+        std::fs::write(
+            out.join("results.json"),
+            serde_json::to_string_pretty(&results)? + "\n",
+        )?;
+        std::fs::write(out.join("results.md"), report::markdown(&results))?;
+        plot::skew(&out.join("skew.png"), &self.series)?;
+        println!("{}", report::markdown(&results));
+        eprintln!(
+            "bench: wrote {}/results.{{md,json}} and skew.png",
+            out.display()
+        );
+        Ok(())
+    }
 }
 
 fn step(what: &str) {
@@ -642,88 +667,20 @@ impl Bench {
     /// signal to the next Job of an every-second SingletonJob is measured.
     async fn failover(&mut self) -> anyhow::Result<()> {
         let ns = self.namespace("failover").await?;
-        let args = |i: usize| -> Vec<String> {
-            vec![
-                format!("--lease-namespace={ns}"),
-                "--lease-name=bench".into(),
-                format!("--instance=r{i}"),
-                format!("--health-addr=127.0.0.1:{}", 62090 + i),
-                "--metrics-addr=127.0.0.1:0".into(),
-                "--metrics-auth=none".into(),
-            ]
-        };
-        let mut replicas = Vec::new();
-        for i in 0..3 {
-            replicas.push(self.spawn_controller(&format!("failover-r{i}"), &args(i))?);
-        }
-        let mark = self.audit.mark();
-        Api::<SingletonJob>::namespaced(self.client.clone(), &ns)
-            .create(
-                &PostParams::default(),
-                &singleton_job("fo", "* * * * * *", "Allow")?,
-            )
-            .await?;
-        let first = self
-            .wait_creates(
-                mark,
-                SINGLETON_USER,
-                &ns,
-                1,
-                Timestamp::now() + SignedDuration::from_secs(60),
-            )
-            .await?;
-        if first.is_empty() {
-            bail!("failover: no run within 60 s of three replicas starting");
-        }
+        let mut replicas = self.failover_replicas(&ns).await?;
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &ns);
         let mut out = serde_json::Map::new();
         for sig in ["KILL", "TERM"] {
             let mut gaps = Vec::new();
             let mut lates = Vec::new();
             for _ in 0..self.sizes.failover_rounds {
-                // Runs going on for a few seconds; then find the leader.
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                let holder = leases
-                    .get("bench")
-                    .await?
-                    .spec
-                    .and_then(|s| s.holder_identity)
-                    .unwrap_or_default();
-                let Some(i) = (0..3).find(|i| holder.starts_with(&format!("r{i}-"))) else {
-                    bail!("failover: lease holder {holder:?} is none of the replicas");
-                };
-                let mark = self.audit.mark();
-                let t0 = Timestamp::now();
-                replicas[i].signal(sig).await?;
-                // The first run of a period after the signal: the old leader's gate closed at
-                // the signal, so it is the new leader's (a create already in flight at the signal
-                // is for an earlier period).
-                let deadline = t0 + SignedDuration::from_secs(60);
-                // Without a failover, the first period after the signal would have started at
-                // its instant: how late it (or, if it was skipped, the next) started instead.
-                let first_due = Timestamp::from_second(t0.as_second() + 1)?;
-                let gap = loop {
-                    let reqs = self.audit.since(mark)?;
-                    let first = audit::job_starts(&reqs, SINGLETON_USER, &ns)
-                        .filter(|(name, _)| scheduled(name, SJ).is_some_and(|s| s > t0))
-                        .map(|(_, at)| at)
-                        .min();
-                    if let Some(at) = first {
-                        break Some((
-                            at.duration_since(t0).as_secs_f64(),
-                            at.duration_since(first_due).as_secs_f64(),
-                        ));
-                    }
-                    if Timestamp::now() > deadline {
-                        break None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                };
-                let _ = replicas[i].child.wait().await;
-                eprintln!("bench:   SIG{sig} of r{i}: (signal → next run, late by) {gap:?} s");
+                let (i, gap) = self
+                    .failover_round(&ns, &leases, &mut replicas, sig)
+                    .await?;
                 gaps.push(gap.map(|g| g.0));
                 lates.push(gap.map(|g| g.1));
-                replicas[i] = self.spawn_controller(&format!("failover-r{i}-again"), &args(i))?;
+                replicas[i] =
+                    self.spawn_controller(&format!("failover-r{i}-again"), &failover_args(&ns, i))?;
             }
             out.insert(
                 format!("SIG{sig}"),
@@ -739,6 +696,97 @@ impl Bench {
             r.stop().await?;
         }
         self.cleanup(&ns).await
+    }
+
+    /// The three replicas in `ns`, once they run an every-second SingletonJob (at most 60 s).
+    async fn failover_replicas(&self, ns: &str) -> anyhow::Result<Vec<Controller>> {
+        let mut replicas = Vec::new();
+        for i in 0..3 {
+            replicas.push(self.spawn_controller(&format!("failover-r{i}"), &failover_args(ns, i))?);
+        }
+        let mark = self.audit.mark();
+        Api::<SingletonJob>::namespaced(self.client.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &singleton_job("fo", "* * * * * *", "Allow")?,
+            )
+            .await?;
+        let first = self
+            .wait_creates(
+                mark,
+                SINGLETON_USER,
+                ns,
+                1,
+                Timestamp::now() + SignedDuration::from_secs(60),
+            )
+            .await?;
+        if first.is_empty() {
+            bail!("failover: no run within 60 s of three replicas starting");
+        }
+        Ok(replicas)
+    }
+
+    /// One failover: the leader sent SIG`sig`, and waited for. Returns its slot (to restart it)
+    /// and (signal → next run, late by) in seconds, None if no run came within 60 s.
+    async fn failover_round(
+        &self,
+        ns: &str,
+        leases: &Api<Lease>,
+        replicas: &mut [Controller],
+        sig: &str,
+    ) -> anyhow::Result<(usize, Option<(f64, f64)>)> {
+        // Runs going on for a few seconds; then find the leader.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let holder = leases
+            .get("bench")
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        let Some(i) = (0..3).find(|i| holder.starts_with(&format!("r{i}-"))) else {
+            bail!("failover: lease holder {holder:?} is none of the replicas");
+        };
+        let mark = self.audit.mark();
+        let t0 = Timestamp::now();
+        replicas[i].signal(sig).await?;
+        let gap = self.next_run_after(ns, mark, t0).await?;
+        let _ = replicas[i].child.wait().await;
+        eprintln!("bench:   SIG{sig} of r{i}: (signal → next run, late by) {gap:?} s");
+        Ok((i, gap))
+    }
+
+    /// Polls the audit log from `mark` for the first run after the signal at `t0`: (signal →
+    /// that run, how late it was), in seconds; None if it did not come within 60 s.
+    async fn next_run_after(
+        &self,
+        ns: &str,
+        mark: u64,
+        t0: Timestamp,
+    ) -> anyhow::Result<Option<(f64, f64)>> {
+        // The first run of a period after the signal: the old leader's gate closed at
+        // the signal, so it is the new leader's (a create already in flight at the signal
+        // is for an earlier period).
+        let deadline = t0 + SignedDuration::from_secs(60);
+        // Without a failover, the first period after the signal would have started at
+        // its instant: how late it (or, if it was skipped, the next) started instead.
+        let first_due = Timestamp::from_second(t0.as_second() + 1)?;
+        loop {
+            let reqs = self.audit.since(mark)?;
+            let first = audit::job_starts(&reqs, SINGLETON_USER, ns)
+                .filter(|(name, _)| scheduled(name, SJ).is_some_and(|s| s > t0))
+                .map(|(_, at)| at)
+                .min();
+            if let Some(at) = first {
+                return Ok(Some((
+                    at.duration_since(t0).as_secs_f64(),
+                    at.duration_since(first_due).as_secs_f64(),
+                )));
+            }
+            if Timestamp::now() > deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// `footprint` objects none of which falls due (a yearly schedule): resident memory once
@@ -798,6 +846,19 @@ impl Bench {
         }
         self.cleanup(&ns).await
     }
+}
+
+/// The arguments of failover replica `i`: all three elect a leader with the Lease `bench` in
+/// `ns`.
+fn failover_args(ns: &str, i: usize) -> Vec<String> {
+    vec![
+        format!("--lease-namespace={ns}"),
+        "--lease-name=bench".into(),
+        format!("--instance=r{i}"),
+        format!("--health-addr=127.0.0.1:{}", 62090 + i),
+        "--metrics-addr=127.0.0.1:0".into(),
+        "--metrics-auth=none".into(),
+    ]
 }
 
 fn kind_name(kind: &str) -> &'static str {

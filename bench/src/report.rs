@@ -42,11 +42,38 @@ impl Table {
     }
 }
 
+/// The number at `path` in the results, if there is one.
+fn p(r: &Value, path: &str) -> Option<f64> {
+    num(r.pointer(path).unwrap_or(&Value::Null))
+}
+
+/// The count at `path` in the results, 0 if there is none.
+fn n(r: &Value, path: &str) -> u64 {
+    r.pointer(path).and_then(Value::as_u64).unwrap_or(0)
+}
+
 pub fn markdown(r: &Value) -> String {
     let mut t = Table(Vec::new());
-    let p = |path: &str| num(r.pointer(path).unwrap_or(&Value::Null));
-    let n = |path: &str| r.pointer(path).and_then(Value::as_u64).unwrap_or(0);
+    skew_rows(&mut t, r);
+    let (rate, floor) = throughput_rows(&mut t, r);
+    for (size, k) in &bursts(r) {
+        let b = Burst {
+            r,
+            size: *size,
+            key: k,
+        };
+        burst_skew_rows(&mut t, &b);
+        burst_bound_rows(&mut t, &b, rate, floor);
+        burst_cost_rows(&mut t, &b);
+    }
+    failover_rows(&mut t, r);
+    footprint_rows(&mut t, r);
+    idle_request_rows(&mut t, r);
+    page(r, t)
+}
 
+/// The skew of the idle workload (both sides) and of the every-second schedule.
+fn skew_rows(t: &mut Table, r: &Value) {
     for q in ["p50", "p99", "max"] {
         let target = if q == "p99" {
             "SingletonJob ≤ ½ CronJob"
@@ -56,11 +83,11 @@ pub fn markdown(r: &Value) -> String {
         t.ms(
             &format!(
                 "idle, one run each 2 min: skew {q} (n = {} / {})",
-                n("/idle/SingletonJob/skew/n"),
-                n("/idle/CronJob/skew/n")
+                n(r, "/idle/SingletonJob/skew/n"),
+                n(r, "/idle/CronJob/skew/n")
             ),
-            p(&format!("/idle/SingletonJob/skew/{q}_ms")),
-            p(&format!("/idle/CronJob/skew/{q}_ms")),
+            p(r, &format!("/idle/SingletonJob/skew/{q}_ms")),
+            p(r, &format!("/idle/CronJob/skew/{q}_ms")),
             target,
         );
     }
@@ -68,15 +95,20 @@ pub fn markdown(r: &Value) -> String {
         t.row(
             &format!(
                 "every second (SingletonJob only): skew {q} (n = {})",
-                n("/seconds/skew/n")
+                n(r, "/seconds/skew/n")
             ),
-            fmt_ms(p(&format!("/seconds/skew/{q}_ms"))),
+            fmt_ms(p(r, &format!("/seconds/skew/{q}_ms"))),
             "no seconds field".into(),
             "–".into(),
             "",
         );
     }
-    let rate = p("/raw/jobs_per_second");
+}
+
+/// The API server's raw throughputs; returns them (Jobs/s, claims + creates/s) for the bursts'
+/// bounds.
+fn throughput_rows(t: &mut Table, r: &Value) -> (Option<f64>, Option<f64>) {
+    let rate = p(r, "/raw/jobs_per_second");
     t.row(
         "API server's raw Job-create throughput (64 in flight)",
         fmt_n(rate, 0) + " Jobs/s",
@@ -84,7 +116,7 @@ pub fn markdown(r: &Value) -> String {
         "–".into(),
         "",
     );
-    let floor = p("/raw/claim_create_per_second");
+    let floor = p(r, "/raw/claim_create_per_second");
     t.row(
         "API server's raw claim + create throughput (a status write, then a create; 64 in flight)",
         fmt_n(floor, 0) + " runs/s",
@@ -92,6 +124,11 @@ pub fn markdown(r: &Value) -> String {
         "–".into(),
         "",
     );
+    (rate, floor)
+}
+
+/// The bursts in the results, (size, key), smallest first.
+fn bursts(r: &Value) -> Vec<(u64, String)> {
     let bursts: Vec<String> = r
         .as_object()
         .map(|o| {
@@ -106,113 +143,144 @@ pub fn markdown(r: &Value) -> String {
         .filter_map(|k| k.trim_start_matches("burst").parse().ok().map(|n| (n, k)))
         .collect();
     bursts.sort();
-    for (size, k) in &bursts {
-        let b = |kind: &str, f: &str| p(&format!("/{k}/{kind}/{f}"));
-        let created = format!(
-            "{} / {}",
-            n(&format!("/{k}/SingletonJob/jobs_created")),
-            n(&format!("/{k}/CronJob/jobs_created"))
-        );
-        for q in ["p50", "p99", "max"] {
-            t.ms(
-                &format!("burst {size}: skew {q} (Jobs: {created})"),
-                b("SingletonJob", &format!("skew/{q}_ms")),
-                b("CronJob", &format!("skew/{q}_ms")),
-                if q == "p99" {
-                    "SingletonJob ≤ CronJob"
-                } else {
-                    ""
-                },
-            );
-        }
+    bursts
+}
+
+/// One burst's results: its size and its key (`burst<size>`).
+struct Burst<'a> {
+    r: &'a Value,
+    size: u64,
+    key: &'a str,
+}
+
+impl Burst<'_> {
+    /// The number `f` of `kind`'s side of the burst.
+    fn b(&self, kind: &str, f: &str) -> Option<f64> {
+        p(self.r, &format!("/{}/{kind}/{f}", self.key))
+    }
+}
+
+/// A burst's skew quantiles and when its last Job existed.
+fn burst_skew_rows(t: &mut Table, b: &Burst) {
+    let (size, k) = (b.size, b.key);
+    let created = format!(
+        "{} / {}",
+        n(b.r, &format!("/{k}/SingletonJob/jobs_created")),
+        n(b.r, &format!("/{k}/CronJob/jobs_created"))
+    );
+    for q in ["p50", "p99", "max"] {
         t.ms(
-            &format!("burst {size}: last Job exists after"),
-            b("SingletonJob", "last_ms"),
-            b("CronJob", "last_ms"),
-            "",
-        );
-        if let Some(rate) = rate {
-            let bound_p99 = 0.99 * *size as f64 / rate * 1000.0;
-            let bound_last = *size as f64 / rate * 1000.0;
-            t.row(
-                &format!("burst {size}: raw-throughput bound, p99 / last"),
-                format!("{} / {}", fmt_ms(Some(bound_p99)), fmt_ms(Some(bound_last))),
-                "(same)".into(),
-                "–".into(),
-                "",
-            );
-            t.row(
-                &format!("burst {size}: p99 skew ÷ raw bound"),
-                fmt_n(b("SingletonJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
-                fmt_n(b("CronJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
-                "–".into(),
-                "SingletonJob ≤ 1.5×",
-            );
-        }
-        if let Some(floor) = floor {
-            let bound_p99 = 0.99 * *size as f64 / floor * 1000.0;
-            t.row(
-                &format!("burst {size}: claim + create bound, p99 / last"),
-                format!(
-                    "{} / {}",
-                    fmt_ms(Some(bound_p99)),
-                    fmt_ms(Some(*size as f64 / floor * 1000.0))
-                ),
-                "–".into(),
-                "–".into(),
-                "",
-            );
-            t.row(
-                &format!("burst {size}: p99 skew ÷ claim + create bound"),
-                fmt_n(b("SingletonJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
-                "–".into(),
-                "–".into(),
-                "",
-            );
-        }
-        t.row(
-            &format!("burst {size}: API requests per run, to start it (until last Job + 2 s)"),
-            fmt_n(b("SingletonJob", "requests_per_run"), 2),
-            fmt_n(b("CronJob", "requests_per_run"), 2),
-            ratio(
-                b("SingletonJob", "requests_per_run"),
-                b("CronJob", "requests_per_run"),
-            ),
-            "",
-        );
-        t.row(
-            &format!("burst {size}: resident memory idle → peak (KCM for CronJob)"),
-            format!(
-                "{} → {}",
-                fmt_mib(b("SingletonJob", "rss_idle_kib")),
-                fmt_mib(b("SingletonJob", "rss_peak_kib"))
-            ),
-            format!(
-                "{} → {}",
-                fmt_mib(b("CronJob", "rss_idle_kib")),
-                fmt_mib(b("CronJob", "rss_peak_kib"))
-            ),
-            ratio(
-                b("SingletonJob", "rss_peak_kib"),
-                b("CronJob", "rss_peak_kib"),
-            ),
-            if *size == 1000 {
-                "SingletonJob < 30 MiB"
+            &format!("burst {size}: skew {q} (Jobs: {created})"),
+            b.b("SingletonJob", &format!("skew/{q}_ms")),
+            b.b("CronJob", &format!("skew/{q}_ms")),
+            if q == "p99" {
+                "SingletonJob ≤ CronJob"
             } else {
                 ""
             },
         );
+    }
+    t.ms(
+        &format!("burst {size}: last Job exists after"),
+        b.b("SingletonJob", "last_ms"),
+        b.b("CronJob", "last_ms"),
+        "",
+    );
+}
+
+/// A burst against what the API server's raw throughputs (`rate`, `floor`) allow, where measured.
+fn burst_bound_rows(t: &mut Table, b: &Burst, rate: Option<f64>, floor: Option<f64>) {
+    let size = b.size;
+    if let Some(rate) = rate {
+        let bound_p99 = 0.99 * size as f64 / rate * 1000.0;
+        let bound_last = size as f64 / rate * 1000.0;
         t.row(
-            &format!("burst {size}: CPU seconds, due − 2 s → last Job + 2 s"),
-            fmt_n(b("SingletonJob", "cpu_seconds"), 2),
-            fmt_n(b("CronJob", "cpu_seconds"), 2),
-            ratio(
-                b("SingletonJob", "cpu_seconds"),
-                b("CronJob", "cpu_seconds"),
+            &format!("burst {size}: raw-throughput bound, p99 / last"),
+            format!("{} / {}", fmt_ms(Some(bound_p99)), fmt_ms(Some(bound_last))),
+            "(same)".into(),
+            "–".into(),
+            "",
+        );
+        t.row(
+            &format!("burst {size}: p99 skew ÷ raw bound"),
+            fmt_n(b.b("SingletonJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
+            fmt_n(b.b("CronJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
+            "–".into(),
+            "SingletonJob ≤ 1.5×",
+        );
+    }
+    if let Some(floor) = floor {
+        let bound_p99 = 0.99 * size as f64 / floor * 1000.0;
+        t.row(
+            &format!("burst {size}: claim + create bound, p99 / last"),
+            format!(
+                "{} / {}",
+                fmt_ms(Some(bound_p99)),
+                fmt_ms(Some(size as f64 / floor * 1000.0))
             ),
+            "–".into(),
+            "–".into(),
+            "",
+        );
+        t.row(
+            &format!("burst {size}: p99 skew ÷ claim + create bound"),
+            fmt_n(b.b("SingletonJob", "skew/p99_ms").map(|x| x / bound_p99), 2) + "×",
+            "–".into(),
+            "–".into(),
             "",
         );
     }
+}
+
+/// What a burst cost: API requests per run, resident memory and CPU.
+fn burst_cost_rows(t: &mut Table, b: &Burst) {
+    let size = b.size;
+    t.row(
+        &format!("burst {size}: API requests per run, to start it (until last Job + 2 s)"),
+        fmt_n(b.b("SingletonJob", "requests_per_run"), 2),
+        fmt_n(b.b("CronJob", "requests_per_run"), 2),
+        ratio(
+            b.b("SingletonJob", "requests_per_run"),
+            b.b("CronJob", "requests_per_run"),
+        ),
+        "",
+    );
+    t.row(
+        &format!("burst {size}: resident memory idle → peak (KCM for CronJob)"),
+        format!(
+            "{} → {}",
+            fmt_mib(b.b("SingletonJob", "rss_idle_kib")),
+            fmt_mib(b.b("SingletonJob", "rss_peak_kib"))
+        ),
+        format!(
+            "{} → {}",
+            fmt_mib(b.b("CronJob", "rss_idle_kib")),
+            fmt_mib(b.b("CronJob", "rss_peak_kib"))
+        ),
+        ratio(
+            b.b("SingletonJob", "rss_peak_kib"),
+            b.b("CronJob", "rss_peak_kib"),
+        ),
+        if size == 1000 {
+            "SingletonJob < 30 MiB"
+        } else {
+            ""
+        },
+    );
+    t.row(
+        &format!("burst {size}: CPU seconds, due − 2 s → last Job + 2 s"),
+        fmt_n(b.b("SingletonJob", "cpu_seconds"), 2),
+        fmt_n(b.b("CronJob", "cpu_seconds"), 2),
+        ratio(
+            b.b("SingletonJob", "cpu_seconds"),
+            b.b("CronJob", "cpu_seconds"),
+        ),
+        "",
+    );
+}
+
+/// The failover rounds (SingletonJob only: the KCM here runs no leader election).
+fn failover_rows(t: &mut Table, r: &Value) {
     let fo = |sig: &str, what: &str| -> String {
         r.pointer(&format!("/failover/{sig}/{what}"))
             .and_then(Value::as_array)
@@ -245,8 +313,12 @@ pub fn markdown(r: &Value) -> String {
         "–".into(),
         "< 1 s",
     );
-    let fp = n("/footprint/n");
-    let f = |kind: &str, k: &str| p(&format!("/footprint/{kind}/{k}"));
+}
+
+/// Many objects at rest: memory, API requests and CPU.
+fn footprint_rows(t: &mut Table, r: &Value) {
+    let fp = n(r, "/footprint/n");
+    let f = |kind: &str, k: &str| p(r, &format!("/footprint/{kind}/{k}"));
     t.row(
         &format!("{fp} objects at rest: resident memory (KCM for CronJob)"),
         fmt_mib(f("SingletonJob", "rss_kib")),
@@ -275,27 +347,34 @@ pub fn markdown(r: &Value) -> String {
         "–".into(),
         "",
     );
+}
+
+/// The idle workload's API requests, per run and per minute.
+fn idle_request_rows(t: &mut Table, r: &Value) {
     t.row(
         "idle: API requests per run, start to completion (and at-rest traffic)",
-        fmt_n(p("/idle/SingletonJob/requests_per_run"), 1),
-        fmt_n(p("/idle/CronJob/requests_per_run"), 1),
+        fmt_n(p(r, "/idle/SingletonJob/requests_per_run"), 1),
+        fmt_n(p(r, "/idle/CronJob/requests_per_run"), 1),
         ratio(
-            p("/idle/SingletonJob/requests_per_run"),
-            p("/idle/CronJob/requests_per_run"),
+            p(r, "/idle/SingletonJob/requests_per_run"),
+            p(r, "/idle/CronJob/requests_per_run"),
         ),
         "",
     );
     t.row(
         "idle: API requests per minute (one run each 2 min)",
-        fmt_n(p("/idle/SingletonJob/requests_per_minute"), 1),
-        fmt_n(p("/idle/CronJob/requests_per_minute"), 1),
+        fmt_n(p(r, "/idle/SingletonJob/requests_per_minute"), 1),
+        fmt_n(p(r, "/idle/CronJob/requests_per_minute"), 1),
         ratio(
-            p("/idle/SingletonJob/requests_per_minute"),
-            p("/idle/CronJob/requests_per_minute"),
+            p(r, "/idle/SingletonJob/requests_per_minute"),
+            p(r, "/idle/CronJob/requests_per_minute"),
         ),
         "",
     );
+}
 
+/// The page: title, the run's mode, times and machine, what the measures mean, then the table.
+fn page(r: &Value, t: Table) -> String {
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
     let mut md = String::new();
     md.push_str("# make bench: SingletonJob and CronJob side by side\n\n");
@@ -303,7 +382,7 @@ pub fn markdown(r: &Value) -> String {
         "Mode `{}`, started {}, wall time {} min. Machine: {}.\n\n",
         s("mode"),
         s("started"),
-        fmt_n(p("/wall_seconds").map(|x| x / 60.0), 1),
+        fmt_n(p(r, "/wall_seconds").map(|x| x / 60.0), 1),
         s("machine")
     ));
     md.push_str(

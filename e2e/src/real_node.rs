@@ -338,7 +338,26 @@ pub async fn setup(name: &str) -> Result<Setup> {
     let suffix = env.ns.rsplit('-').next().unwrap_or("x").to_string();
     let db = format!("e2e_real_{suffix}");
     let host_url = billing_database(&db).await?;
+    create_billing_secret(&work, &db).await?;
 
+    let release = format!("sc-{suffix}");
+    let full = format!("{release}-singleton-controller");
+    install_chart(&env, &work, &release)?;
+    let _uninstall = scopeguard(release.clone(), env.ns.clone());
+
+    Ok(Setup {
+        env,
+        work,
+        release,
+        full,
+        host_url,
+        _uninstall,
+    })
+}
+
+/// The Secret `billing-db` in `work`'s namespace, labelled for the backstop, with the URL of
+/// database `db` as pods reach it.
+async fn create_billing_secret(work: &Env, db: &str) -> Result<()> {
     // The backstop and the workload reach PostgreSQL at the bridge's gateway.
     let pod_url = format!(
         "postgres://postgres@{GATEWAY}:{}/{db}?sslmode=disable",
@@ -357,12 +376,14 @@ pub async fn setup(name: &str) -> Result<Setup> {
     Api::<Secret>::namespaced(work.client.clone(), &work.ns)
         .create(&PostParams::default(), &secret)
         .await?;
+    Ok(())
+}
 
-    // The chart, with the locally built image, on the real node only.
-    let release = format!("sc-{suffix}");
-    let full = format!("{release}-singleton-controller");
+/// The chart, with the locally built image, on the real node only: `helm install --wait` of
+/// `release` into `env`'s namespace, serving `work`'s.
+fn install_chart(env: &Env, work: &Env, release: &str) -> Result<()> {
     let install = helm()
-        .args(["install", &release])
+        .args(["install", release])
         .arg(crate::chart_dir())
         .args(["--namespace", &env.ns, "--wait", "--timeout", "180s"])
         .args(["--set", "crds.install=false"])
@@ -384,40 +405,38 @@ pub async fn setup(name: &str) -> Result<Setup> {
         .args(["--set", &format!("rbac.backstopNamespaces={{{}}}", work.ns)])
         .output()?;
     if !install.status.success() {
-        let mut dump = run_ok(kubectl().args(["describe", "pods", "-n", &env.ns]))
-            .unwrap_or_else(|e| e.to_string());
-        // A crash at start-up says why only in the log of the container that ended.
-        let selector = format!("app.kubernetes.io/instance={release}");
-        for previous in ["--previous=true", "--previous=false"] {
-            let logs = kubectl()
-                .args([
-                    "logs",
-                    "-n",
-                    &env.ns,
-                    "-l",
-                    &selector,
-                    "--tail=20",
-                    previous,
-                ])
-                .output()?;
-            dump.push_str(&String::from_utf8_lossy(&logs.stdout));
-        }
+        let dump = release_pods_dump(env, release)?;
         bail!(
             "helm install on the real node failed (images missing? run `make image`):\n{}\n{}\n{dump}",
             String::from_utf8_lossy(&install.stdout),
             String::from_utf8_lossy(&install.stderr)
         );
     }
-    let _uninstall = scopeguard(release.clone(), env.ns.clone());
+    Ok(())
+}
 
-    Ok(Setup {
-        env,
-        work,
-        release,
-        full,
-        host_url,
-        _uninstall,
-    })
+/// What the pods of `release` in `env`'s namespace say, for a failed install: `kubectl describe`
+/// and the tail of their logs.
+fn release_pods_dump(env: &Env, release: &str) -> Result<String> {
+    let mut dump = run_ok(kubectl().args(["describe", "pods", "-n", &env.ns]))
+        .unwrap_or_else(|e| e.to_string());
+    // A crash at start-up says why only in the log of the container that ended.
+    let selector = format!("app.kubernetes.io/instance={release}");
+    for previous in ["--previous=true", "--previous=false"] {
+        let logs = kubectl()
+            .args([
+                "logs",
+                "-n",
+                &env.ns,
+                "-l",
+                &selector,
+                "--tail=20",
+                previous,
+            ])
+            .output()?;
+        dump.push_str(&String::from_utf8_lossy(&logs.stdout));
+    }
+    Ok(dump)
 }
 
 /// `helm uninstall` when the test ends, passed or not (the namespaces go with their [`Env`]s).

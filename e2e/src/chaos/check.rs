@@ -333,6 +333,20 @@ impl Row {
     /// What makes the scenario fail; empty when it passed.
     pub fn violations(&self, expect: Expect) -> Vec<String> {
         let mut v = Vec::new();
+        self.count_violations(&mut v);
+        self.per_period_violations(&mut v);
+        self.workload_violations(&expect, &mut v);
+        self.fault_violations(&expect, &mut v);
+        v.extend(
+            self.details
+                .iter()
+                .map(|d| format!("{}: {d}", self.scenario)),
+        );
+        v
+    }
+
+    /// The counters that must stay at 0.
+    fn count_violations(&self, v: &mut Vec<String>) {
         for (what, n) in [
             ("duplicate runs", self.duplicates),
             ("same-token re-creations", self.same_token),
@@ -350,6 +364,10 @@ impl Row {
                 v.push(format!("{}: {n} {what}", self.scenario));
             }
         }
+    }
+
+    /// At most one Job and one committed attempt per period, and no overlapping attempts.
+    fn per_period_violations(&self, v: &mut Vec<String>) {
         if self.jobs_per_period_max > 1 {
             v.push(format!(
                 "{}: Jobs per period (max) is {}, at most 1 may run",
@@ -368,6 +386,10 @@ impl Row {
                 self.scenario
             ));
         }
+    }
+
+    /// Runs started and writes committed at all, and what `expect` asks of the workload.
+    fn workload_violations(&self, expect: &Expect, v: &mut Vec<String>) {
         if self.started == 0 {
             v.push(format!("{}: no run started at all", self.scenario));
         }
@@ -395,6 +417,11 @@ impl Row {
                 self.scenario, self.hung
             ));
         }
+    }
+
+    /// The fault hit due periods, caused the failovers `expect` asks for within their bound, and
+    /// was shown to have fired.
+    fn fault_violations(&self, expect: &Expect, v: &mut Vec<String>) {
         let need = expect.min_due_in_fault.max(1);
         if self.due_in_fault < need {
             v.push(format!(
@@ -429,12 +456,6 @@ impl Row {
         for p in self.proofs.iter().filter(|p| !p.held) {
             v.push(format!("{}: fault not shown: {}", self.scenario, p.what));
         }
-        v.extend(
-            self.details
-                .iter()
-                .map(|d| format!("{}: {d}", self.scenario)),
-        );
-        v
     }
 }
 
@@ -607,18 +628,47 @@ fn describe(j: &JobSeen) -> String {
     format!("{} (uid {}, token {token}{from})", j.name, j.uid)
 }
 
+/// A SingletonJob's claim tokens, by period.
+type ClaimsByPeriod = BTreeMap<Timestamp, Vec<u64>>;
+
+/// A SingletonJob's Jobs that ran, by period, then by uid.
+type RanByPeriod<'a> = BTreeMap<Timestamp, BTreeMap<&'a str, &'a JobSeen>>;
+
 fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
-    let mut claims_by_period: BTreeMap<Timestamp, Vec<u64>> = BTreeMap::new();
+    let claims_by_period = claims_by_period(sj);
+    let ran_by_period = ran_by_period(sj);
+    count_unrun(sj, row);
+    check_duplicates(sj, &claims_by_period, &ran_by_period, row);
+    check_claim_rows(sj, &claims_by_period, &ran_by_period, row);
+    check_outside_starts(sj, row, ctx);
+    check_early(sj, row);
+    check_token_order(sj, &claims_by_period, &ran_by_period, row, ctx);
+    check_due(sj, &claims_by_period, &ran_by_period, row, ctx);
+}
+
+/// The tokens `sj`'s periods were claimed with.
+fn claims_by_period(sj: &SjObservation) -> ClaimsByPeriod {
+    let mut claims_by_period: ClaimsByPeriod = BTreeMap::new();
     for c in &sj.claims {
         claims_by_period.entry(c.period).or_default().push(c.token);
     }
-    // Only Jobs that ran count; a uid appears once whatever the sources said.
-    let mut ran_by_period: BTreeMap<Timestamp, BTreeMap<&str, &JobSeen>> = BTreeMap::new();
+    claims_by_period
+}
+
+/// Only Jobs that ran count; a uid appears once whatever the sources said.
+fn ran_by_period(sj: &SjObservation) -> RanByPeriod<'_> {
+    let mut ran_by_period: RanByPeriod = BTreeMap::new();
+    for j in sj.jobs.iter().filter(|j| j.ran) {
+        ran_by_period.entry(j.period).or_default().insert(&j.uid, j);
+    }
+    ran_by_period
+}
+
+/// The Jobs that never ran: removed ones are counted, those left suspended are noted.
+fn count_unrun(sj: &SjObservation, row: &mut Row) {
     let mut unrun_left = 0;
-    for j in &sj.jobs {
-        if j.ran {
-            ran_by_period.entry(j.period).or_default().insert(&j.uid, j);
-        } else if j.removed {
+    for j in sj.jobs.iter().filter(|j| !j.ran) {
+        if j.removed {
             row.unrun_removed += 1;
         } else {
             unrun_left += 1;
@@ -630,10 +680,17 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
             sj.key
         ));
     }
+}
 
-    // Duplicates: a period claimed twice, two Job uids that ran for one period, or the one Job
-    // that ran carrying a token that is not its period's claim.
-    for (p, tokens) in &claims_by_period {
+/// Duplicates: a period claimed twice, two Job uids that ran for one period, or the one Job
+/// that ran carrying a token that is not its period's claim.
+fn check_duplicates(
+    sj: &SjObservation,
+    claims_by_period: &ClaimsByPeriod,
+    ran_by_period: &RanByPeriod,
+    row: &mut Row,
+) {
+    for (p, tokens) in claims_by_period {
         if tokens.len() > 1 {
             row.duplicates += tokens.len() as u64 - 1;
             row.details.push(format!(
@@ -643,7 +700,7 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
             ));
         }
     }
-    for (p, jobs) in &ran_by_period {
+    for (p, jobs) in ran_by_period {
         let n = jobs.len() as u64;
         row.jobs_per_period_max = row.jobs_per_period_max.max(n);
         if n > 1 {
@@ -655,65 +712,97 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
                 list.join(", ")
             ));
         }
-        let mut by_token: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
-        for j in jobs.values() {
-            if let Some(t) = j.token {
-                by_token.entry(t).or_default().push(&j.uid);
-            }
+        check_same_token(sj, *p, jobs, row);
+        if n == 1 {
+            check_claimed_token(sj, *p, jobs, claims_by_period, row);
         }
-        for (t, uids) in by_token {
-            if uids.len() > 1 {
-                row.same_token += 1;
-                row.details.push(format!(
-                    "{} period {p}: token {t} ran in {} Jobs (re-created): uids {}",
-                    sj.key,
-                    uids.len(),
-                    uids.join(", ")
-                ));
-            }
+    }
+}
+
+/// No token of period `p` ran in two Jobs (a re-created Job).
+fn check_same_token(
+    sj: &SjObservation,
+    p: Timestamp,
+    jobs: &BTreeMap<&str, &JobSeen>,
+    row: &mut Row,
+) {
+    let mut by_token: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for j in jobs.values() {
+        if let Some(t) = j.token {
+            by_token.entry(t).or_default().push(&j.uid);
         }
-        if n == 1
-            && let Some(claimed) = claims_by_period.get(p)
-            && let Some(j) = jobs.values().next()
-            && let Some(t) = j.token
-            && !claimed.contains(&t)
-        {
-            row.duplicates += 1;
+    }
+    for (t, uids) in by_token {
+        if uids.len() > 1 {
+            row.same_token += 1;
             row.details.push(format!(
-                "{} period {p}: Job {} ran, but the period was claimed with token(s) {claimed:?}",
+                "{} period {p}: token {t} ran in {} Jobs (re-created): uids {}",
                 sj.key,
-                describe(j)
+                uids.len(),
+                uids.join(", ")
             ));
         }
     }
+}
 
-    // With a backstop, no run without its claim row (looked up by the key the controller files
-    // claims under): a Job that ran for an unclaimed period started without the database's
-    // consent. A SingletonJob whose runs have no claim at all is said so once, so that a lookup
-    // under the wrong key can never pass for "every run claimed".
-    if sj.backstop {
-        if sj.claims.is_empty() && !ran_by_period.is_empty() {
+/// The one Job that ran for period `p` carries one of the period's claimed tokens.
+fn check_claimed_token(
+    sj: &SjObservation,
+    p: Timestamp,
+    jobs: &BTreeMap<&str, &JobSeen>,
+    claims_by_period: &ClaimsByPeriod,
+    row: &mut Row,
+) {
+    if let Some(claimed) = claims_by_period.get(&p)
+        && let Some(j) = jobs.values().next()
+        && let Some(t) = j.token
+        && !claimed.contains(&t)
+    {
+        row.duplicates += 1;
+        row.details.push(format!(
+            "{} period {p}: Job {} ran, but the period was claimed with token(s) {claimed:?}",
+            sj.key,
+            describe(j)
+        ));
+    }
+}
+
+/// With a backstop, no run without its claim row (looked up by the key the controller files
+/// claims under): a Job that ran for an unclaimed period started without the database's
+/// consent. A SingletonJob whose runs have no claim at all is said so once, so that a lookup
+/// under the wrong key can never pass for "every run claimed".
+fn check_claim_rows(
+    sj: &SjObservation,
+    claims_by_period: &ClaimsByPeriod,
+    ran_by_period: &RanByPeriod,
+    row: &mut Row,
+) {
+    if !sj.backstop {
+        return;
+    }
+    if sj.claims.is_empty() && !ran_by_period.is_empty() {
+        row.details.push(format!(
+            "{} has a backstop and {} period(s) ran, but the claims table has no row under that key",
+            sj.key,
+            ran_by_period.len()
+        ));
+    }
+    for (p, jobs) in ran_by_period {
+        if !claims_by_period.contains_key(p) {
+            row.unclaimed += 1;
+            let list: Vec<String> = jobs.values().map(|j| describe(j)).collect();
             row.details.push(format!(
-                "{} has a backstop and {} period(s) ran, but the claims table has no row under that key",
+                "{} period {p} ran without a claim row: {}",
                 sj.key,
-                ran_by_period.len()
+                list.join(", ")
             ));
         }
-        for (p, jobs) in &ran_by_period {
-            if !claims_by_period.contains_key(p) {
-                row.unclaimed += 1;
-                let list: Vec<String> = jobs.values().map(|j| describe(j)).collect();
-                row.details.push(format!(
-                    "{} period {p} ran without a claim row: {}",
-                    sj.key,
-                    list.join(", ")
-                ));
-            }
-        }
     }
+}
 
-    // Only the controller starts a run: no Job seen running before its release; where the fault
-    // starts them, each is stopped.
+/// Only the controller starts a run: no Job seen running before its release; where the fault
+/// starts them, each is stopped.
+fn check_outside_starts(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     for j in sj.jobs.iter().filter(|j| j.ran && j.unreleased) {
         if ctx.expect.outside_starts {
             if !j.removed {
@@ -733,9 +822,11 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
             describe(j)
         ));
     }
+}
 
-    // No Job that ran was created before its instant, by the API server's clock (whole seconds,
-    // rounded down: a Job created a moment before a whole-second instant shows the second before).
+/// No Job that ran was created before its instant, by the API server's clock (whole seconds,
+/// rounded down: a Job created a moment before a whole-second instant shows the second before).
+fn check_early(sj: &SjObservation, row: &mut Row) {
     for j in sj.jobs.iter().filter(|j| j.ran) {
         if let Some(c) = j.created
             && c < j.period
@@ -749,20 +840,18 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
             ));
         }
     }
+}
 
-    // Tokens strictly increase with the period (one token per period: the claim's, else the
-    // lowest of its Jobs that ran). A token reused by a later period shows here too.
-    let mut token_of: BTreeMap<Timestamp, u64> = BTreeMap::new();
-    for (p, jobs) in &ran_by_period {
-        if let Some(t) = jobs.values().filter_map(|j| j.token).min() {
-            token_of.insert(*p, t);
-        }
-    }
-    for (p, tokens) in &claims_by_period {
-        if let Some(t) = tokens.iter().min() {
-            token_of.insert(*p, *t);
-        }
-    }
+/// Tokens strictly increase with the period (one token per period: the claim's, else the
+/// lowest of its Jobs that ran). A token reused by a later period shows here too.
+fn check_token_order(
+    sj: &SjObservation,
+    claims_by_period: &ClaimsByPeriod,
+    ran_by_period: &RanByPeriod,
+    row: &mut Row,
+    ctx: &Ctx,
+) {
+    let token_of = token_per_period(claims_by_period, ran_by_period);
     let mut last: Option<(Timestamp, u64)> = None;
     for (p, t) in token_of.iter().filter(|_| ctx.period_order) {
         if let Some((lp, lt)) = last
@@ -776,11 +865,47 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         }
         last = Some((*p, *t));
     }
+}
 
-    // Every due period: started (a Job ran), recorded with a reason the fault explains, still
-    // pending within its bound, or lost.
-    let mut backstop_missed = Vec::new();
-    let (mut by_fault, mut by_active_run) = (0, 0);
+/// Each period's one token: the lowest claimed, else the lowest of its Jobs that ran.
+fn token_per_period(
+    claims_by_period: &ClaimsByPeriod,
+    ran_by_period: &RanByPeriod,
+) -> BTreeMap<Timestamp, u64> {
+    let mut token_of: BTreeMap<Timestamp, u64> = BTreeMap::new();
+    for (p, jobs) in ran_by_period {
+        if let Some(t) = jobs.values().filter_map(|j| j.token).min() {
+            token_of.insert(*p, t);
+        }
+    }
+    for (p, tokens) in claims_by_period {
+        if let Some(t) = tokens.iter().min() {
+            token_of.insert(*p, *t);
+        }
+    }
+    token_of
+}
+
+/// The due periods without a run that a recorded outcome explains: by what, and which of them
+/// the backstop missed.
+#[derive(Default)]
+struct ExplainedTally {
+    by_fault: u64,
+    by_active_run: u64,
+    /// The periods recorded Missed with reason BackstopUnavailable, in order.
+    backstop_missed: Vec<Timestamp>,
+}
+
+/// Every due period: started (a Job ran), recorded with a reason the fault explains, still
+/// pending within its bound, or lost.
+fn check_due(
+    sj: &SjObservation,
+    claims_by_period: &ClaimsByPeriod,
+    ran_by_period: &RanByPeriod,
+    row: &mut Row,
+    ctx: &Ctx,
+) {
+    let mut tally = ExplainedTally::default();
     let pending_bound = ctx.settle + sj.interval;
     for p in &sj.due {
         row.due += 1;
@@ -796,11 +921,11 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         } else if let Some((r, how)) = explained {
             row.recorded += 1;
             match how {
-                Explained::Fault => by_fault += 1,
-                Explained::ActiveRun => by_active_run += 1,
+                Explained::Fault => tally.by_fault += 1,
+                Explained::ActiveRun => tally.by_active_run += 1,
             }
             if r.reason == "BackstopUnavailable" {
-                backstop_missed.push(*p);
+                tally.backstop_missed.push(*p);
             }
         } else if let Some(r) = covering.first() {
             row.lost += 1;
@@ -816,26 +941,44 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         {
             row.pending += 1;
         } else {
-            row.lost += 1;
-            let claimed = claims_by_period
-                .get(p)
-                .map(|t| format!(" (claimed with token {t:?}, but no Job of it ran)"))
-                .unwrap_or_default();
-            let undecided = sj.decided_through.is_none_or(|d| *p > d);
-            let why = match (undecided, ctx.checked_at) {
-                (true, Some(c)) => format!(
-                    "still undecided (decidedThrough {:?}) {:.1} s after it fell due, beyond the pending bound of {} s (settle + interval)",
-                    sj.decided_through.map(|d| d.to_string()),
-                    c.duration_since(*p).as_secs_f64(),
-                    secs(pending_bound)
-                ),
-                (true, None) => "undecided, and no check time to bound pending".to_string(),
-                (false, _) => "no run and no recorded reason".to_string(),
-            };
-            row.details
-                .push(format!("{} period {p} due, {why}{claimed}", sj.key));
+            lost_unrecorded(sj, *p, claims_by_period, row, ctx, pending_bound);
         }
     }
+    note_backstop_missed(sj, &tally.backstop_missed, row);
+    note_recorded(sj, ran_by_period, &tally, row);
+}
+
+/// Due period `p` with no run and no record, and past its pending bound (or decided): lost.
+fn lost_unrecorded(
+    sj: &SjObservation,
+    p: Timestamp,
+    claims_by_period: &ClaimsByPeriod,
+    row: &mut Row,
+    ctx: &Ctx,
+    pending_bound: Duration,
+) {
+    row.lost += 1;
+    let claimed = claims_by_period
+        .get(&p)
+        .map(|t| format!(" (claimed with token {t:?}, but no Job of it ran)"))
+        .unwrap_or_default();
+    let undecided = sj.decided_through.is_none_or(|d| p > d);
+    let why = match (undecided, ctx.checked_at) {
+        (true, Some(c)) => format!(
+            "still undecided (decidedThrough {:?}) {:.1} s after it fell due, beyond the pending bound of {} s (settle + interval)",
+            sj.decided_through.map(|d| d.to_string()),
+            c.duration_since(p).as_secs_f64(),
+            secs(pending_bound)
+        ),
+        (true, None) => "undecided, and no check time to bound pending".to_string(),
+        (false, _) => "no run and no recorded reason".to_string(),
+    };
+    row.details
+        .push(format!("{} period {p} due, {why}{claimed}", sj.key));
+}
+
+/// Counts and notes the due periods recorded Missed (BackstopUnavailable).
+fn note_backstop_missed(sj: &SjObservation, backstop_missed: &[Timestamp], row: &mut Row) {
     if let (Some(first), Some(last)) = (backstop_missed.first(), backstop_missed.last()) {
         row.backstop_missed += backstop_missed.len() as u64;
         row.notes.push(format!(
@@ -844,6 +987,16 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
             backstop_missed.len()
         ));
     }
+}
+
+/// Notes the outcomes recorded for due periods without a run, and how many the fault window
+/// and a still active run explained.
+fn note_recorded(
+    sj: &SjObservation,
+    ran_by_period: &RanByPeriod,
+    tally: &ExplainedTally,
+    row: &mut Row,
+) {
     let mut reasons: BTreeMap<String, u64> = BTreeMap::new();
     for p in sj.due.iter().filter(|p| !ran_by_period.contains_key(*p)) {
         if let Some(r) = sj.recorded.iter().find(|r| r.covers(*p)) {
@@ -853,6 +1006,7 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
         }
     }
     if !reasons.is_empty() {
+        let (by_fault, by_active_run) = (tally.by_fault, tally.by_active_run);
         let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
         row.notes.push(format!(
             "{}: recorded {} ({by_fault} in the fault window, {by_active_run} behind a run still active at their instant)",
@@ -862,37 +1016,53 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     }
 }
 
+/// What [`evaluate_writes`] gathers from the writes, by job.
+#[derive(Default)]
+struct WriteTally<'a> {
+    /// Accepted writes: (commit sequence, token, period).
+    accepted: BTreeMap<&'a str, Vec<(i64, u64, Timestamp)>>,
+    tokens_per_period: BTreeMap<(&'a str, Timestamp), BTreeSet<u64>>,
+    /// Per job: fresh writes made, fresh writes accepted.
+    fresh: BTreeMap<&'a str, (u64, u64)>,
+}
+
 fn evaluate_writes(writes: &[Write], row: &mut Row) {
-    let mut accepted: BTreeMap<&str, Vec<(i64, u64, Timestamp)>> = BTreeMap::new();
-    let mut tokens_per_period: BTreeMap<(&str, Timestamp), BTreeSet<u64>> = BTreeMap::new();
-    // Per job: fresh writes made, fresh writes accepted.
-    let mut fresh: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let tally = tally_writes(writes, row);
+    // A job whose every fresh write was refused: a fence that refuses current tokens.
+    for (job, (made, ok)) in tally.fresh {
+        if made > 0 && ok == 0 {
+            row.details.push(format!(
+                "{job}: none of its {made} fresh write(s) was accepted"
+            ));
+        }
+    }
+    if row.writes_unavailable > 0 {
+        row.notes.push(format!(
+            "{} write(s) never reached the database within the workload's retry budget",
+            row.writes_unavailable
+        ));
+    }
+    check_commit_order(tally.accepted, row);
+    // Two runs' writes for one period are a duplicate run seen by the resource itself.
+    for ((job, period), tokens) in tally.tokens_per_period {
+        if tokens.len() > 1 {
+            row.duplicates += tokens.len() as u64 - 1;
+            row.details.push(format!(
+                "{job} period {period}: writes committed with tokens {tokens:?}"
+            ));
+        }
+    }
+}
+
+/// Counts every write by its result into `row`, and gathers what the later checks need.
+fn tally_writes<'a>(writes: &'a [Write], row: &mut Row) -> WriteTally<'a> {
+    let mut tally = WriteTally::default();
     for w in writes {
         if !w.held {
-            fresh.entry(&w.job).or_default().0 += 1;
+            tally.fresh.entry(&w.job).or_default().0 += 1;
         }
         match w.result {
-            WriteResult::Accepted { seq } => {
-                row.writes_accepted += 1;
-                if !w.held {
-                    fresh.entry(&w.job).or_default().1 += 1;
-                }
-                accepted
-                    .entry(&w.job)
-                    .or_default()
-                    .push((seq, w.token, w.period));
-                tokens_per_period
-                    .entry((&w.job, w.period))
-                    .or_default()
-                    .insert(w.token);
-                if w.held {
-                    row.stale_accepted += 1;
-                    row.details.push(format!(
-                        "{} held token {} (period {}) accepted after a newer run",
-                        w.job, w.token, w.period
-                    ));
-                }
-            }
+            WriteResult::Accepted { seq } => tally_accepted(&mut tally, w, seq, row),
             WriteResult::Refused if w.held => row.stale_refused += 1,
             WriteResult::Refused => row.fresh_refused += 1,
             WriteResult::Rejected { sqlstate } => {
@@ -908,22 +1078,37 @@ fn evaluate_writes(writes: &[Write], row: &mut Row) {
             WriteResult::Unavailable => row.writes_unavailable += 1,
         }
     }
-    // A job whose every fresh write was refused: a fence that refuses current tokens.
-    for (job, (made, ok)) in fresh {
-        if made > 0 && ok == 0 {
-            row.details.push(format!(
-                "{job}: none of its {made} fresh write(s) was accepted"
-            ));
-        }
+    tally
+}
+
+/// One accepted write: counted, gathered, and a violation if its token was held.
+fn tally_accepted<'a>(tally: &mut WriteTally<'a>, w: &'a Write, seq: i64, row: &mut Row) {
+    row.writes_accepted += 1;
+    if !w.held {
+        tally.fresh.entry(&w.job).or_default().1 += 1;
     }
-    if row.writes_unavailable > 0 {
-        row.notes.push(format!(
-            "{} write(s) never reached the database within the workload's retry budget",
-            row.writes_unavailable
+    tally
+        .accepted
+        .entry(&w.job)
+        .or_default()
+        .push((seq, w.token, w.period));
+    tally
+        .tokens_per_period
+        .entry((&w.job, w.period))
+        .or_default()
+        .insert(w.token);
+    if w.held {
+        row.stale_accepted += 1;
+        row.details.push(format!(
+            "{} held token {} (period {}) accepted after a newer run",
+            w.job, w.token, w.period
         ));
     }
-    // In commit order, a job's accepted tokens never go down: a lower one after a higher one is
-    // a stale write the fence let through.
+}
+
+/// In commit order, a job's accepted tokens never go down: a lower one after a higher one is
+/// a stale write the fence let through.
+fn check_commit_order(accepted: BTreeMap<&str, Vec<(i64, u64, Timestamp)>>, row: &mut Row) {
     for (job, mut ws) in accepted {
         ws.sort();
         let mut max = 0;
@@ -935,15 +1120,6 @@ fn evaluate_writes(writes: &[Write], row: &mut Row) {
                 ));
             }
             max = max.max(token);
-        }
-    }
-    // Two runs' writes for one period are a duplicate run seen by the resource itself.
-    for ((job, period), tokens) in tokens_per_period {
-        if tokens.len() > 1 {
-            row.duplicates += tokens.len() as u64 - 1;
-            row.details.push(format!(
-                "{job} period {period}: writes committed with tokens {tokens:?}"
-            ));
         }
     }
 }

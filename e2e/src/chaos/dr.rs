@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Event;
 use kube::api::ListParams;
-use singleton::api::{Outcome as RunOutcome, SingletonJob};
+use singleton::api::{Outcome as RunOutcome, SingletonJob, SingletonJobStatus};
 use tokio::sync::mpsc;
 
 use super::check::{
@@ -291,18 +292,25 @@ impl DrWorld {
         };
         let east = side(EAST, east_env, fault.args(EAST));
         let west = side(WEST, west_env, fault.args(WEST));
-        let workload = Arc::new(Workload::default());
         let mut w = DrWorld {
             east,
             west,
             second,
-            prefix: prefix.clone(),
-            key: key.clone(),
-            workload: workload.clone(),
+            prefix,
+            key,
+            workload: Arc::new(Workload::default()),
             // Replaced once the workload's table exists.
             dispatcher: tokio::spawn(async {}),
         };
-        w.wait(
+        w.start_controllers(fault).await?;
+        w.start_workload(rx).await?;
+        Ok(w)
+    }
+
+    /// The controllers once both watches have listed (so they see every Job), then the
+    /// SingletonJobs, until BackstopReady in both clusters.
+    async fn start_controllers(&mut self, fault: DrFault) -> Result<()> {
+        self.wait(
             "both Job watches' first lists",
             Duration::from_secs(30),
             |w| {
@@ -312,17 +320,28 @@ impl DrWorld {
             },
         )
         .await?;
-        w.east.start().await?;
-        w.west.start().await?;
+        self.east.start().await?;
+        self.west.start().await?;
+        self.create_sjs(fault).await?;
+        self.wait_backstop_ready().await
+    }
+
+    /// Both SingletonJobs, the primary's first.
+    async fn create_sjs(&self, fault: DrFault) -> Result<()> {
         let layout = fault.layout();
-        let east_yaml = w.yaml(&layout, layout.standby_delay);
-        let west_yaml = w.yaml(&layout, None);
+        let east_yaml = self.yaml(&layout, layout.standby_delay);
+        let west_yaml = self.yaml(&layout, None);
         // The primary's first: a standby created first owns the periods before the primary's
         // SingletonJob exists, and claims them after its delay, when the primary may have
         // claimed a later one already.
-        w.west.env.create_sj(&west_yaml).await?;
-        w.east.env.create_sj(&east_yaml).await?;
-        w.wait(
+        self.west.env.create_sj(&west_yaml).await?;
+        self.east.env.create_sj(&east_yaml).await?;
+        Ok(())
+    }
+
+    /// Waits (at most 90 s) for BackstopReady in both clusters.
+    async fn wait_backstop_ready(&mut self) -> Result<()> {
+        self.wait(
             "BackstopReady in both clusters",
             Duration::from_secs(90),
             |w| {
@@ -338,15 +357,25 @@ impl DrWorld {
                 })
             },
         )
-        .await?;
+        .await
+    }
+
+    /// The workload's table and its dispatcher of the runs the watches see (`rx`), in place of
+    /// the placeholder.
+    async fn start_workload(&mut self, rx: mpsc::UnboundedReceiver<Seen>) -> Result<()> {
         // The schema exists once a backstop is ready; then the workload's table.
         let db = crate::pg().await?;
-        create_writes_table(&db, &prefix).await?;
-        workload
+        create_writes_table(&db, &self.prefix).await?;
+        self.workload
             .attempts
-            .store(has_attempts(&db, &prefix).await?, Ordering::SeqCst);
-        w.dispatcher = tokio::spawn(dispatch(rx, workload, prefix, key));
-        Ok(w)
+            .store(has_attempts(&db, &self.prefix).await?, Ordering::SeqCst);
+        self.dispatcher = tokio::spawn(dispatch(
+            rx,
+            self.workload.clone(),
+            self.prefix.clone(),
+            self.key.clone(),
+        ));
+        Ok(())
     }
 
     /// The SingletonJob: the shared key, the takeover bound, `standby` delay if any.
@@ -542,6 +571,25 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
     let sj: SingletonJob = side.env.get_sj(SJ).await?;
     let status = sj.status.unwrap_or_default();
     let events = side.env.events().list(&ListParams::default()).await?.items;
+    let recorded = recorded_without_job(&events, &status);
+    obs.clusters.push(ClusterRecord {
+        cluster: side.id.to_string(),
+        decided_through: status.decided_through.map(|t| t.0),
+        recorded,
+    });
+    let mut jobs = watched_jobs(side);
+    // A Job the watch never saw (a relist gap across the API server's stop) is known from the
+    // job controller's Events.
+    add_jobs_from_events(side, &events, &mut jobs, obs);
+    obs.jobs.extend(jobs.into_values());
+    obs.watch_relists += side.observer.relists();
+    obs.watch_errors += side.observer.errors();
+    Ok(())
+}
+
+/// The periods a cluster decided without a Job: from its Events (missed, skipped,
+/// deduplicated) and its status's history.
+fn recorded_without_job(events: &[Event], status: &SingletonJobStatus) -> Vec<Recorded> {
     let mut recorded: Vec<Recorded> = events
         .iter()
         .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
@@ -568,12 +616,11 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
                 reason: h.reason.clone().unwrap_or_default(),
             }),
     );
-    obs.clusters.push(ClusterRecord {
-        cluster: side.id.to_string(),
-        decided_through: status.decided_through.map(|t| t.0),
-        recorded,
-    });
+    recorded
+}
 
+/// The cluster's Jobs of the SingletonJob as its watch saw them, by uid.
+fn watched_jobs(side: &Side) -> BTreeMap<String, ClusterJob> {
     let mut jobs: BTreeMap<String, ClusterJob> = BTreeMap::new();
     for r in side.observer.jobs() {
         let (Some(SJ), Some(period)) = (r.sj.as_deref(), r.period) else {
@@ -599,9 +646,18 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             },
         );
     }
-    // A Job the watch never saw (a relist gap across the API server's stop) is known from the
-    // job controller's Events.
-    for (uid, ej) in job_controller_runs(&events) {
+    jobs
+}
+
+/// The job controller's Events added to `jobs`: a run for a Job the watch saw, and a Job of its
+/// own (noted in `obs.events_only`) for one it never saw.
+fn add_jobs_from_events(
+    side: &Side,
+    events: &[Event],
+    jobs: &mut BTreeMap<String, ClusterJob>,
+    obs: &mut DrObservations,
+) {
+    for (uid, ej) in job_controller_runs(events) {
         if let Some(j) = jobs.get_mut(&uid) {
             j.job.ran |= ej.ran;
             continue;
@@ -631,10 +687,6 @@ async fn observe_side(side: &Side, obs: &mut DrObservations) -> Result<()> {
             },
         );
     }
-    obs.jobs.extend(jobs.into_values());
-    obs.watch_relists += side.observer.relists();
-    obs.watch_errors += side.observer.errors();
-    Ok(())
 }
 
 /// The workload: each run seen allowed to run, in either cluster, does its fenced write with
@@ -770,36 +822,56 @@ fn after_the_fact(fault: DrFault, obs: &mut DrObservations, inj: &mut Injected) 
     obs.takeovers = inj.takeovers.clone();
     obs.proofs = std::mem::take(&mut inj.proofs);
     if let Some(stopped) = inj.stopped_at {
-        // The next instant, the standby's delay, a claim the primary may have had in flight
-        // (the takeover bound), and 4 s for two API round trips on a loaded machine.
-        let bound = INTERVAL
-            + Duration::from_secs(layout.standby_delay.unwrap_or(0) + layout.takeover_after + 4);
-        match first_run_in(obs, EAST, stopped) {
-            Some((period, Some(created))) => {
-                let took = created.duration_since(stopped).unsigned_abs();
-                obs.takeovers.push(took);
-                inj.notes.push(format!(
-                    "the standby's first period after the stop: {period}, its Job {:.1} s after the stop (bound {} s)",
+        standby_took_over(&layout, stopped, obs, inj);
+    }
+    // Each kill is followed by a run (a Job created in either cluster) before the next kill.
+    runs_after_kills(obs, inj);
+    if let Some((a, b)) = inj.skewed {
+        skewed_standby_decided(a, b, obs);
+    }
+}
+
+/// dr-primary-apiserver-stop: the standby's first run after the primary's API server stopped
+/// (at `stopped`), within the bound.
+fn standby_took_over(
+    layout: &Layout,
+    stopped: Timestamp,
+    obs: &mut DrObservations,
+    inj: &mut Injected,
+) {
+    // The next instant, the standby's delay, a claim the primary may have had in flight
+    // (the takeover bound), and 4 s for two API round trips on a loaded machine.
+    let bound = INTERVAL
+        + Duration::from_secs(layout.standby_delay.unwrap_or(0) + layout.takeover_after + 4);
+    match first_run_in(obs, EAST, stopped) {
+        Some((period, Some(created))) => {
+            let took = created.duration_since(stopped).unsigned_abs();
+            obs.takeovers.push(took);
+            inj.notes.push(format!(
+                "the standby's first period after the stop: {period}, its Job {:.1} s after the stop (bound {} s)",
+                took.as_secs_f64(),
+                bound.as_secs()
+            ));
+            if took > bound {
+                inj.details.push(format!(
+                    "the standby took over after {:.1} s, beyond the bound of {} s",
                     took.as_secs_f64(),
                     bound.as_secs()
                 ));
-                if took > bound {
-                    inj.details.push(format!(
-                        "the standby took over after {:.1} s, beyond the bound of {} s",
-                        took.as_secs_f64(),
-                        bound.as_secs()
-                    ));
-                }
             }
-            Some((period, None)) => inj.notes.push(format!(
-                "the standby's first period after the stop: {period} (known from Events only)"
-            )),
-            None => inj
-                .details
-                .push("the standby ran no period after the primary's API server stopped".into()),
         }
+        Some((period, None)) => inj.notes.push(format!(
+            "the standby's first period after the stop: {period} (known from Events only)"
+        )),
+        None => inj
+            .details
+            .push("the standby ran no period after the primary's API server stopped".into()),
     }
-    // Each kill is followed by a run (a Job created in either cluster) before the next kill.
+}
+
+/// dr-both-active-kill: a run (a Job created in either cluster) after each kill, before the
+/// next; its delay a failover.
+fn runs_after_kills(obs: &mut DrObservations, inj: &mut Injected) {
     let mut after_kill = 0;
     for (i, k) in inj.kills.iter().enumerate() {
         let until = inj.kills.get(i + 1).copied().unwrap_or(Timestamp::MAX);
@@ -829,33 +901,35 @@ fn after_the_fact(fault: DrFault, obs: &mut DrObservations, inj: &mut Injected) 
             ),
         ));
     }
-    if let Some((a, b)) = inj.skewed {
-        let mine = obs
-            .jobs
-            .iter()
-            .filter(|j| j.cluster == EAST && j.job.ran && a <= j.job.period && j.job.period <= b)
-            .count();
-        // The standby was up and deciding: it recorded periods of its window as the primary's.
-        let decided = obs
-            .due
-            .iter()
-            .filter(|p| a <= **p && **p <= b)
-            .filter(|p| {
-                obs.clusters.iter().any(|c| {
-                    c.cluster == EAST
-                        && c.recorded.iter().any(|r| {
-                            r.reason == CLAIMED_ELSEWHERE && r.first <= **p && **p <= r.last
-                        })
-                })
+}
+
+/// dr-clock-skew-40s: the skewed standby decided periods of its window (`a` to `b`).
+fn skewed_standby_decided(a: Timestamp, b: Timestamp, obs: &mut DrObservations) {
+    let mine = obs
+        .jobs
+        .iter()
+        .filter(|j| j.cluster == EAST && j.job.ran && a <= j.job.period && j.job.period <= b)
+        .count();
+    // The standby was up and deciding: it recorded periods of its window as the primary's.
+    let decided = obs
+        .due
+        .iter()
+        .filter(|p| a <= **p && **p <= b)
+        .filter(|p| {
+            obs.clusters.iter().any(|c| {
+                c.cluster == EAST
+                    && c.recorded
+                        .iter()
+                        .any(|r| r.reason == CLAIMED_ELSEWHERE && r.first <= **p && **p <= r.last)
             })
-            .count();
-        obs.proofs.push(Proof::new(
-            decided > 0,
-            format!(
-                "the skewed standby decided {decided} period(s) of its window ClaimedElsewhere and ran {mine} (the primary was up throughout)"
-            ),
-        ));
-    }
+        })
+        .count();
+    obs.proofs.push(Proof::new(
+        decided > 0,
+        format!(
+            "the skewed standby decided {decided} period(s) of its window ClaimedElsewhere and ran {mine} (the primary was up throughout)"
+        ),
+    ));
 }
 
 /// Injects `fault` and heals it.
@@ -863,107 +937,124 @@ async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected>
     let window = mode.window();
     let mut inj = Injected::default();
     match fault {
-        DrFault::PrimaryApiserverStop => {
-            let window = window.max(STOP_WINDOW);
-            let port = evidence::kubeconfig_server(&w.second.kubeconfig)
-                .as_deref()
-                .and_then(evidence::url_port)
-                .context("no API server port in the second cluster's kubeconfig")?;
-            let before = evidence::cluster_pid(Some(crate::multicluster::SECOND), "kube-apiserver");
-            let probe = PortProbe::start(port);
-            inj.stopped_at = Some(Timestamp::now());
-            inj.from = inj.stopped_at;
-            w.second.apiserver("stop").await?;
-            w.run_for(window).await?;
-            w.second.apiserver("start").await?;
-            let (probes, refused) = probe.finish().await;
-            let after = evidence::cluster_pid(Some(crate::multicluster::SECOND), "kube-apiserver");
-            inj.proofs.extend(evidence::restart_proofs(&Restart {
-                component: "the primary's kube-apiserver".to_string(),
-                before: before.map(|p| format!("pid {p}")),
-                after: after.map(|p| format!("pid {p}")),
-                old_alive_after: before
-                    .is_some_and(|p| Some(p) != after && evidence::process_alive(p)),
-                port,
-                probes,
-                refused,
-            }));
-        }
+        DrFault::PrimaryApiserverStop => stop_primary_apiserver(w, window, &mut inj).await?,
         DrFault::PrimaryControllerPause => pause_primary(w, window, &mut inj).await?,
-        DrFault::BothActiveKill => {
-            let kills = kills(mode);
-            let mut killed = 0;
-            for i in 0..kills {
-                let side = if i % 2 == 0 { EAST } else { WEST };
-                w.wait("both controllers running", Duration::from_secs(60), |w| {
-                    Box::pin(
-                        async move { Ok((w.east.running() && w.west.running()).then_some(())) },
-                    )
-                })
-                .await?;
-                // Just after an instant: the controller is in the middle of its claim.
-                let now = Timestamp::now();
-                let next = Timestamp::from_second(now.as_second() / 2 * 2 + 2)?
-                    + SignedDuration::from_millis(150);
-                w.run_for(next.duration_since(now).unsigned_abs()).await?;
-                inj.kills.push(Timestamp::now());
-                inj.from.get_or_insert_with(Timestamp::now);
-                let s = if side == EAST {
-                    &mut w.east
-                } else {
-                    &mut w.west
-                };
-                let idx = s.idx.context("no controller started")?;
-                s.signal("KILL").await?;
-                // Reaped within a few seconds; its status says how it ended.
-                let end = Instant::now() + Duration::from_secs(5);
-                let by_kill = loop {
-                    use std::os::unix::process::ExitStatusExt as _;
-                    match s.env.controller_exit(idx)? {
-                        Some(st) => break st.signal() == Some(9),
-                        None if Instant::now() < end => {
-                            tokio::time::sleep(Duration::from_millis(50)).await
-                        }
-                        None => break false,
-                    }
-                };
-                killed += by_kill as usize;
-                w.run_for(kill_gap(mode)).await?;
-            }
-            inj.proofs.push(Proof::new(
-                killed == kills,
-                format!("{killed} of the {kills} controllers killed ended by SIGKILL"),
-            ));
-        }
-        DrFault::ClockSkew => {
-            w.east.envs = crate::skewed_clock("+40s")?;
-            let before = w.east.idx;
-            w.east.signal("TERM").await?;
-            w.wait("the skewed standby running", Duration::from_secs(60), |w| {
-                Box::pin(
-                    async move { Ok((w.east.idx != before && w.east.running()).then_some(())) },
-                )
-            })
-            .await?;
-            let a = Timestamp::now();
-            inj.from = Some(a);
-            w.run_for(window).await?;
-            inj.skewed = Some((a, Timestamp::now()));
-            let log = w
-                .east
-                .idx
-                .map(|i| w.east.env.controller_log(i))
-                .unwrap_or_default();
-            inj.proofs.push(evidence::skew_proof(
-                "east's controller",
-                40,
-                evidence::log_clock_offset(&log, w.east.started),
-            ));
-            w.east.envs.clear();
-            w.east.signal("TERM").await?;
-        }
+        DrFault::BothActiveKill => kill_alternately(w, mode, &mut inj).await?,
+        DrFault::ClockSkew => skew_standby(w, window, &mut inj).await?,
     }
     Ok(inj)
+}
+
+/// dr-primary-apiserver-stop: the primary's kube-apiserver stopped for the window (at least
+/// [`STOP_WINDOW`]), then started; probed on its port meanwhile, its pid compared.
+async fn stop_primary_apiserver(
+    w: &mut DrWorld,
+    window: Duration,
+    inj: &mut Injected,
+) -> Result<()> {
+    let window = window.max(STOP_WINDOW);
+    let port = evidence::kubeconfig_server(&w.second.kubeconfig)
+        .as_deref()
+        .and_then(evidence::url_port)
+        .context("no API server port in the second cluster's kubeconfig")?;
+    let before = evidence::cluster_pid(Some(crate::multicluster::SECOND), "kube-apiserver");
+    let probe = PortProbe::start(port);
+    inj.stopped_at = Some(Timestamp::now());
+    inj.from = inj.stopped_at;
+    w.second.apiserver("stop").await?;
+    w.run_for(window).await?;
+    w.second.apiserver("start").await?;
+    let (probes, refused) = probe.finish().await;
+    let after = evidence::cluster_pid(Some(crate::multicluster::SECOND), "kube-apiserver");
+    inj.proofs.extend(evidence::restart_proofs(&Restart {
+        component: "the primary's kube-apiserver".to_string(),
+        before: before.map(|p| format!("pid {p}")),
+        after: after.map(|p| format!("pid {p}")),
+        old_alive_after: before.is_some_and(|p| Some(p) != after && evidence::process_alive(p)),
+        port,
+        probes,
+        refused,
+    }));
+    Ok(())
+}
+
+/// dr-both-active-kill: east's and west's controllers SIGKILLed in turn, each just after an
+/// instant, [`kill_gap`] apart; proof that each kill ended its controller.
+async fn kill_alternately(w: &mut DrWorld, mode: Mode, inj: &mut Injected) -> Result<()> {
+    let kills = kills(mode);
+    let mut killed = 0;
+    for i in 0..kills {
+        let side = if i % 2 == 0 { EAST } else { WEST };
+        w.wait("both controllers running", Duration::from_secs(60), |w| {
+            Box::pin(async move { Ok((w.east.running() && w.west.running()).then_some(())) })
+        })
+        .await?;
+        // Just after an instant: the controller is in the middle of its claim.
+        let now = Timestamp::now();
+        let next =
+            Timestamp::from_second(now.as_second() / 2 * 2 + 2)? + SignedDuration::from_millis(150);
+        w.run_for(next.duration_since(now).unsigned_abs()).await?;
+        inj.kills.push(Timestamp::now());
+        inj.from.get_or_insert_with(Timestamp::now);
+        let s = if side == EAST {
+            &mut w.east
+        } else {
+            &mut w.west
+        };
+        killed += kill_and_reap(s).await? as usize;
+        w.run_for(kill_gap(mode)).await?;
+    }
+    inj.proofs.push(Proof::new(
+        killed == kills,
+        format!("{killed} of the {kills} controllers killed ended by SIGKILL"),
+    ));
+    Ok(())
+}
+
+/// SIGKILLs the side's controller; whether it ended by that signal.
+async fn kill_and_reap(s: &mut Side) -> Result<bool> {
+    let idx = s.idx.context("no controller started")?;
+    s.signal("KILL").await?;
+    // Reaped within a few seconds; its status says how it ended.
+    let end = Instant::now() + Duration::from_secs(5);
+    let by_kill = loop {
+        use std::os::unix::process::ExitStatusExt as _;
+        match s.env.controller_exit(idx)? {
+            Some(st) => break st.signal() == Some(9),
+            None if Instant::now() < end => tokio::time::sleep(Duration::from_millis(50)).await,
+            None => break false,
+        }
+    };
+    Ok(by_kill)
+}
+
+/// dr-clock-skew-40s: the standby restarted 40 s ahead for the window (its log showing the
+/// offset), then restarted on the true clock.
+async fn skew_standby(w: &mut DrWorld, window: Duration, inj: &mut Injected) -> Result<()> {
+    w.east.envs = crate::skewed_clock("+40s")?;
+    let before = w.east.idx;
+    w.east.signal("TERM").await?;
+    w.wait("the skewed standby running", Duration::from_secs(60), |w| {
+        Box::pin(async move { Ok((w.east.idx != before && w.east.running()).then_some(())) })
+    })
+    .await?;
+    let a = Timestamp::now();
+    inj.from = Some(a);
+    w.run_for(window).await?;
+    inj.skewed = Some((a, Timestamp::now()));
+    let log = w
+        .east
+        .idx
+        .map(|i| w.east.env.controller_log(i))
+        .unwrap_or_default();
+    inj.proofs.push(evidence::skew_proof(
+        "east's controller",
+        40,
+        evidence::log_clock_offset(&log, w.east.started),
+    ));
+    w.east.envs.clear();
+    w.east.signal("TERM").await?;
+    Ok(())
 }
 
 /// dr-primary-controller-pause: the primary restarted with failpoint `backstop-claimed=stop`
@@ -971,6 +1062,20 @@ async fn inject(w: &mut DrWorld, fault: DrFault, mode: Mode) -> Result<Injected>
 /// over (at least the window), then SIGCONT. Its Job must never be created, its history must
 /// say `ClaimedElsewhere` (east), and a write with its token must be refused by the fence.
 async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) -> Result<()> {
+    let t0 = freeze_primary(w, inj).await?;
+    let (period, token) = frozen_claim(w, inj).await?;
+    wait_takeover(w, period, t0, inj).await;
+    w.run_for(window.saturating_sub(t0.elapsed())).await?;
+    check_claim_row(w, period, token, inj).await?;
+    w.west.signal("CONT").await?;
+    wait_claimed_elsewhere(w, period, inj).await;
+    stale_write_refused(w, period, token, inj).await;
+    Ok(())
+}
+
+/// The primary restarted with the failpoint, until it is stopped right after its database
+/// claim; when that was (the fault's start).
+async fn freeze_primary(w: &mut DrWorld, inj: &mut Injected) -> Result<Instant> {
     w.west.envs = vec![(
         "SINGLETON_FAILPOINTS".to_string(),
         "backstop-claimed=stop".to_string(),
@@ -991,6 +1096,11 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
     ));
     // Restarts from now on run without the failpoint.
     w.west.envs.clear();
+    Ok(t0)
+}
+
+/// The frozen primary's pending claim: (period, token).
+async fn frozen_claim(w: &DrWorld, inj: &mut Injected) -> Result<(Timestamp, u64)> {
     let pending = w
         .west
         .env
@@ -1003,6 +1113,11 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
     inj.notes.push(format!(
         "the primary froze after claiming period {period} with token {token}"
     ));
+    Ok((period, token))
+}
+
+/// Waits for east's claim of `period`; the time since the freeze (`t0`) a failover.
+async fn wait_takeover(w: &mut DrWorld, period: Timestamp, t0: Instant, inj: &mut Injected) {
     let took_over = w
         .wait("the standby's takeover", Duration::from_secs(60), |w| {
             Box::pin(async move {
@@ -1025,7 +1140,15 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
             .details
             .push(format!("no takeover of period {period}: {e:#}")),
     }
-    w.run_for(window.saturating_sub(t0.elapsed())).await?;
+}
+
+/// Before the primary resumes, `period`'s claim row is east's, with a token above `token`.
+async fn check_claim_row(
+    w: &DrWorld,
+    period: Timestamp,
+    token: u64,
+    inj: &mut Injected,
+) -> Result<()> {
     let row = w.claim_row(period).await?;
     if !row
         .as_ref()
@@ -1035,7 +1158,11 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
             "period {period}'s claim row before the primary resumed: {row:?}, expected east's with a token above {token}"
         ));
     }
-    w.west.signal("CONT").await?;
+    Ok(())
+}
+
+/// Waits for the resumed primary to record `period` ClaimedElsewhere, naming east.
+async fn wait_claimed_elsewhere(w: &mut DrWorld, period: Timestamp, inj: &mut Injected) {
     let recorded = w
         .wait(
             "the resumed primary to record ClaimedElsewhere",
@@ -1062,6 +1189,10 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
             "the resumed primary never recorded period {period} ClaimedElsewhere: {e:#}"
         )),
     }
+}
+
+/// The frozen primary's write with its `token`, which the fence must refuse.
+async fn stale_write_refused(w: &DrWorld, period: Timestamp, token: u64, inj: &mut Injected) {
     match w.stale_write(period, token).await {
         WriteResult::Refused => inj.notes.push(format!(
             "a write with the frozen primary's token {token} was refused by the fence"
@@ -1072,7 +1203,6 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
             .details
             .push("the database never answered the frozen primary's write".into()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -438,6 +438,8 @@ fn mark_held(writes: &mut Vec<Write>, stale: &[Stale]) {
     }
 }
 
+/// Injects `fault` in each round (the next round once both pods are Ready and a run came
+/// after the last), timed against the schedule's instants, and heals it.
 async fn inject(
     w: &RealWorld,
     fault: Fault,
@@ -469,58 +471,7 @@ async fn inject(
             instants.push(w.before_next_instant().await?);
         }
         inj.from.get_or_insert_with(Timestamp::now);
-        match fault {
-            Fault::RealLeaderFreeze => {
-                let (took, proof) = freeze_leader(w, mode).await?;
-                inj.failovers.push(took);
-                inj.proofs.push(proof);
-            }
-            Fault::RealContainerKill => {
-                let (holder, _, container) = w.leader().await?;
-                let t0 = Instant::now();
-                crictl(&["stop", "-t", "0", &container]).await?;
-                let (new, took) = w.takeover(&holder, t0).await?;
-                inj.failovers.push(took);
-                inj.proofs.push(Proof::new(
-                    true,
-                    format!(
-                        "the leader's container {container} stopped by the CRI; the Lease passed from {holder} to {new}"
-                    ),
-                ));
-            }
-            Fault::RealPodDelete => {
-                let (holder, pod, _) = w.leader().await?;
-                let t0 = Instant::now();
-                Api::<Pod>::namespaced(w.s.env.client.clone(), &w.s.env.ns)
-                    .delete(&pod, &DeleteParams::default())
-                    .await?;
-                let (new, took) = w.takeover(&holder, t0).await?;
-                inj.failovers.push(took);
-                inj.proofs.push(Proof::new(
-                    true,
-                    format!(
-                        "the leader's pod {pod} deleted; the Lease passed from {holder} to {new}"
-                    ),
-                ));
-            }
-            Fault::RealWorkloadFreeze => {
-                let s = freeze_workload(w).await?;
-                inj.proofs.push(Proof::new(
-                    true,
-                    format!(
-                        "the run of period {} (token {}) was frozen until the fence moved past its token",
-                        s.period, s.token
-                    ),
-                ));
-                stale.push(s);
-            }
-            Fault::RealPodDeleteWorking => inj.proofs.push(real_pods::delete_working(w).await?),
-            Fault::RealNodeDrain => inj.proofs.push(real_pods::drain_working(w).await?),
-            Fault::RealKubeletPartition => {
-                inj.proofs.push(real_pods::partition_working(w).await?);
-            }
-            other => bail!("{} is not a real-pod scenario", other.name()),
-        }
+        inject_once(w, fault, mode, &mut inj, stale).await?;
         // A run's fault ends no sooner than the next instant of the schedule: a period falls due
         // while it is on.
         if on_a_run && fault != Fault::RealWorkloadFreeze {
@@ -537,6 +488,81 @@ async fn inject(
         }
     }
     Ok(inj)
+}
+
+/// One round of `fault`: what it measured and proved added to `inj`, a frozen run to `stale`.
+async fn inject_once(
+    w: &RealWorld,
+    fault: Fault,
+    mode: Mode,
+    inj: &mut Injected,
+    stale: &mut Vec<Stale>,
+) -> Result<()> {
+    match fault {
+        Fault::RealLeaderFreeze => {
+            let (took, proof) = freeze_leader(w, mode).await?;
+            inj.failovers.push(took);
+            inj.proofs.push(proof);
+        }
+        Fault::RealContainerKill => {
+            let (took, proof) = kill_leader_container(w).await?;
+            inj.failovers.push(took);
+            inj.proofs.push(proof);
+        }
+        Fault::RealPodDelete => {
+            let (took, proof) = delete_leader_pod(w).await?;
+            inj.failovers.push(took);
+            inj.proofs.push(proof);
+        }
+        Fault::RealWorkloadFreeze => {
+            let s = freeze_workload(w).await?;
+            inj.proofs.push(Proof::new(
+                true,
+                format!(
+                    "the run of period {} (token {}) was frozen until the fence moved past its token",
+                    s.period, s.token
+                ),
+            ));
+            stale.push(s);
+        }
+        Fault::RealPodDeleteWorking => inj.proofs.push(real_pods::delete_working(w).await?),
+        Fault::RealNodeDrain => inj.proofs.push(real_pods::drain_working(w).await?),
+        Fault::RealKubeletPartition => {
+            inj.proofs.push(real_pods::partition_working(w).await?);
+        }
+        other => bail!("{} is not a real-pod scenario", other.name()),
+    }
+    Ok(())
+}
+
+/// The leader's container stopped through the CRI; the time until another pod held the Lease.
+async fn kill_leader_container(w: &RealWorld) -> Result<(Duration, Proof)> {
+    let (holder, _, container) = w.leader().await?;
+    let t0 = Instant::now();
+    crictl(&["stop", "-t", "0", &container]).await?;
+    let (new, took) = w.takeover(&holder, t0).await?;
+    let proof = Proof::new(
+        true,
+        format!(
+            "the leader's container {container} stopped by the CRI; the Lease passed from {holder} to {new}"
+        ),
+    );
+    Ok((took, proof))
+}
+
+/// The leader's pod deleted; the time until another pod held the Lease.
+async fn delete_leader_pod(w: &RealWorld) -> Result<(Duration, Proof)> {
+    let (holder, pod, _) = w.leader().await?;
+    let t0 = Instant::now();
+    Api::<Pod>::namespaced(w.s.env.client.clone(), &w.s.env.ns)
+        .delete(&pod, &DeleteParams::default())
+        .await?;
+    let (new, took) = w.takeover(&holder, t0).await?;
+    let proof = Proof::new(
+        true,
+        format!("the leader's pod {pod} deleted; the Lease passed from {holder} to {new}"),
+    );
+    Ok((took, proof))
 }
 
 /// The leader's container frozen until another pod holds the Lease, then a little longer (the

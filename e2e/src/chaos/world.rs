@@ -27,7 +27,7 @@ use super::check::{
     Write, WriteResult,
 };
 use crate::commands::repo_root;
-use crate::observer::{JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
+use crate::observer::{EventJob, JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{
     Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, controller_bin, database_url,
     kubectl, sj_yaml, table_prefix,
@@ -917,11 +917,48 @@ pub async fn observe_sjs(
     let records = observer.jobs();
     let mut claims = read_claims.await?;
 
-    // The watch's Jobs, corrected by the job controller's Events: a Job the watch never saw
-    // (a relist gap) is added, one it never saw resumed but that acted on pods ran.
+    let (mut jobs, unattributed) = watched_jobs(&records);
+    let events_only = add_event_jobs(&mut jobs, reported, defs);
+    let mut by_sj: HashMap<String, Vec<JobSeen>> = HashMap::new();
+    for (_, (sj, seen)) in jobs {
+        by_sj.entry(sj).or_default().push(seen);
+    }
+
+    let mut out = Vec::new();
+    for (name, schedule) in defs {
+        let sj = sjs
+            .get(name)
+            .with_context(|| format!("SingletonJob {name} is gone"))?;
+        let key = sj.backstop_key();
+        let status = sj.status.clone().unwrap_or_default();
+        let schedule = singleton::schedule::Schedule::parse(schedule, None, Default::default())?;
+        let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
+        let interval = schedule_interval(&schedule, from);
+        let recorded = recorded_outcomes(&events, name, &status);
+        out.push(SjObservation {
+            claims: claims.remove(&key).unwrap_or_default(),
+            jobs: by_sj.remove(name).unwrap_or_default(),
+            key,
+            backstop: sj.spec.backstop.is_some(),
+            interval,
+            due,
+            decided_through: status.decided_through.map(|t| t.0),
+            recorded,
+        });
+    }
+    Ok(SjsSeen {
+        sjs: out,
+        events_only,
+        unattributed,
+    })
+}
+
+/// The Jobs the watch saw, by uid, with the name of their SingletonJob; and those without
+/// their SingletonJob or period annotation (unattributed).
+fn watched_jobs(records: &[JobRecord]) -> (BTreeMap<String, (String, JobSeen)>, Vec<String>) {
     let mut jobs: BTreeMap<String, (String, JobSeen)> = BTreeMap::new();
     let mut unattributed = Vec::new();
-    for r in &records {
+    for r in records {
         let (Some(sj), Some(period)) = (r.sj.clone(), r.period) else {
             unattributed.push(format!("{} (uid {})", r.name, r.uid));
             continue;
@@ -940,6 +977,17 @@ pub async fn observe_sjs(
         };
         jobs.insert(r.uid.clone(), (sj, seen));
     }
+    (jobs, unattributed)
+}
+
+/// Corrects the watch's `jobs` by the job controller's Events (`reported`): a Job the watch
+/// never saw (a relist gap) is added, one it never saw resumed but that acted on pods ran.
+/// Returns the Jobs of `defs` known from Events only.
+fn add_event_jobs(
+    jobs: &mut BTreeMap<String, (String, JobSeen)>,
+    reported: BTreeMap<String, EventJob>,
+    defs: &[(String, String)],
+) -> Vec<String> {
     let mut events_only = Vec::new();
     for (uid, ej) in reported {
         match jobs.get_mut(&uid) {
@@ -969,64 +1017,44 @@ pub async fn observe_sjs(
             }
         }
     }
-    let mut by_sj: HashMap<String, Vec<JobSeen>> = HashMap::new();
-    for (_, (sj, seen)) in jobs {
-        by_sj.entry(sj).or_default().push(seen);
-    }
+    events_only
+}
 
-    let mut out = Vec::new();
-    for (name, schedule) in defs {
-        let sj = sjs
-            .get(name)
-            .with_context(|| format!("SingletonJob {name} is gone"))?;
-        let key = sj.backstop_key();
-        let status = sj.status.clone().unwrap_or_default();
-        let schedule = singleton::schedule::Schedule::parse(schedule, None, Default::default())?;
-        let due: Vec<Timestamp> = schedule.iter_after(from).take_while(|p| *p <= to).collect();
-        let interval = schedule_interval(&schedule, from);
-        let mut recorded: Vec<Recorded> = events
+/// The outcomes the controller recorded without a run for the SingletonJob `name`: in its
+/// Events, then in `status.history`.
+fn recorded_outcomes(
+    events: &[k8s_openapi::api::core::v1::Event],
+    name: &str,
+    status: &singleton::api::SingletonJobStatus,
+) -> Vec<Recorded> {
+    let mut recorded: Vec<Recorded> = events
+        .iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .filter(|e| {
+            matches!(
+                e.reason.as_deref(),
+                Some("RunMissed" | "RunSkipped" | "RunDeduplicated")
+            )
+        })
+        .filter_map(|e| super::check::recorded_note(e.message.as_deref()?))
+        .collect();
+    recorded.extend(
+        status
+            .history
             .iter()
-            .filter(|e| e.involved_object.kind.as_deref() == Some("SingletonJob"))
-            .filter(|e| e.involved_object.name.as_deref() == Some(name.as_str()))
-            .filter(|e| {
-                matches!(
-                    e.reason.as_deref(),
-                    Some("RunMissed" | "RunSkipped" | "RunDeduplicated")
-                )
+            .filter(|h| {
+                // Every outcome recorded without a Job; the checker accepts only some.
+                h.job_name.is_none() && !matches!(h.outcome, Outcome::Running)
             })
-            .filter_map(|e| super::check::recorded_note(e.message.as_deref()?))
-            .collect();
-        recorded.extend(
-            status
-                .history
-                .iter()
-                .filter(|h| {
-                    // Every outcome recorded without a Job; the checker accepts only some.
-                    h.job_name.is_none() && !matches!(h.outcome, Outcome::Running)
-                })
-                .map(|h| Recorded {
-                    first: h.period.0,
-                    last: h.last_period.as_ref().map_or(h.period.0, |l| l.0),
-                    outcome: format!("{:?}", h.outcome),
-                    reason: h.reason.clone().unwrap_or_default(),
-                }),
-        );
-        out.push(SjObservation {
-            claims: claims.remove(&key).unwrap_or_default(),
-            jobs: by_sj.remove(name).unwrap_or_default(),
-            key,
-            backstop: sj.spec.backstop.is_some(),
-            interval,
-            due,
-            decided_through: status.decided_through.map(|t| t.0),
-            recorded,
-        });
-    }
-    Ok(SjsSeen {
-        sjs: out,
-        events_only,
-        unattributed,
-    })
+            .map(|h| Recorded {
+                first: h.period.0,
+                last: h.last_period.as_ref().map_or(h.period.0, |l| l.0),
+                outcome: format!("{:?}", h.outcome),
+                reason: h.reason.clone().unwrap_or_default(),
+            }),
+    );
+    recorded
 }
 
 /// The time between the first two instants of `schedule` after `t` (the chaos schedules are
