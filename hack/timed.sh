@@ -136,7 +136,15 @@ if [ "$stage" != . ]; then
   if [ "$rc" = 0 ]; then result=ok; else result="failed ($rc)"; fi
   # The innermost stage fails first; stages around it find the file written.
   if [ "$rc" != 0 ] && [ ! -s "$FILE.failed" ]; then
-    { echo "$name: $result"; tail -n 30 "$out"; } > "$FILE.failed"
+    if [ "$suites$chaos" = 00 ]; then
+      { echo "$name: $result"; tail -n 30 "$out"; } > "$FILE.failed"
+    else
+      # A test binary's output ends with the failed tests' logs: its verdicts are the lines
+      # that say what failed (an e2e test's anyhow error, a panic, a chaos violation).
+      { echo "$name: $result"
+        grep -a -E '^(Error: |thread .* panicked|test .* FAILED|error(\[E[0-9]+\])?: |chaos: .* violations|  [a-z0-9-]+: )' "$out" | cut -c1-400 | tail -n 25
+      } > "$FILE.failed"
+    fi
   fi
   row "$t0" "$secs" "$result" "$name"
   log "$name: $(fmt "$secs") ($result)"

@@ -32,9 +32,11 @@ const WINDOW: Duration = Duration::from_secs(25);
 /// The "alone" p99 is taken as at least this, so a quiet baseline of a few tens of milliseconds
 /// does not turn ordinary noise of a shared 2-core machine (other test binaries run beside this
 /// one) into a failure; a stall behind black-holed probes is the backstop's operation timeout
-/// (10 s), 2.5 times twice this (with the protection removed the p99 was 32.9 s). 1 s failed
-/// once (2026-12-06, warm make test: 0.73 s alone, 2.69 s with, five lanes of tests beside it).
-const BASELINE_FLOOR: f64 = 2.0;
+/// (10 s), 1.7 times twice this (with the protection removed the p99 was 32.9 s, 5.5 times the
+/// bound). 1 s failed once (warm make test: 0.73 s alone, 2.69 s with, five lanes of tests
+/// beside it), and 2 s once (2026-12-06, warm make test: p50 0.34 s alone, 0.70 s with; one run
+/// of 48 at 5.0 s while the real-node chaos rows and three other lanes ran beside it).
+const BASELINE_FLOOR: f64 = 3.0;
 
 /// How many SingletonJobs of `env` show `BackstopReady=False`.
 async fn told(env: &Env) -> Result<usize> {
