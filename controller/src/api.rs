@@ -370,7 +370,10 @@ pub struct SingletonJobSpec {
 
     /// The Job created for each period, as in CronJob. Every container receives the environment
     /// variables SINGLETON_JOB, SINGLETON_PERIOD, SINGLETON_FENCING_TOKEN,
-    /// SINGLETON_IDEMPOTENCY_KEY and SINGLETON_ATTEMPT (the pod's uid). `ttlSecondsAfterFinished` is
+    /// SINGLETON_IDEMPOTENCY_KEY, SINGLETON_ATTEMPT (the pod's uid), and the period's window:
+    /// SINGLETON_PREVIOUS_PERIOD and SINGLETON_NEXT_PERIOD (the schedule's periods around it that
+    /// run; empty when none), SINGLETON_TIME_ZONE, SINGLETON_BUSINESS_DATE (its local date) and
+    /// SINGLETON_PERIOD_KEY (its local time with offset and zone). `ttlSecondsAfterFinished` is
     /// not honoured: finished Jobs are pruned by the history limits, so that a Job is never gone
     /// before its outcome is recorded. A run is one process at a time: the Job gets
     /// `podReplacementPolicy: Failed` (no replacement pod while the previous one still

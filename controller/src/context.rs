@@ -21,6 +21,7 @@ use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
 use crate::notify::Notifier;
+use crate::schedule::{DayRules, Schedule, ScheduleError};
 use crate::sync::lock;
 use crate::{Error, Result};
 
@@ -55,6 +56,27 @@ pub struct Context {
 }
 
 impl Context {
+    /// The SingletonJob's periods, with the SingletonCalendars it names as the watch has them
+    /// (a calendar not yet seen: [`ScheduleError::MissingCalendar`]).
+    pub fn schedule_of(&self, sj: &SingletonJob) -> std::result::Result<Schedule, ScheduleError> {
+        let names = sj
+            .spec
+            .exclusions
+            .as_ref()
+            .map_or(&[][..], |x| &x.calendars[..]);
+        let calendars: HashMap<String, DayRules> = names
+            .iter()
+            .filter_map(|name| {
+                let key =
+                    ObjectRef::new(name).within(sj.metadata.namespace.as_deref().unwrap_or(""));
+                self.calendars
+                    .get(&key)
+                    .map(|cal| (name.clone(), cal.spec.rules.clone()))
+            })
+            .collect();
+        crate::decide::schedule(&sj.spec, &calendars)
+    }
+
     /// Forgets a deleted SingletonJob: its metric series, its backstop connection and what this
     /// process remembered of it.
     pub fn forget(&self, sj: &SingletonJob) {

@@ -13,14 +13,17 @@ use kube::api::ObjectMeta;
 use crate::api::{CompletionDeadlinePolicy, LockPurpose, RunRef, SingletonJob};
 use crate::decide::JobState;
 use crate::naming::{
-    ANNOTATION_RELEASED, ENV_ATTEMPT, ENV_IDEMPOTENCY_KEY, ENV_JOB, ENV_PERIOD, ENV_TOKEN,
+    ANNOTATION_RELEASED, ENV_ATTEMPT, ENV_BUSINESS_DATE, ENV_IDEMPOTENCY_KEY, ENV_JOB,
+    ENV_NEXT_PERIOD, ENV_PERIOD, ENV_PERIOD_KEY, ENV_PREVIOUS_PERIOD, ENV_TIME_ZONE, ENV_TOKEN,
     LABEL_JOB, LABEL_KUEUE_QUEUE, LABEL_PERIOD, LABEL_TOKEN, NOT_RELEASED, idempotency_key,
     job_label, job_name, period_label, period_rfc3339,
 };
+use crate::schedule::Window;
 use crate::{Error, Result};
 
-/// Builds the Job for a run from the SingletonJob's template.
-pub fn build(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
+/// Builds the Job for a run from the SingletonJob's template; `window` is where its period sits
+/// in the schedule (told to the workload).
+pub fn build(sj: &SingletonJob, period: Timestamp, token: u64, window: &Window) -> Result<Job> {
     let name = sj.metadata.name.clone().unwrap_or_default();
     let template = sj.spec.job_template.decode().map_err(Error::JobTemplate)?;
     let mut spec = template
@@ -35,11 +38,19 @@ pub fn build(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
     // The idempotency key follows the backstop's job key, so the runs of one period in two
     // clusters (one jobKey, different names) send the same key (F8).
     let job_key = sj.backstop_key();
+    // A neighbour that does not exist (the first period, the last) is an empty value, so that a
+    // workload reading it finds the variable set either way.
+    let neighbour = |t: Option<Timestamp>| t.map(period_rfc3339).unwrap_or_default();
     let env = [
         (ENV_JOB, job_key.clone()),
         (ENV_PERIOD, period_rfc3339(period)),
         (ENV_TOKEN, token.to_string()),
         (ENV_IDEMPOTENCY_KEY, idempotency_key(&job_key, period)),
+        (ENV_PREVIOUS_PERIOD, neighbour(window.previous)),
+        (ENV_NEXT_PERIOD, neighbour(window.next)),
+        (ENV_TIME_ZONE, window.time_zone.clone()),
+        (ENV_BUSINESS_DATE, window.business_date.clone()),
+        (ENV_PERIOD_KEY, window.key.clone()),
     ];
     let pod = spec.template.spec.get_or_insert_with(Default::default);
     for c in pod
@@ -181,8 +192,8 @@ fn deadline_left(sj: &SingletonJob, period: Timestamp, now: Timestamp) -> Option
 
 /// Builds the Job of `run`, under the name its claim recorded: the period's own name, or a
 /// re-run's ([`crate::naming::rerun_job_name`]).
-pub fn for_run(sj: &SingletonJob, run: &RunRef) -> Result<Job> {
-    let mut job = build(sj, run.period.0, run.token)?;
+pub fn for_run(sj: &SingletonJob, run: &RunRef, window: &Window) -> Result<Job> {
+    let mut job = build(sj, run.period.0, run.token, window)?;
     job.metadata.name = Some(run.job_name.clone());
     Ok(job)
 }
@@ -230,6 +241,55 @@ pub fn state(job: &Job) -> JobState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`super::build`] for a period whose neighbours are unknown (most tests here need none).
+    fn build(sj: &SingletonJob, period: Timestamp, token: u64) -> Result<Job> {
+        super::build(sj, period, token, &Window::unknown(period))
+    }
+
+    /// Every container is told the period's window: its neighbours (empty when there is none),
+    /// the time zone, the local date and the key; a template's own values of these names give
+    /// way, as for the other variables.
+    #[test]
+    fn every_container_is_told_its_period_window() {
+        let p: Timestamp = "2026-12-05T23:00:00Z".parse().unwrap();
+        let container = serde_json::json!({"name": "w", "image": "x",
+            "env": [{"name": "SINGLETON_BUSINESS_DATE", "value": "stale"}]});
+        let t = serde_json::json!({"spec": {"template": {"spec": {"containers": [container],
+            "initContainers": [{"name": "i", "image": "x"}]}}}});
+        let sj = with_template(t, None);
+        let window = Window {
+            previous: Some("2026-12-04T23:00:00Z".parse().unwrap()),
+            next: None,
+            time_zone: "Europe/Berlin".into(),
+            business_date: "2026-12-06".into(),
+            key: "2026-12-06T00:00:00+01:00[Europe/Berlin]".into(),
+        };
+        let job = super::build(&sj, p, 3, &window).unwrap();
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        for c in pod
+            .containers
+            .iter()
+            .chain(pod.init_containers.iter().flatten())
+        {
+            let env: BTreeMap<&str, Vec<&str>> =
+                c.env.iter().flatten().fold(BTreeMap::new(), |mut m, v| {
+                    m.entry(v.name.as_str())
+                        .or_default()
+                        .push(v.value.as_deref().unwrap_or("<from>"));
+                    m
+                });
+            assert_eq!(env["SINGLETON_PREVIOUS_PERIOD"], ["2026-12-04T23:00:00Z"]);
+            assert_eq!(env["SINGLETON_NEXT_PERIOD"], [""], "none: set, empty");
+            assert_eq!(env["SINGLETON_TIME_ZONE"], ["Europe/Berlin"]);
+            assert_eq!(env["SINGLETON_BUSINESS_DATE"], ["2026-12-06"], "{}", c.name);
+            assert_eq!(
+                env["SINGLETON_PERIOD_KEY"],
+                ["2026-12-06T00:00:00+01:00[Europe/Berlin]"]
+            );
+            assert_eq!(env["SINGLETON_PERIOD"], ["2026-12-05T23:00:00Z"]);
+        }
+    }
 
     fn sj(
         deadline: Option<i64>,

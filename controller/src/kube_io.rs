@@ -431,7 +431,8 @@ pub async fn dry_run_job(
     sj: &SingletonJob,
     now: Timestamp,
 ) -> Result<std::result::Result<(), String>> {
-    let job = match crate::job::build(sj, now, 0) {
+    let window = crate::schedule::Window::unknown(now);
+    let job = match crate::job::build(sj, now, 0, &window) {
         Ok(job) => job,
         Err(e) => return Ok(Err(e.to_string())),
     };

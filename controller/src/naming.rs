@@ -13,6 +13,13 @@ pub const ENV_JOB: &str = "SINGLETON_JOB";
 pub const ENV_PERIOD: &str = "SINGLETON_PERIOD";
 pub const ENV_TOKEN: &str = "SINGLETON_FENCING_TOKEN";
 pub const ENV_IDEMPOTENCY_KEY: &str = "SINGLETON_IDEMPOTENCY_KEY";
+/// The period's window ([`crate::schedule::Window`]): the schedule's periods around it, its
+/// time zone, its local date there and a readable key of it.
+pub const ENV_PREVIOUS_PERIOD: &str = "SINGLETON_PREVIOUS_PERIOD";
+pub const ENV_NEXT_PERIOD: &str = "SINGLETON_NEXT_PERIOD";
+pub const ENV_TIME_ZONE: &str = "SINGLETON_TIME_ZONE";
+pub const ENV_BUSINESS_DATE: &str = "SINGLETON_BUSINESS_DATE";
+pub const ENV_PERIOD_KEY: &str = "SINGLETON_PERIOD_KEY";
 /// The attempt's id: its pod's uid (downward API), so the fence can tell the pods of one run
 /// apart (`<p>attempt()`, docs/fencing.md).
 pub const ENV_ATTEMPT: &str = "SINGLETON_ATTEMPT";

@@ -33,9 +33,8 @@ use crate::decide::{self, JobState, Observed, Plan, Waiting};
 use crate::lanes::Lane;
 use crate::operate::{self, ManualGates, ManualRun, Operations};
 use crate::record::{self, BackstopSeen, Facts};
-use crate::schedule::{DayRules, Schedule, ScheduleError};
+use crate::schedule::Schedule;
 use crate::{Result, observe, run, watch_decode};
-use kube::runtime::reflector::ObjectRef;
 
 pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Action> {
     if let Some(action) = guard(&sj, &ctx) {
@@ -203,7 +202,7 @@ async fn raise_to_jobs(
     behind: observe::Behind,
     now: Timestamp,
 ) -> Result<Action> {
-    let fingerprint = match schedule_of(ctx, sj) {
+    let fingerprint = match ctx.schedule_of(sj) {
         Ok(schedule) => decide::fingerprint_with(&sj.spec, &schedule),
         Err(_) => decide::fingerprint(&sj.spec),
     };
@@ -469,25 +468,6 @@ async fn operations(
     Ok((manual, ops.notes))
 }
 
-/// The SingletonJob's periods, with the SingletonCalendars it names as the watch has them.
-fn schedule_of(ctx: &Context, sj: &SingletonJob) -> std::result::Result<Schedule, ScheduleError> {
-    let names = sj
-        .spec
-        .exclusions
-        .as_ref()
-        .map_or(&[][..], |x| &x.calendars[..]);
-    let calendars: HashMap<String, DayRules> = names
-        .iter()
-        .filter_map(|name| {
-            let key = ObjectRef::new(name).within(sj.metadata.namespace.as_deref().unwrap_or(""));
-            ctx.calendars
-                .get(&key)
-                .map(|cal| (name.clone(), cal.spec.rules.clone()))
-        })
-        .collect();
-    decide::schedule(&sj.spec, &calendars)
-}
-
 /// The schedule, or, when it does not parse, the conditions and an Event saying so (written
 /// once per generation or change).
 async fn parse_schedule(
@@ -496,7 +476,7 @@ async fn parse_schedule(
     status: &mut SingletonJobStatus,
     now: Timestamp,
 ) -> Result<Option<Schedule>> {
-    let err = match schedule_of(ctx, sj) {
+    let err = match ctx.schedule_of(sj) {
         Ok(s) => return Ok(Some(s)),
         Err(err) => err,
     };

@@ -179,7 +179,7 @@ fn handle(text: &str, now: Timestamp) -> &'static str {
         singleton::reconcile::plan(&sj, &schedule, &status, now, created, None, &HashMap::new());
     let token = status.fencing_token.saturating_add(1);
     match plan.start {
-        Some(period) => match singleton::job::build(&sj, period, token) {
+        Some(period) => match singleton::job::build(&sj, period, token, &schedule.window(period)) {
             Ok(_) => "a Job built",
             Err(_) => "Job template refused",
         },

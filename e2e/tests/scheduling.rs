@@ -753,3 +753,54 @@ async fn every_runs_on_the_epoch_anchored_instants_across_a_restart() -> Result<
     .await?;
     Ok(())
 }
+
+/// The workload is told where its period sits (issue 35, item 4): the schedule's periods before
+/// and after it, the SingletonJob's time zone, the period's local date there and its key, on
+/// every container of the Job the API server stored. Asia/Kolkata's +05:30 makes a UTC value
+/// where a local one belongs show.
+#[tokio::test]
+async fn the_workload_is_told_its_period_window() -> Result<()> {
+    let mut env = Env::new("window").await?;
+    env.start_controller(&[]).await?;
+    env.create_sj(&sj_yaml("w", "*/5 * * * * *", "  timeZone: Asia/Kolkata\n"))
+        .await?;
+    let job = env
+        .wait_for("the first Job", Duration::from_secs(30), || async {
+            Ok(env.job_list().await?.into_iter().next())
+        })
+        .await?;
+    let container = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers[0].clone())
+        .unwrap_or_default();
+    let env_of = |name: &str| {
+        container
+            .env
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .and_then(|v| v.value.clone())
+    };
+    let period: Timestamp = env_of("SINGLETON_PERIOD").unwrap_or_default().parse()?;
+    let kolkata = jiff::tz::TimeZone::get("Asia/Kolkata")?;
+    let local = period.to_zoned(kolkata);
+    let five = SignedDuration::from_secs(5);
+    let want = [
+        ("SINGLETON_PREVIOUS_PERIOD", (period - five).to_string()),
+        ("SINGLETON_NEXT_PERIOD", (period + five).to_string()),
+        ("SINGLETON_TIME_ZONE", "Asia/Kolkata".to_string()),
+        ("SINGLETON_BUSINESS_DATE", local.date().to_string()),
+        ("SINGLETON_PERIOD_KEY", local.to_string()),
+    ];
+    for (name, value) in want {
+        ensure(
+            &env,
+            env_of(name).as_deref() == Some(value.as_str()),
+            (name, env_of(name), value, &container.env),
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -13,6 +13,7 @@ use crate::job;
 use crate::kube_io::{self, Propagation};
 use crate::lanes::Lane;
 use crate::naming;
+use crate::schedule::Window;
 use crate::{Error, Result};
 
 /// Step 5 for one replaced run: its Job goes, and, foreground, its pods before it. Whether this
@@ -57,6 +58,22 @@ pub(super) async fn replaced_gone(
     Ok(true)
 }
 
+/// Where the claim's period sits in the schedule, told to its workload: by the schedule as the
+/// fresh SingletonJob has it (its shift floor kept, as the decision used it). A schedule that
+/// cannot be read now (a calendar deleted since the claim) leaves only the period's own values:
+/// the run goes on, as its claim was decided.
+fn window(ctx: &Context, fresh: &SingletonJob, claim: &RunRef) -> Window {
+    let period = claim.period.0;
+    let floor = fresh.status.as_ref().and_then(|s| s.shifts_after.as_ref());
+    match ctx.schedule_of(fresh) {
+        Ok(s) => s.with_shift_floor(floor.map(|t| t.0)).window(period),
+        Err(e) => {
+            tracing::warn!(sj = %fresh.key(), error = %e, "the schedule cannot be read: the run is told only its period");
+            Window::unknown(period)
+        }
+    }
+}
+
 /// How many times step 6 retries a create whose name was taken by a Job it removed.
 const CREATES: usize = 2;
 
@@ -70,7 +87,7 @@ pub(super) async fn create(
 ) -> Result<Option<String>> {
     let ns = fresh.metadata.namespace.clone().unwrap_or_default();
     // On the heap: a Job is kilobytes, and this future waits in a lane with it.
-    let mut job = Box::new(job::for_run(fresh, claim)?);
+    let mut job = Box::new(job::for_run(fresh, claim, &window(ctx, fresh, claim))?);
     job::stop_at_deadline(&mut job, fresh, claim.period.0, jiff::Timestamp::now());
     if let Some(spec) = job.spec.as_mut() {
         spec.suspend = Some(true);

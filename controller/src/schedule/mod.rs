@@ -43,10 +43,12 @@ mod every;
 mod exclusions;
 mod syntax;
 mod timeline;
+mod window;
 use every::Every;
 pub use exclusions::{DateRange, DayRules, ExcludedAction, Exclusions};
 use syntax::normalize;
 pub use timeline::{Bounds, Schedule, jitter, preview};
+pub use window::Window;
 
 /// How a run whose wall-clock time does not exist is placed. Such times are
 /// skipped when clocks spring forward for daylight saving time (for example

@@ -11,6 +11,7 @@ use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use sha2::{Digest, Sha256};
 
+use super::exclusions::MAX_SHIFT_DAYS;
 use super::{DstPolicy, ExcludedAction, Exclusions, ScheduleError, Single, count_until};
 
 const ONE_NANO: SignedDuration = SignedDuration::from_nanos(1);
@@ -222,6 +223,35 @@ impl Schedule {
             let run = x.excluded_run_before(self.day(base));
             bound = self.start_of(run)?.checked_sub(ONE_NANO).ok()?.min(from);
         }
+    }
+
+    /// The latest period before `t` that runs (not on an excluded day: with
+    /// [`ExcludedAction::Skip`] those are periods too, recorded Skipped), looking back over at most
+    /// a year of excluded days.
+    pub fn running_before(&self, t: Timestamp) -> Option<Timestamp> {
+        let mut at = self.latest_at_or_before(t.checked_sub(ONE_NANO).ok()?)?;
+        for _ in 0..=MAX_SHIFT_DAYS {
+            if !self.excluded(at) {
+                return Some(at);
+            }
+            // Every period of an excluded day is excluded: go on before that day.
+            let day = self.start_of(self.day(at))?;
+            at = self.latest_at_or_before(day.checked_sub(ONE_NANO).ok()?)?;
+        }
+        None
+    }
+
+    /// The first period after `t` that runs (see [`Schedule::running_before`]).
+    pub fn running_after(&self, t: Timestamp) -> Option<Timestamp> {
+        let mut at = self.next_after(t)?;
+        for _ in 0..=MAX_SHIFT_DAYS {
+            if !self.excluded(at) {
+                return Some(at);
+            }
+            let next_day = self.start_of(self.day(at).tomorrow().ok()?)?;
+            at = self.next_after(next_day.checked_sub(ONE_NANO).ok()?)?;
+        }
+        None
     }
 
     /// Number of periods in (after, until], counting at most `cap`.
