@@ -49,7 +49,10 @@ const WINDOW: Duration = Duration::from_secs(30);
 /// once in `make test`'s lanes (CI 2026-12-06: one sample of 28 at 2.1 s, with 20 to 34 slow
 /// claims as in every run; the same code, and the code before it, gave ratios 0.21 to 0.38 on
 /// an idle machine): the windows are measured 30 s apart, under whatever the other lanes load.
-const BASELINE_FLOOR: f64 = 1.5;
+/// 1.5 s failed once too (fresh-clone CI 2026-12-06: p50 0.30 s alone, 0.76 s with, one sample
+/// of 30 at 3.2 s while the cluster chaos rows ran beside it). At 2 s the bound is 4 s, still
+/// well under the 9 s stall that a claim behind the slow database would cause.
+const BASELINE_FLOOR: f64 = 2.0;
 
 /// Creates the backstop tables of `prefix` and makes every claim in them take
 /// [`CLAIM_SECONDS`]: a database that answers `SELECT 1` at once and claims slowly.

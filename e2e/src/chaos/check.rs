@@ -934,11 +934,13 @@ fn check_due(
                 "{} period {p} due, no run; recorded {} ({}), which the fault does not explain: {why}",
                 sj.key, r.outcome, r.reason
             ));
-        } else if sj.decided_through.is_none_or(|d| *p > d)
-            && ctx
-                .checked_at
-                .is_some_and(|c| *p > c - signed(pending_bound))
+        } else if ctx
+            .checked_at
+            .is_some_and(|c| *p > c - signed(pending_bound))
+            && (sj.decided_through.is_none_or(|d| *p > d) || claims_by_period.contains_key(p))
         {
+            // Undecided, or claimed with its run still on the way (claim, create, confirm,
+            // resume: a catch-up after an outage claims a backlog just before the check).
             row.pending += 1;
         } else {
             lost_unrecorded(sj, *p, claims_by_period, row, ctx, pending_bound);
@@ -1653,6 +1655,20 @@ mod tests {
         obs.checked_at = None;
         let row = eval(&obs);
         assert_eq!((row.pending, row.lost), (0, 2));
+    }
+
+    #[test]
+    fn a_claimed_period_whose_run_is_on_its_way_is_pending_within_the_bound() {
+        // t(10) is decided and claimed (token 6), but its Job was not seen running by the check
+        // at t(14): pending while younger than settle + interval (5 s), lost after.
+        let mut obs = healthy();
+        obs.sjs[0].jobs.retain(|j| j.period != t(10));
+        let row = eval(&obs);
+        assert_eq!((row.pending, row.lost), (1, 0), "{:?}", row.details);
+        obs.checked_at = Some(t(16));
+        let row = eval(&obs);
+        assert_eq!((row.pending, row.lost), (0, 1));
+        fails_with(&row, expect(), "claimed with token [6], but no Job of it ran");
     }
 
     #[test]
