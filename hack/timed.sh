@@ -140,9 +140,12 @@ if [ "$stage" != . ]; then
       { echo "$name: $result"; tail -n 30 "$out"; } > "$FILE.failed"
     else
       # A test binary's output ends with the failed tests' logs: its verdicts are the lines
-      # that say what failed (an e2e test's anyhow error, a panic, a chaos violation).
+      # that say what failed (a test's anyhow error with the lines under it, such as the chaos
+      # suite's violations; a panic; the failed tests' names).
       { echo "$name: $result"
-        grep -a -E '^(Error: |thread .* panicked|test .* FAILED|error(\[E[0-9]+\])?: |chaos: .* violations|  [a-z0-9-]+: )' "$out" | cut -c1-400 | tail -n 25
+        awk '/^Error: / { n = 12 } n > 0 { print; n-- ; next }
+             /^thread .* panicked|^test .* FAILED|^error(\[E[0-9]+\])?: / { print }' "$out" |
+          cut -c1-400 | tail -n 30
       } > "$FILE.failed"
     fi
   fi
