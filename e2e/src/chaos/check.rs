@@ -1668,7 +1668,11 @@ mod tests {
         obs.checked_at = Some(t(16));
         let row = eval(&obs);
         assert_eq!((row.pending, row.lost), (0, 1));
-        fails_with(&row, expect(), "claimed with token [6], but no Job of it ran");
+        fails_with(
+            &row,
+            expect(),
+            "claimed with token [6], but no Job of it ran",
+        );
     }
 
     #[test]
