@@ -1080,6 +1080,23 @@ async fn freeze_primary(w: &mut DrWorld, inj: &mut Injected) -> Result<Instant> 
         "SINGLETON_FAILPOINTS".to_string(),
         "backstop-claimed=stop".to_string(),
     )];
+    // Not while a claim is on its way: the old process may confirm it in the database (step 4b)
+    // before the TERM takes effect, and a confirmed claim is never taken over, so the row would
+    // wait for a takeover that must not come (CI 2026-12-06: TERM 0.2 s after a claim).
+    w.wait(
+        "the primary between two claims",
+        Duration::from_secs(20),
+        |w| {
+            Box::pin(async move {
+                let sj = w.west.env.get_sj(SJ).await?;
+                Ok(sj
+                    .status
+                    .is_some_and(|s| s.pending_claim.is_none())
+                    .then_some(()))
+            })
+        },
+    )
+    .await?;
     let before = w.west.idx;
     w.west.signal("TERM").await?;
     w.wait(
