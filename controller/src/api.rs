@@ -760,12 +760,17 @@ pub struct LockSpec {
 /// Target databases that back claims and fencing. Exactly one kind is set.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.postgres)").message("backstop needs a database kind: postgres"))]
+#[x_kube(validation = Rule::new("has(self.postgres) != has(self.mysql)").message("backstop needs exactly one database kind: postgres or mysql"))]
 pub struct BackstopSpec {
     /// PostgreSQL: a claims table with UNIQUE(job, period), a fence row per job, and the
     /// `singleton_fence(job, token)` function for workloads, created by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres: Option<PostgresBackstop>,
+    /// MariaDB 10.6 or later (MySQL 8.0.16 or later: see docs/fencing.md for what differs): the
+    /// same tables and the same `singleton_attempt(job, token, attempt)` and
+    /// `singleton_fence(job, token, attempt)` functions, raising the same SQLSTATEs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mysql: Option<MysqlBackstop>,
     /// The job's name in the backstop database (claims, fence, `SINGLETON_JOB`). Default
     /// `namespace/name`. SingletonJobs in several clusters that share one database and carry the
     /// same key are one job: each period runs in one cluster only (docs/multi-cluster.md). A key
@@ -809,6 +814,57 @@ pub struct PostgresBackstop {
             .message("tablePrefix must be a lower-case SQL identifier of at most 32 characters")
     )]
     pub table_prefix: Option<String>,
+}
+
+/// Where the MariaDB/MySQL backstop is and how to reach it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MysqlBackstop {
+    /// A Secret in this SingletonJob's namespace holding the connection, labelled
+    /// `singleton.dev/backstop: "true"`. Keys: `url` (mysql:// or mariadb://...), or `host`,
+    /// `port` (3306), `dbname`, `user`, `password`; optional `sslmode` (`disable`, `require`,
+    /// `verify-ca`, `verify-full`, the default; MySQL's `DISABLED`, `REQUIRED`, `VERIFY_CA`,
+    /// `VERIFY_IDENTITY` too) and `sslrootcert` (the CA's PEM). The database must exist; the
+    /// controller creates its tables and functions there.
+    pub secret_ref: SecretRef,
+    /// Prefix of the controller's tables and functions (`<prefix>claims`, `<prefix>fence`).
+    /// Default `singleton_`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[a-z_][a-z0-9_]{0,31}$')")
+            .message("tablePrefix must be a lower-case SQL identifier of at most 32 characters")
+    )]
+    pub table_prefix: Option<String>,
+}
+
+/// The database kinds a backstop can be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BackstopKind {
+    /// `spec.backstop.postgres`.
+    #[default]
+    Postgres,
+    /// `spec.backstop.mysql` (MariaDB or MySQL).
+    Mysql,
+}
+
+impl BackstopSpec {
+    /// The configured database: its kind, Secret and table prefix (`None`: no kind set, which
+    /// the CRD refuses).
+    pub fn database(&self) -> Option<(BackstopKind, &SecretRef, Option<&str>)> {
+        match (&self.postgres, &self.mysql) {
+            (Some(pg), _) => Some((
+                BackstopKind::Postgres,
+                &pg.secret_ref,
+                pg.table_prefix.as_deref(),
+            )),
+            (None, Some(my)) => Some((
+                BackstopKind::Mysql,
+                &my.secret_ref,
+                my.table_prefix.as_deref(),
+            )),
+            (None, None) => None,
+        }
+    }
 }
 
 /// A Secret in the same namespace.
@@ -1338,6 +1394,21 @@ impl Outcome {
             Outcome::Replaced => "Replaced",
             Outcome::Deduplicated => "Deduplicated",
         }
+    }
+
+    /// The outcome of a name; None for a name this build does not know (a newer release's).
+    pub fn named(name: &str) -> Option<Outcome> {
+        [
+            Outcome::Running,
+            Outcome::Succeeded,
+            Outcome::Failed,
+            Outcome::Skipped,
+            Outcome::Missed,
+            Outcome::Replaced,
+            Outcome::Deduplicated,
+        ]
+        .into_iter()
+        .find(|o| o.name() == name)
     }
 }
 

@@ -5,6 +5,7 @@
 //! the password, not the URL, not even the host or user). A target is identified in logs and
 //! status by its Secret reference, which the caller knows; error messages name Secret *keys* only.
 
+use crate::api::BackstopKind;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -58,6 +59,12 @@ impl SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
+            // MySQL's names (`ssl-mode`), for a URL copied from a MySQL client's settings.
+            "DISABLED" => SslMode::Disable,
+            "PREFERRED" => SslMode::Prefer,
+            "REQUIRED" => SslMode::Require,
+            "VERIFY_CA" => SslMode::VerifyCa,
+            "VERIFY_IDENTITY" => SslMode::VerifyFull,
             // `allow` (plain first, TLS as a fallback) is not worth the code; never echo the value.
             _ => {
                 return Err(
@@ -113,6 +120,8 @@ impl fmt::Debug for Redacted {
 /// its `Debug` output shows no value that came from the Secret.
 #[derive(Clone, PartialEq)]
 pub struct ConnectionConfig {
+    /// Which engine the Secret connects to (the spec's kind; a URL of another engine is refused).
+    pub(crate) kind: BackstopKind,
     pub(crate) host: Redacted,
     pub(crate) hostaddr: Option<IpAddr>,
     pub(crate) port: u16,
@@ -130,6 +139,7 @@ impl fmt::Debug for ConnectionConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Written by hand so that a later field cannot leak by being added to a derive.
         f.debug_struct("ConnectionConfig")
+            .field("kind", &self.kind)
             .field("host", &self.host)
             .field("hostaddr", &self.hostaddr.map(|_| "<redacted>"))
             .field("port", &self.port)
@@ -151,13 +161,32 @@ impl ConnectionConfig {
     /// password and the PEM root certificate live in keys of their own. `sslrootcert` is the PEM
     /// text of the CA certificate(s), never a file path. Unknown keys are ignored.
     pub fn from_secret(data: &BTreeMap<String, ByteString>, keys: &SecretKeys) -> Result<Self> {
-        let (parts, root_certs) = read_secret(data, keys)?;
-        Self::from_parts(parts, root_certs, keys)
+        Self::from_secret_as(BackstopKind::Postgres, data, keys)
+    }
+
+    /// [`Self::from_secret`] for the engine `kind`: for [`BackstopKind::Mysql`] the URL is
+    /// `mysql://` or `mariadb://`, the port 3306 by default, and `sslmode` one of `disable`,
+    /// `require`, `verify-ca`, `verify-full` (MySQL's `DISABLED`, `REQUIRED`, `VERIFY_CA`,
+    /// `VERIFY_IDENTITY`): MySQL clients have no TLS-if-offered mode.
+    pub fn from_secret_as(
+        kind: BackstopKind,
+        data: &BTreeMap<String, ByteString>,
+        keys: &SecretKeys,
+    ) -> Result<Self> {
+        let (parts, root_certs) = read_secret(kind, data, keys)?;
+        if kind == BackstopKind::Mysql && parts.sslmode == Some(SslMode::Prefer) {
+            return Err(Error::BackstopConfig(format!(
+                "key `{}`: sslmode prefer is not supported for MySQL/MariaDB: use disable, require, verify-ca or verify-full",
+                keys.sslmode
+            )));
+        }
+        Self::from_parts(kind, parts, root_certs, keys)
     }
 
     /// The settings from what the Secret said, with the defaults and the rules between them
     /// (host and user required; `require` with a CA verifies it, as in libpq).
     fn from_parts(
+        kind: BackstopKind,
         parts: UrlParts,
         root_certs: Vec<CertificateDer<'static>>,
         keys: &SecretKeys,
@@ -187,10 +216,15 @@ impl ConnectionConfig {
         let connect_timeout = parts
             .connect_timeout
             .map_or(DEFAULT_CONNECT_TIMEOUT, |t| t.min(DEFAULT_CONNECT_TIMEOUT));
+        let default_port = match kind {
+            BackstopKind::Postgres => 5432,
+            BackstopKind::Mysql => 3306,
+        };
         Ok(ConnectionConfig {
+            kind,
             host: Redacted(host),
             hostaddr: parts.hostaddr,
-            port: parts.port.unwrap_or(5432),
+            port: parts.port.unwrap_or(default_port),
             dbname: parts.dbname.map(Redacted),
             user: Redacted(user),
             password: parts.password.map(Redacted),
@@ -260,6 +294,7 @@ struct UrlParts {
 /// What a Secret's keys say: the URL's parts, each overridden by a discrete key, and the root
 /// certificates.
 fn read_secret(
+    kind: BackstopKind,
     data: &BTreeMap<String, ByteString>,
     keys: &SecretKeys,
 ) -> Result<(UrlParts, Vec<CertificateDer<'static>>)> {
@@ -279,10 +314,14 @@ fn read_secret(
             .filter(|v| !v.is_empty()))
     };
 
+    let scheme = match kind {
+        BackstopKind::Postgres => "postgres://",
+        BackstopKind::Mysql => "mysql://",
+    };
     let mut parts = match get_trimmed(&keys.url)? {
-        Some(url) => parse_url(&url).map_err(|what| {
+        Some(url) => parse_url(kind, &url).map_err(|what| {
             Error::BackstopConfig(format!(
-                "key `{}` is not a valid postgres:// URL: {what}",
+                "key `{}` is not a valid {scheme} URL: {what}",
                 keys.url
             ))
         })?,
@@ -328,11 +367,34 @@ fn read_secret(
 /// Parses `postgres[ql]://[user[:password]@]host[:port][/dbname][?param=value&...]` (one host;
 /// IPv6 in brackets). Parsed here rather than by tokio-postgres so that no error can quote the
 /// URL, and so that libpq's `sslmode=verify-ca|verify-full` are understood.
-fn parse_url(url: &str) -> Result<UrlParts, &'static str> {
-    let rest = url
-        .strip_prefix("postgresql://")
-        .or_else(|| url.strip_prefix("postgres://"))
-        .ok_or("it must start with postgres:// or postgresql://")?;
+/// A `mysql://` or `mariadb://` URL has the same shape (`ssl-mode` is read as `sslmode`). A URL
+/// of the other engine is refused by its scheme, before anything connects.
+fn parse_url(kind: BackstopKind, url: &str) -> Result<UrlParts, &'static str> {
+    let (postgres, mysql) = (
+        url.strip_prefix("postgresql://")
+            .or_else(|| url.strip_prefix("postgres://")),
+        url.strip_prefix("mysql://")
+            .or_else(|| url.strip_prefix("mariadb://")),
+    );
+    let rest = match (kind, postgres, mysql) {
+        (BackstopKind::Postgres, Some(rest), _) | (BackstopKind::Mysql, _, Some(rest)) => rest,
+        (BackstopKind::Postgres, None, Some(_)) => {
+            return Err(
+                "it is a MySQL/MariaDB URL, but spec.backstop.postgres needs postgres:// or postgresql:// (use spec.backstop.mysql)",
+            );
+        }
+        (BackstopKind::Mysql, Some(_), None) => {
+            return Err(
+                "it is a PostgreSQL URL, but spec.backstop.mysql needs mysql:// or mariadb:// (use spec.backstop.postgres)",
+            );
+        }
+        (BackstopKind::Postgres, None, None) => {
+            return Err("it must start with postgres:// or postgresql://");
+        }
+        (BackstopKind::Mysql, None, None) => {
+            return Err("it must start with mysql:// or mariadb://");
+        }
+    };
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
@@ -419,7 +481,7 @@ fn parse_query(query: &str, parts: &mut UrlParts) -> Result<(), &'static str> {
         let (k, v) = pair.split_once('=').ok_or("a query parameter has no '='")?;
         let v = decode(v).ok_or("invalid percent-encoding in a query parameter")?;
         match k {
-            "sslmode" => parts.sslmode = Some(SslMode::parse(&v)?),
+            "sslmode" | "ssl-mode" => parts.sslmode = Some(SslMode::parse(&v)?),
             "host" => parts.host = Some(v),
             "hostaddr" => {
                 parts.hostaddr = Some(v.parse().map_err(|_| "hostaddr is not an IP address")?)

@@ -7,12 +7,25 @@
 //! refusals of [`super::refusals`] raised by its fence. Adding an engine: a folder beside
 //! `postgres/` with those methods, a variant here, and its arm in [`engine!`].
 
+use super::mysql::Mysql;
 use super::postgres::Postgres;
 
 /// The database behind one backstop.
 pub(crate) enum Engine {
-    /// PostgreSQL 13 or later (`spec.backstop` with a libpq-style URL or keys).
-    Postgres(Postgres),
+    /// PostgreSQL 13 or later (`spec.backstop.postgres`). Each engine is boxed: they differ a lot
+    /// in size, and a backstop holds one.
+    Postgres(Box<Postgres>),
+    /// MariaDB 10.6 or later, or MySQL 8.0.16 or later (`spec.backstop.mysql`).
+    Mysql(Box<Mysql>),
+}
+
+/// A column of the fence row that an engine's `fence_column` reads.
+#[derive(Clone, Copy)]
+pub(crate) enum FenceColumn {
+    /// The highest token issued.
+    Token,
+    /// The highest token retired.
+    Retired,
 }
 
 /// Runs `$body` with `$e` bound to the backstop's engine, whichever it is: every engine has
@@ -21,6 +34,7 @@ macro_rules! engine {
     ($backstop:expr, $e:ident => $body:expr) => {
         match &$backstop.engine {
             $crate::backstop::engine::Engine::Postgres($e) => $body,
+            $crate::backstop::engine::Engine::Mysql($e) => $body,
         }
     };
 }

@@ -28,7 +28,7 @@
 //! Layout: this module and the files beside it are what every engine shares (claims' outcomes,
 //! tokens, multi-cluster judgement [`multi`], tenant ownership [`owner`], health [`health`],
 //! the allow-list (`allow.rs`), database-time shares [`share`], the fence's refusals
-//! [`refusals`]); each engine is a folder (`engine.rs` names them; today `postgres/`).
+//! [`refusals`]); each engine is a folder (`engine.rs` names them: `postgres/`, `mysql/`).
 
 mod allow;
 mod attempts;
@@ -38,12 +38,14 @@ pub mod health;
 pub mod multi;
 mod outcomes;
 pub mod owner;
+mod mysql;
 mod postgres;
 pub mod refusals;
 pub mod share;
 #[cfg(test)]
 mod tests;
 
+use crate::api::BackstopKind;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -65,9 +67,9 @@ pub use refusals::{
     ATTEMPT_SQLSTATE, NEVER_ISSUED_SQLSTATE, NOT_PERMITTED_SQLSTATE, STALE_TOKEN_SQLSTATE,
 };
 
+use engine::FenceColumn;
 use engine::{Engine, engine};
 pub use multi::Claimer;
-use postgres::fence::FenceColumn;
 
 /// The label a Secret must carry (value `"true"`) before the controller reads it as a backstop
 /// connection: whoever may create SingletonJobs must not be able to point the controller at any
@@ -193,12 +195,23 @@ impl Backstop {
     /// No I/O: the connection opens on first use. Fails only on a TLS set-up problem (such as
     /// `verify-full` without `sslrootcert` on a host with no system CA certificates).
     pub fn new(config: ConnectionConfig, prefix: TablePrefix) -> Result<Self> {
-        let engine = postgres::Postgres::new(config.clone(), prefix.clone(), Arc::default())?;
+        let engine = match config.kind {
+            BackstopKind::Postgres => Engine::Postgres(Box::new(postgres::Postgres::new(
+                config.clone(),
+                prefix.clone(),
+                Arc::default(),
+            )?)),
+            BackstopKind::Mysql => Engine::Mysql(Box::new(mysql::Mysql::new(
+                config.clone(),
+                prefix.clone(),
+                Arc::default(),
+            )?)),
+        };
         Ok(Backstop {
             config,
             prefix,
             meter: None,
-            engine: Engine::Postgres(engine),
+            engine,
         })
     }
 
@@ -206,6 +219,7 @@ impl Backstop {
     pub fn with_allowed_hosts(mut self, allowed: Arc<AllowedHosts>) -> Self {
         match &mut self.engine {
             Engine::Postgres(e) => e.set_allowed_hosts(allowed),
+            Engine::Mysql(e) => e.set_allowed_hosts(allowed),
         }
         self
     }
@@ -439,6 +453,7 @@ impl Backstop {
     fn postgres(&self) -> &postgres::Postgres {
         match &self.engine {
             Engine::Postgres(p) => p,
+            Engine::Mysql(_) => panic!("not a PostgreSQL backstop"),
         }
     }
 }
@@ -548,6 +563,20 @@ pub fn secret_data(
     Ok(secret.data.unwrap_or_default())
 }
 
+/// The most of a server's message that reaches status, Events and logs.
+pub(crate) const SERVER_WORDS: usize = 200;
+
+/// A server's message as the controller repeats it (review N10): the server is whatever host a
+/// SingletonJob names, so its words are cut to [`SERVER_WORDS`] characters and cleared of control
+/// characters before they reach a condition, which, unlike an Event, was shown as it came.
+pub(crate) fn server_words(message: &str) -> String {
+    let printable = crate::text::printable(message);
+    match printable.char_indices().nth(SERVER_WORDS) {
+        Some((cut, _)) => format!("{}...", &printable[..cut]),
+        None => printable,
+    }
+}
+
 /// One [`Backstop`] per SingletonJob (key `namespace/name`), rebuilt when its Secret's contents
 /// or prefix change (a rotated password takes effect on the next reconcile). Holds a fingerprint,
 /// never the Secret data itself.
@@ -596,14 +625,26 @@ impl BackstopCache {
         keys: &SecretKeys,
         prefix: &TablePrefix,
     ) -> Result<Arc<Backstop>> {
-        let fp = fingerprint(data, keys, prefix);
+        self.get_as(sj_key, BackstopKind::Postgres, data, keys, prefix)
+    }
+
+    /// [`Self::get`] for the database `kind` the SingletonJob names.
+    pub fn get_as(
+        &self,
+        sj_key: &str,
+        kind: BackstopKind,
+        data: &BTreeMap<String, ByteString>,
+        keys: &SecretKeys,
+        prefix: &TablePrefix,
+    ) -> Result<Arc<Backstop>> {
+        let fp = fingerprint(kind, data, keys, prefix);
         let mut entries = crate::sync::lock(&self.entries);
         if let Some((seen, b)) = entries.get(sj_key)
             && *seen == fp
         {
             return Ok(b.clone());
         }
-        let config = ConnectionConfig::from_secret(data, keys)?;
+        let config = ConnectionConfig::from_secret_as(kind, data, keys)?;
         let namespace = sj_key.split_once('/').map_or("", |(ns, _)| ns);
         let b = Backstop::new(config, prefix.clone())?
             .with_allowed_hosts(self.allowed.clone())
@@ -623,9 +664,10 @@ impl BackstopCache {
 /// SHA-256 of a Secret's data, the key names and the prefix.
 pub type Fingerprint = [u8; 32];
 
-/// The [`Fingerprint`] of a backstop's Secret data, key names and prefix (names a target for
-/// [`health`] without holding its values).
+/// The [`Fingerprint`] of a backstop's kind, Secret data, key names and prefix (names a target
+/// for [`health`] without holding its values).
 pub fn fingerprint(
+    kind: BackstopKind,
     data: &BTreeMap<String, ByteString>,
     keys: &SecretKeys,
     prefix: &TablePrefix,
@@ -638,6 +680,6 @@ pub fn fingerprint(
         h.update((v.len() as u64).to_be_bytes());
         h.update(v);
     }
-    h.update(format!("{keys:?}|{prefix}"));
+    h.update(format!("{kind:?}|{keys:?}|{prefix}"));
     h.finalize().into()
 }

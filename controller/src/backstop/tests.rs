@@ -50,7 +50,7 @@ fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
 }
 
 /// A prefix no other test (or earlier run) uses.
-pub(super) fn unique_prefix(tag: &str) -> TablePrefix {
+pub(crate) fn unique_prefix(tag: &str) -> TablePrefix {
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -2289,4 +2289,29 @@ async fn a_newer_schema_is_claimed_against_only_when_it_only_added() {
         "only the claim made before the incompatible schema"
     );
     cleanup(&prefix).await;
+}
+
+/// The schema the client libraries' tests load (clients/testdata/) is the one the controller
+/// makes: regenerate it with `SINGLETON_BLESS=1 cargo test -p singleton-controller --lib
+/// client_testdata` after a migration changes.
+#[test]
+fn client_testdata_is_the_controllers_schema() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../clients/testdata/postgres.sql"
+    );
+    let want = format!(
+        "-- Generated from controller/src/backstop/postgres/schema.rs (table prefix singleton_): the\n\
+         -- schema the controller creates, for the client libraries' tests. Do not edit.\n{}",
+        schema::script(&TablePrefix::default())
+    );
+    if std::env::var_os("SINGLETON_BLESS").is_some() {
+        std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+        std::fs::write(path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{path} is not the controller's schema: run SINGLETON_BLESS=1 cargo test -p singleton-controller --lib client_testdata"
+    );
 }

@@ -50,12 +50,14 @@ pub enum Resolution {
 /// value.
 pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Resolution {
     use Resolution::{Later, Resolved as Found};
-    let Some(pg) = sj.spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) else {
+    let Some((kind, secret_ref, table_prefix)) =
+        sj.spec.backstop.as_ref().and_then(|b| b.database())
+    else {
         ctx.backstops.forget(&sj.key());
         return Found(Availability::NotConfigured.into());
     };
     let ns = sj.namespace().unwrap_or_default();
-    let secret = &pg.secret_ref.name;
+    let secret = &secret_ref.name;
     match ctx
         .backstop_health
         .before_reading(&ns, secret, Instant::now())
@@ -77,19 +79,19 @@ pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Resolution {
         Ok(d) => d,
         Err(e) => return unavailable(e),
     };
-    let prefix = match pg.table_prefix.as_deref().map(TablePrefix::new).transpose() {
+    let prefix = match table_prefix.map(TablePrefix::new).transpose() {
         Ok(p) => p.unwrap_or_default(),
         Err(e) => return unavailable(e),
     };
     let keys = SecretKeys::default();
-    let db = match ctx.backstops.get(&sj.key(), &data, &keys, &prefix) {
+    let db = match ctx.backstops.get_as(&sj.key(), kind, &data, &keys, &prefix) {
         Ok(db) => db,
         Err(e) => return unavailable(e),
     };
     let target = Target {
         namespace: ns,
         secret: secret.clone(),
-        contents: fingerprint(&data, &keys, &prefix),
+        contents: fingerprint(kind, &data, &keys, &prefix),
     };
     let probe = match ctx.backstop_health.admit(&target, Instant::now()) {
         Admission::Probe(p) => p,

@@ -302,8 +302,13 @@ fn bounds(spec: &SingletonJobSpec, st: &SingletonJobStatus) -> String {
 
 /// Whether the backstop is on, and the Secret it connects with.
 fn backstop(spec: &SingletonJobSpec) -> String {
-    match spec.backstop.as_ref().and_then(|b| b.postgres.as_ref()) {
-        Some(pg) => format!("on (postgres, secret {})", pg.secret_ref.name),
+    match spec.backstop.as_ref().and_then(|b| b.database()) {
+        Some((crate::api::BackstopKind::Postgres, secret, _)) => {
+            format!("on (postgres, secret {})", secret.name)
+        }
+        Some((crate::api::BackstopKind::Mysql, secret, _)) => {
+            format!("on (mysql, secret {})", secret.name)
+        }
         None => "off".into(),
     }
 }

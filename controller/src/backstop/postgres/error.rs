@@ -7,6 +7,9 @@ use std::error::Error as _;
 use tokio_postgres::error::SqlState;
 
 use crate::Error;
+#[cfg(test)]
+use crate::backstop::SERVER_WORDS;
+use crate::backstop::server_words;
 
 impl Error {
     /// Sorts a driver error. `connecting` says whether it happened while establishing the
@@ -59,20 +62,6 @@ impl Error {
             source = cause.source();
         }
         Error::BackstopUnavailable(msg)
-    }
-}
-
-/// The most of a server's message that reaches status, Events and logs.
-const SERVER_WORDS: usize = 200;
-
-/// A server's message as the controller repeats it (review N10): the server is whatever host a
-/// SingletonJob names, so its words are cut to [`SERVER_WORDS`] characters and cleared of control
-/// characters before they reach a condition, which, unlike an Event, was shown as it came.
-fn server_words(message: &str) -> String {
-    let printable = crate::text::printable(message);
-    match printable.char_indices().nth(SERVER_WORDS) {
-        Some((cut, _)) => format!("{}...", &printable[..cut]),
-        None => printable,
     }
 }
 

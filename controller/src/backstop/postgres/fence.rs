@@ -5,17 +5,9 @@ use jiff::Timestamp;
 
 use super::Postgres;
 use super::schema::Tables;
+use crate::backstop::engine::FenceColumn;
 use crate::backstop::{ClaimRow, owner, to_u64};
 use crate::{Error, Result};
-
-/// A column of the fence row that [`Postgres::fence_column`] reads.
-#[derive(Clone, Copy)]
-pub(crate) enum FenceColumn {
-    /// The highest token issued.
-    Token,
-    /// The highest token retired.
-    Retired,
-}
 
 impl Postgres {
     /// See [`crate::backstop::Backstop::confirm`].

@@ -57,7 +57,7 @@ impl Postgres {
                         row.get::<_, Timestamp>(0),
                         ClaimFact {
                             token: to_u64(row.get(1))?,
-                            outcome: outcome.as_deref().and_then(outcome_named),
+                            outcome: outcome.as_deref().and_then(Outcome::named),
                         },
                     ))
                 })
@@ -65,19 +65,4 @@ impl Postgres {
         };
         slot.settle(r)
     }
-}
-
-/// The outcome a row names; None for a name this build does not know (a newer release's).
-fn outcome_named(name: &str) -> Option<Outcome> {
-    [
-        Outcome::Running,
-        Outcome::Succeeded,
-        Outcome::Failed,
-        Outcome::Skipped,
-        Outcome::Missed,
-        Outcome::Replaced,
-        Outcome::Deduplicated,
-    ]
-    .into_iter()
-    .find(|o| o.name() == name)
 }

@@ -98,6 +98,36 @@ pub(crate) fn migration_sql(version: i32, t: &Tables) -> Option<String> {
     migration(version, t)
 }
 
+/// The whole schema as one script, as [`migrate`] leaves it in an empty schema `public` (the
+/// version table, every migration, their rows): for the client libraries' tests, which load it
+/// from `clients/testdata/` (checked against this by a test) instead of running a controller.
+#[cfg(test)]
+pub(crate) fn script(prefix: &TablePrefix) -> String {
+    let t = Tables::new("public", prefix);
+    let mut out = format!(
+        "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());\n",
+        t.version
+    );
+    let mut version = 0;
+    while let Some(sql) = migration(version + 1, &t) {
+        version += 1;
+        out.push_str(&sql);
+        out.push_str(&if version >= NEEDS_SINCE {
+            format!(
+                "\nINSERT INTO {} (version, needs) VALUES ({version}, {});\n",
+                t.version,
+                needs(version)
+            )
+        } else {
+            format!(
+                "\nINSERT INTO {} (version) VALUES ({version});\n",
+                t.version
+            )
+        });
+    }
+    out
+}
+
 /// Migration `version`'s statements.
 fn migration(version: i32, t: &Tables) -> Option<String> {
     let Tables { claims, fences, .. } = t;
