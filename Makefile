@@ -25,19 +25,20 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 # Runs a step as a timed stage of `make test` (a plain run outside it).
 TIMED := hack/timed.sh
 
-.PHONY: help tools up down status env crds lint chart unit e2e upgrade chaos test demo demo-stop demo-dr demo-dr-stop bench image
+.PHONY: help tools up down status env crds lint chart unit clients e2e upgrade chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny, cargo-cyclonedx and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
-	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only) and PostgreSQL (no-op when already up)'
+	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only), PostgreSQL and MariaDB (no-op when already up)'
 	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
 	echo 'make image    build the controller and billing-workload images with buildah (no Docker) and import them into the real node'
 	echo 'make status   show what runs'
-	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, PATH with kubectl, helm, kubectl-singleton)'
+	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, MARIADB_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
 	echo 'make lint     rustfmt, cargo deny (the RustSec advisories fail when their database cannot be read; SINGLETON_ADVISORIES=skip skips them), clippy, rustdoc links, the image context, the CRD drift check, the alert rules (promtool) and that every tool a script runs is obtained first'
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
+	echo 'make clients  the client libraries (clients/go, python, java, typescript) against PostgreSQL and MariaDB'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
 	echo 'make upgrade  the upgrade suite alone (e2e/tests/upgrade.rs, part of make e2e): the previous release built from its tag, upgraded, rolled back and upgraded again mid-burst, on a control plane of its own (~2 min; the first build of the previous release ~4 min more)'
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
@@ -114,14 +115,17 @@ chart:
 	  --set networkPolicy.enabled=true --set 'networkPolicy.egress.apiServer.cidrs={10.0.0.1/32}' --set metrics.tlsSecret=metrics-tls
 	HELM=$$helm $(CARGO) test -p e2e --test chart_render
 
-# The backstop's tests run against a real PostgreSQL: start it (a no-op when it runs). Built
+# The backstop's tests run against a real PostgreSQL and MariaDB: start them (a no-op when they
+# run). Built
 # once, then the integration test binaries (the model check, ~2 min of CPU, among them) beside
 # the crates' own unit tests and doc tests: a row per test binary in `make test`'s table, each
 # side's output printed whole when it ends. The e2e crate's own unit tests (the chaos checker's
 # judgements, no cluster) run here too; its test binaries are `make e2e`'s.
 unit:
 	hack/postgres.sh up >/dev/null
+	hack/mariadb.sh up >/dev/null
 	export DATABASE_URL=$$(hack/postgres.sh url)
+	export MARIADB_URL=$$(hack/mariadb.sh url)
 	$(TIMED) "unit build" $(CARGO) test --workspace --exclude e2e --no-run -q
 	$(TIMED) "unit build (e2e lib)" $(CARGO) test -p e2e --lib --no-run -q
 	log=$(TARGET_DIR)/unit-integration.log rc=0
@@ -131,6 +135,19 @@ unit:
 	$(TIMED) --suites . $(CARGO) test --workspace --exclude e2e --doc || rc=$$?
 	wait $$side || rc=$$?
 	cat "$$log"
+	exit $$rc
+
+# The client libraries (clients/<language>/), each tested by its own script against the real
+# PostgreSQL and MariaDB, with its ecosystem's tools (Go, Python, Maven, npm) and caches under
+# the tools cache: a row each in `make test`'s table.
+CLIENTS := go python java typescript
+clients:
+	hack/postgres.sh up >/dev/null
+	hack/mariadb.sh up >/dev/null
+	export DATABASE_URL=$$(hack/postgres.sh url)
+	export MARIADB_URL=$$(hack/mariadb.sh url)
+	rc=0
+	for lang in $(CLIENTS); do $(TIMED) "clients $$lang" clients/$$lang/test.sh || rc=1; done
 	exit $$rc
 
 # The start of the e2e and chaos recipes (one shell each, .ONESHELL): the cluster up, the
@@ -212,6 +229,7 @@ test:
 	$(TIMED) lint $(MAKE) --no-print-directory lint
 	$(TIMED) chart $(MAKE) --no-print-directory chart
 	$(TIMED) unit $(MAKE) --no-print-directory unit
+	$(TIMED) clients $(MAKE) --no-print-directory clients
 	$(TIMED) e2e $(MAKE) --no-print-directory e2e
 
 demo:

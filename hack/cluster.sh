@@ -90,6 +90,16 @@ pg() {
   fi
 }
 
+# MariaDB (hack/mariadb.sh), for the MySQL backstop's tests, follows the same rule, without a
+# server of a named cluster's own.
+maria() {
+  if [ -n "$CLUSTER_NAME" ]; then
+    case $1 in url|status) "$REPO/hack/mariadb.sh" "$1" ;; *) : ;; esac
+  else
+    "$REPO/hack/mariadb.sh" "$@"
+  fi
+}
+
 kubectl() { need_tool kubectl || return 1; command kubectl --kubeconfig "$KUBECONFIG_FILE" "$@"; }
 port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -360,6 +370,7 @@ cmd_up() {
   if healthy; then
     log "already up"
     pg up
+    maria up
     if real_node; then "$REPO/hack/node.sh" up; fi
   else
     if [ -d "$PIDS" ] && ls "$PIDS"/*.pid >/dev/null 2>&1; then
@@ -371,16 +382,17 @@ cmd_up() {
     fi
     # A fresh cluster gets a fresh database too: tokens recorded there belong to the old cluster.
     pg down
+    maria down
     rm -rf "$STATE/etcd" "$STATE/run"
     local t0=$SECONDS
-    # initdb (~2 s) overlaps the control plane's start.
-    pg up &
+    # initdb (~2 s) and MariaDB's (~1 s) overlap the control plane's start.
+    { pg up; maria up; } &
     PG_JOB=$!
     # A trap, not `if ! start_all`: errexit is suspended inside a function tested by `if`.
     trap 'if [ $? != 0 ]; then
             log "start failed; stopping what was started (logs stay in $LOGS)"
             if [ -z "$CLUSTER_NAME" ]; then "$REPO/hack/node.sh" down || true; fi
-            stop_all; wait "$PG_JOB" || true; pg down
+            stop_all; wait "$PG_JOB" || true; pg down; maria down
           fi' EXIT
     start_all
     wait "$PG_JOB"
@@ -397,6 +409,7 @@ cmd_down() {
   if [ -z "$CLUSTER_NAME" ]; then "$REPO/hack/node.sh" down; fi
   stop_all
   pg down
+  maria down
   rm -rf "$STATE/etcd" "$STATE/run" "$PIDS" "$STATE"/*.kubeconfig "$EXTRA_ARGS_FILE"
   log "down"
 }
@@ -421,6 +434,7 @@ cmd_status() {
     printf '%-24s not ready\n' apiserver; rc=1
   fi
   pg status || rc=1
+  maria status || rc=1
   if real_node; then "$REPO/hack/node.sh" status || rc=1; fi
   [ $rc = 0 ] && echo "KUBECONFIG=$KUBECONFIG_FILE"
   return $rc
@@ -435,6 +449,7 @@ cmd_env() {
   helm=$(tool_path helm)
   echo "export KUBECONFIG=$KUBECONFIG_FILE"
   echo "export DATABASE_URL=$(pg url)"
+  echo "export MARIADB_URL=$(maria url)"
   echo "export PATH=\"$(dirname "$kubectl"):$(dirname "$helm"):$CARGO_TARGET/debug:$CARGO_TARGET/release:\$PATH\""
 }
 

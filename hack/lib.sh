@@ -68,6 +68,9 @@ openssl                 deb openssl
 curl                    deb curl
 faketime                deb faketime
 psql                    deb postgresql-client
+mariadb                 deb mariadb-client
+mariadbd                deb mariadb-server /usr/sbin/mariadbd
+mariadb-install-db      deb mariadb-server
 runc                    deb runc
 buildah                 deb buildah
 iptables                deb iptables

@@ -20,9 +20,8 @@ DB=singleton
 USER_PW=singleton
 if [ -s "$PORT_FILE" ]; then PORT=$(cat "$PORT_FILE"); else PORT=${SINGLETON_MARIADB_PORT:-23306}; fi
 
-have_server() { [ -x /usr/sbin/mariadbd ] && [ -x /usr/bin/mariadb-install-db ]; }
 # The server and its client from Debian's packages (mariadb-server brings both).
-ensure_server() { have_server || ensure_deb mariadb-server have_server; }
+ensure_server() { need_tool mariadbd mariadb-install-db mariadb; }
 
 # The server runs as the `mysql` system user (the package creates it), which must reach its
 # directory: a checkout under a private home (/root is 0700) is not reachable, so then the data
@@ -42,7 +41,7 @@ server_dir() {
   echo "$d"
 }
 
-admin_q() { mariadb --protocol=tcp -h 127.0.0.1 -P "$PORT" -u root -N -B "$@"; }
+admin_q() { need_tool mariadb || return 1; mariadb --protocol=tcp -h 127.0.0.1 -P "$PORT" -u root -N -B "$@"; }
 running() { pid_alive "$PIDFILE" 2>/dev/null; }
 url() { echo "mysql://singleton:$USER_PW@127.0.0.1:$PORT/$DB?ssl-mode=DISABLED"; }
 
@@ -74,7 +73,7 @@ ensure_tls() {
 # Durability is traded for speed (the data is disposable); the controller keeps a connection per
 # SingletonJob with a backstop, hence the connection limit (as hack/postgres.sh's).
 serve() {
-  start_daemon "$PIDFILE" "$SERVER/mariadb.log" /usr/sbin/mariadbd --no-defaults \
+  start_daemon "$PIDFILE" "$SERVER/mariadb.log" "$(tool_path mariadbd)" --no-defaults \
     --user=mysql --datadir="$DATA" --bind-address=127.0.0.1 --port="$PORT" \
     --socket="$SERVER/mariadbd.sock" --pid-file="$SERVER/mariadbd.pidfile" \
     --max-connections=500 --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 \

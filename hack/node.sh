@@ -54,8 +54,9 @@
 #   /var/log/pods, /run/containerd, /var/lib/cni) when they did not exist before;
 #   cgroups under /sys/fs/cgroup/*/singleton-node and /sys/fs/cgroup/*/singleton-node-2; the bridge
 #   singleton0; mounts under our dirs.
-# Pods reach the API server at the `kubernetes` Service IP (10.96.0.1:443) and PostgreSQL at the
-# bridge's gateway (10.244.0.1:$SINGLETON_PG_PORT): both are DNAT-ed to the 127.0.0.1 listeners
+# Pods reach the API server at the `kubernetes` Service IP (10.96.0.1:443), PostgreSQL at the
+# bridge's gateway (10.244.0.1:$SINGLETON_PG_PORT) and MariaDB there too
+# (10.244.0.1:$SINGLETON_MARIADB_PORT): all are DNAT-ed to the 127.0.0.1 listeners
 # (route_localnet on our bridge only), so nothing listens beyond loopback.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +66,7 @@ LOG_TAG=node
 
 APISERVER_PORT=${SINGLETON_APISERVER_PORT:-26443}
 PG_PORT=${SINGLETON_PG_PORT:-25432}
+MARIADB_PORT=${SINGLETON_MARIADB_PORT:-23306}
 POD_CIDR=10.244.0.0/24
 GATEWAY=10.244.0.1
 BRIDGE=singleton0
@@ -210,6 +212,8 @@ setup_network() {
     -j DNAT --to-destination "127.0.0.1:$APISERVER_PORT"
   iptables -t nat -A "$CHAIN" -d "$GATEWAY/32" -p tcp --dport "$PG_PORT" \
     -j DNAT --to-destination "127.0.0.1:$PG_PORT"
+  iptables -t nat -A "$CHAIN" -d "$GATEWAY/32" -p tcp --dport "$MARIADB_PORT" \
+    -j DNAT --to-destination "127.0.0.1:$MARIADB_PORT"
   # One network for both nodes: the same bridge, and one host-local IPAM data dir, whose lock
   # serialises the two containerds' allocations (a pod IP is never handed out twice).
   mkdir -p "$CNI_DIR/net.d"
