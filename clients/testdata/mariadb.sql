@@ -76,7 +76,7 @@ BEGIN
     DECLARE v_stored BIGINT;
     DECLARE v_retired BIGINT;
     DECLARE v_newest_token BIGINT;
-    DECLARE v_msg VARCHAR(512);
+    DECLARE v_msg VARCHAR(2048);
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
     IF p_job IS NULL OR p_token IS NULL OR p_token < 0 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'singleton_fence: job must not be null and token must be a non-negative number';
@@ -85,10 +85,12 @@ BEGIN
     IF v_found = 0 THEN
         UPDATE singleton_fence_rejections SET n = n + 1 WHERE id = 1;
         SET v_msg = CONCAT('fencing token ', p_token, ' for job ', p_job, ' was never issued');
+        SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF003' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31003;
     END IF;
     IF v_caller <> v_owner AND NOT EXISTS (SELECT 1 FROM singleton_fence_members AS m WHERE m.owner = v_owner AND m.member = v_caller) THEN
         SET v_msg = CONCAT('user ', v_caller, ' may not fence job ', p_job);
+        SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF002' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31002;
     END IF;
     SELECT f.token, f.retired, f.attempt, f.attempt_token, f.attempt_seq
@@ -99,6 +101,7 @@ BEGIN
     IF p_token > v_stored THEN
         UPDATE singleton_fence_rejections SET n = n + 1 WHERE id = 1;
         SET v_msg = CONCAT('fencing token ', p_token, ' for job ', p_job, ' was never issued: the newest is ', v_stored);
+        SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF003' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31003;
     END IF;
     IF p_token < v_stored OR p_token <= v_retired THEN
@@ -108,6 +111,7 @@ BEGIN
         ELSE
             SET v_msg = CONCAT('stale fencing token ', p_token, ' for job ', p_job, ': current is ', v_stored);
         END IF;
+        SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF001' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31001;
     END IF;
     IF v_newest_token <> v_stored THEN
@@ -124,7 +128,7 @@ CREATE FUNCTION singleton_fence(p_job VARCHAR(512), p_token BIGINT, p_attempt VA
 BEGIN
     DECLARE v_newest VARCHAR(253);
     DECLARE v_seq INT;
-    DECLARE v_msg VARCHAR(512);
+    DECLARE v_msg VARCHAR(2048);
     IF p_attempt IS NULL OR p_attempt = '' THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'singleton_fence: attempt must not be empty (pass SINGLETON_ATTEMPT)';
     END IF;
@@ -136,6 +140,7 @@ BEGIN
         ELSE
             SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') is not registered');
         END IF;
+        SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF004' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31004;
     END IF;
     RETURN p_token;
@@ -149,7 +154,7 @@ CREATE FUNCTION singleton_attempt(p_job VARCHAR(512), p_token BIGINT, p_attempt 
 BEGIN
     DECLARE v_newest VARCHAR(253);
     DECLARE v_seq INT;
-    DECLARE v_msg VARCHAR(512);
+    DECLARE v_msg VARCHAR(2048);
     IF p_attempt IS NULL OR p_attempt = '' OR CHAR_LENGTH(p_attempt) > 253 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'singleton_attempt: attempt must be 1 to 253 characters (pass SINGLETON_ATTEMPT)';
     END IF;
@@ -160,6 +165,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM singleton_attempts AS a WHERE a.job = p_job AND a.token = p_token AND a.attempt = p_attempt) THEN
         UPDATE singleton_fence_rejections SET n = n + 1 WHERE id = 1;
         SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', v_newest, ')');
+        SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF004' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31004;
     END IF;
     SET v_seq = v_seq + 1;

@@ -55,6 +55,8 @@ pub(crate) struct Slot {
     clean: bool,
     tables: Option<Tables>,
     version: i32,
+    /// The server is MariaDB (else MySQL), read when connecting.
+    mariadb: bool,
 }
 
 impl Mysql {
@@ -111,17 +113,22 @@ impl Mysql {
         }
         slot.clean = false;
         if slot.conn.is_none() {
-            slot.conn = Some(self.connect().await?);
+            let (conn, mariadb) = self.connect().await?;
+            slot.conn = Some(conn);
+            slot.mariadb = mariadb;
         }
         if slot.tables.is_none() {
-            let (version, tables) = schema::migrate(slot.conn_mut()?, &self.prefix).await?;
+            let mariadb = slot.mariadb;
+            let (version, tables) =
+                schema::migrate(slot.conn_mut()?, &self.prefix, mariadb).await?;
             slot.version = version;
             slot.tables = Some(tables);
         }
         Ok(slot)
     }
 
-    async fn connect(&self) -> Result<Conn> {
+    /// A new session, and whether the server is MariaDB.
+    async fn connect(&self) -> Result<(Conn, bool)> {
         let c = &self.config;
         let dial = self.allowed.check(&c.host.0, c.hostaddr, c.port).await?;
         let address = match dial {
@@ -152,8 +159,8 @@ impl Mysql {
             .await
             .map_err(|_| Error::backstop_timeout("connect", limit))?
             .map_err(Error::from_mysql_connecting)?;
-        statement_timeout(&mut conn, secs).await?;
-        Ok(conn)
+        let mariadb = statement_timeout(&mut conn, secs).await?;
+        Ok((conn, mariadb))
     }
 
     /// TLS as `sslmode` says: none, unverified, chain only, or chain and name (against
@@ -186,8 +193,8 @@ impl Mysql {
 }
 
 /// The server's version is checked here (a clear error, not a failed migration), and the
-/// statement bound set by the variable this server has.
-async fn statement_timeout(conn: &mut Conn, secs: f64) -> Result<()> {
+/// statement bound set by the variable this server has. Returns whether it is MariaDB.
+async fn statement_timeout(conn: &mut Conn, secs: f64) -> Result<bool> {
     let version: String = conn
         .query_first("SELECT VERSION()")
         .await
@@ -214,7 +221,8 @@ async fn statement_timeout(conn: &mut Conn, secs: f64) -> Result<()> {
             (secs * 1000.0).ceil() as u64
         )
     };
-    conn.query_drop(set).await.map_err(Error::from_mysql)
+    conn.query_drop(set).await.map_err(Error::from_mysql)?;
+    Ok(mariadb)
 }
 
 impl Slot {

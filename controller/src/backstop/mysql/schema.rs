@@ -37,6 +37,10 @@ pub(crate) struct Tables {
     pub attempts: String,
     pub rejections: String,
     pub holders: String,
+    /// The longest refusal message the server signals (a longer `MESSAGE_TEXT` is an error of
+    /// its own, 1648, which would hide the refusal): 512 characters on MariaDB (10.3 and
+    /// later), 128 on MySQL. Messages are cut to it.
+    pub message_max: usize,
 }
 
 impl Tables {
@@ -50,9 +54,20 @@ impl Tables {
             rejections: q("fence_rejections"),
             holders: q("fence_holders"),
             prefix: prefix.clone(),
+            message_max: MARIADB_MESSAGE_MAX,
         }
     }
+
+    /// The names for a MySQL server (not MariaDB): shorter refusal messages.
+    pub fn for_mysql(mut self) -> Self {
+        self.message_max = MYSQL_MESSAGE_MAX;
+        self
+    }
 }
+
+/// See [`Tables::message_max`].
+const MARIADB_MESSAGE_MAX: usize = 512;
+const MYSQL_MESSAGE_MAX: usize = 128;
 
 /// The routines a workload calls, and the one they share: the controller checks who defined them.
 pub(crate) fn routine_names(prefix: &TablePrefix) -> [String; 3] {
@@ -78,6 +93,7 @@ pub(crate) fn version_table(t: &Tables) -> String {
 /// Migration 1's statements, in order, each run on its own (no `DELIMITER` needed).
 pub(crate) fn migration_1(t: &Tables) -> Vec<String> {
     let p = &t.prefix;
+    let max = t.message_max;
     // Routines are dropped first: MySQL has no CREATE OR REPLACE for them, and a migration cut
     // off between the two statements is finished by the next run of it.
     vec![
@@ -156,7 +172,7 @@ BEGIN
     DECLARE v_stored BIGINT;
     DECLARE v_retired BIGINT;
     DECLARE v_newest_token BIGINT;
-    DECLARE v_msg VARCHAR(512);
+    DECLARE v_msg VARCHAR(2048);
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
     IF p_job IS NULL OR p_token IS NULL OR p_token < 0 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}fence: job must not be null and token must be a non-negative number';
@@ -165,10 +181,12 @@ BEGIN
     IF v_found = 0 THEN
         UPDATE {p}fence_rejections SET n = n + 1 WHERE id = 1;
         SET v_msg = CONCAT('fencing token ', p_token, ' for job ', p_job, ' was never issued');
+        SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{NEVER_ISSUED_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31003;
     END IF;
     IF v_caller <> v_owner AND NOT EXISTS (SELECT 1 FROM {p}fence_members AS m WHERE m.owner = v_owner AND m.member = v_caller) THEN
         SET v_msg = CONCAT('user ', v_caller, ' may not fence job ', p_job);
+        SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{NOT_PERMITTED_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31002;
     END IF;
     SELECT f.token, f.retired, f.attempt, f.attempt_token, f.attempt_seq
@@ -179,6 +197,7 @@ BEGIN
     IF p_token > v_stored THEN
         UPDATE {p}fence_rejections SET n = n + 1 WHERE id = 1;
         SET v_msg = CONCAT('fencing token ', p_token, ' for job ', p_job, ' was never issued: the newest is ', v_stored);
+        SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{NEVER_ISSUED_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31003;
     END IF;
     IF p_token < v_stored OR p_token <= v_retired THEN
@@ -188,6 +207,7 @@ BEGIN
         ELSE
             SET v_msg = CONCAT('stale fencing token ', p_token, ' for job ', p_job, ': current is ', v_stored);
         END IF;
+        SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{STALE_TOKEN_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31001;
     END IF;
     IF v_newest_token <> v_stored THEN
@@ -204,7 +224,7 @@ END"#
 BEGIN
     DECLARE v_newest VARCHAR(253);
     DECLARE v_seq INT;
-    DECLARE v_msg VARCHAR(512);
+    DECLARE v_msg VARCHAR(2048);
     IF p_attempt IS NULL OR p_attempt = '' THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}fence: attempt must not be empty (pass SINGLETON_ATTEMPT)';
     END IF;
@@ -216,6 +236,7 @@ BEGIN
         ELSE
             SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') is not registered');
         END IF;
+        SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{ATTEMPT_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31004;
     END IF;
     RETURN p_token;
@@ -229,7 +250,7 @@ END"#
 BEGIN
     DECLARE v_newest VARCHAR(253);
     DECLARE v_seq INT;
-    DECLARE v_msg VARCHAR(512);
+    DECLARE v_msg VARCHAR(2048);
     IF p_attempt IS NULL OR p_attempt = '' OR CHAR_LENGTH(p_attempt) > 253 THEN
         SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = '{p}attempt: attempt must be 1 to 253 characters (pass SINGLETON_ATTEMPT)';
     END IF;
@@ -240,6 +261,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM {p}attempts AS a WHERE a.job = p_job AND a.token = p_token AND a.attempt = p_attempt) THEN
         UPDATE {p}fence_rejections SET n = n + 1 WHERE id = 1;
         SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', v_newest, ')');
+        SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{ATTEMPT_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31004;
     END IF;
     SET v_seq = v_seq + 1;
@@ -271,8 +293,16 @@ pub(crate) fn script(prefix: &TablePrefix) -> String {
 /// Creates or finishes the schema; returns the version in place and the table names. Replicas
 /// racing take turns on a named lock (bounded by the lock wait of the session), and each
 /// statement can run again, so a migration cut off half-way is completed by the next.
-pub(crate) async fn migrate(conn: &mut Conn, prefix: &TablePrefix) -> Result<(i32, Tables)> {
-    let t = Tables::new(prefix);
+pub(crate) async fn migrate(
+    conn: &mut Conn,
+    prefix: &TablePrefix,
+    mariadb: bool,
+) -> Result<(i32, Tables)> {
+    let t = if mariadb {
+        Tables::new(prefix)
+    } else {
+        Tables::new(prefix).for_mysql()
+    };
     let database: Option<String> = conn
         .query_first("SELECT DATABASE()")
         .await

@@ -108,7 +108,7 @@ async fn fenced_write(
     attempt: &str,
 ) -> std::result::Result<(), mysql_async::Error> {
     conn.query_drop(format!(
-        "CREATE TABLE IF NOT EXISTS {p}invoices (token BIGINT NOT NULL, attempt VARCHAR(64) NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS {p}invoices (token BIGINT NOT NULL, attempt VARCHAR(253) NOT NULL)"
     ))
     .await?;
     conn.query_drop("START TRANSACTION").await?;
@@ -536,4 +536,25 @@ fn client_testdata_is_the_controllers_mariadb_schema() {
         have == want,
         "{path} is not the controller's schema: run SINGLETON_BLESS=1 cargo test -p singleton-controller --lib client_testdata"
     );
+}
+
+/// A refusal naming the longest job key and attempts is still a refusal: a `MESSAGE_TEXT` over
+/// the server's limit would be an error of its own (1648) and hide it.
+#[tokio::test]
+async fn a_refusal_with_the_longest_names_keeps_its_sqlstate() -> Result<()> {
+    let p = unique_prefix("my_long");
+    let b = backstop(&p);
+    let job = format!("{}/{}", "n".repeat(63), "j".repeat(253));
+    b.claim(&job, ts("2027-01-01T00:00:00Z"), 1, "invoices-1", None)
+        .await?;
+    let mut w = workload().await;
+    let (a, bb) = ("a".repeat(253), "b".repeat(253));
+    register(&mut w, &p, &job, 1, &a).await.unwrap();
+    register(&mut w, &p, &job, 1, &bb).await.unwrap();
+    let (state, errno, msg) = refusal(fenced_write(&mut w, &p, &job, 1, &a).await);
+    assert_eq!((state.as_str(), errno), ("SF004", 31004));
+    assert!(msg.starts_with(&format!("attempt {a} of job")), "{msg}");
+    assert!(msg.chars().count() <= 512, "{}", msg.len());
+    cleanup(&p).await;
+    Ok(())
 }
