@@ -200,8 +200,23 @@ async fn statement_timeout(conn: &mut Conn, secs: f64) -> Result<bool> {
         .await
         .map_err(Error::from_mysql)?
         .unwrap_or_default();
+    let mariadb = supported(&version, conn.server_version())?;
+    let set = if mariadb {
+        format!("SET SESSION max_statement_time = {secs:.3}")
+    } else {
+        format!(
+            "SET SESSION max_execution_time = {}",
+            (secs * 1000.0).ceil() as u64
+        )
+    };
+    conn.query_drop(set).await.map_err(Error::from_mysql)?;
+    Ok(mariadb)
+}
+
+/// Whether a server of this `VERSION()` text and version number can hold the backstop: Ok(true)
+/// for MariaDB, Ok(false) for MySQL, an error naming both versions for an older one.
+fn supported(version: &str, (major, minor, patch): (u16, u16, u16)) -> Result<bool> {
     let mariadb = version.contains("MariaDB");
-    let (major, minor, patch) = conn.server_version();
     let (oldest, name) = if mariadb {
         (OLDEST_MARIADB, "MariaDB")
     } else {
@@ -213,15 +228,6 @@ async fn statement_timeout(conn: &mut Conn, secs: f64) -> Result<bool> {
             oldest.0, oldest.1, oldest.2
         )));
     }
-    let set = if mariadb {
-        format!("SET SESSION max_statement_time = {secs:.3}")
-    } else {
-        format!(
-            "SET SESSION max_execution_time = {}",
-            (secs * 1000.0).ceil() as u64
-        )
-    };
-    conn.query_drop(set).await.map_err(Error::from_mysql)?;
     Ok(mariadb)
 }
 

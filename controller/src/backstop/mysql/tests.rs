@@ -558,3 +558,23 @@ async fn a_refusal_with_the_longest_names_keeps_its_sqlstate() -> Result<()> {
     cleanup(&p).await;
     Ok(())
 }
+
+#[test]
+fn servers_too_old_for_the_schema_are_refused_by_name() {
+    use super::supported;
+    assert!(supported("10.11.19-MariaDB-0+deb12u1", (10, 11, 19)).unwrap());
+    assert!(!supported("8.0.36", (8, 0, 36)).unwrap());
+    let old = supported("10.5.2-MariaDB", (10, 5, 2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        old.contains("the server is MariaDB 10.5.2; the backstop needs MariaDB 10.6.0 or later"),
+        "{old}"
+    );
+    let old = supported("8.0.15", (8, 0, 15)).unwrap_err().to_string();
+    assert!(old.contains("needs MySQL 8.0.16 or later"), "{old}");
+    assert!(matches!(
+        supported("5.7.44-log", (5, 7, 44)),
+        Err(Error::BackstopConfig(_))
+    ));
+}
