@@ -60,18 +60,13 @@ pub(crate) struct Slot {
 }
 
 impl Mysql {
-    /// No I/O: the connection opens on first use. Fails on TLS settings the driver cannot
-    /// honour.
+    /// No I/O: the connection opens on first use. Fails without a database name (the tables go
+    /// there; `sslmode prefer` was refused when the Secret was read).
     pub(crate) fn new(
         config: ConnectionConfig,
         prefix: TablePrefix,
         allowed: Arc<AllowedHosts>,
     ) -> Result<Self> {
-        if config.sslmode == SslMode::Prefer {
-            return Err(Error::BackstopConfig(
-                "sslmode prefer is not supported for MySQL/MariaDB: use disable, require, verify-ca or verify-full".into(),
-            ));
-        }
         if config.dbname.is_none() {
             return Err(Error::BackstopConfig(
                 "no database: set the URL's path or key `dbname` (the controller creates its tables there)".into(),
@@ -119,8 +114,7 @@ impl Mysql {
         }
         if slot.tables.is_none() {
             let mariadb = slot.mariadb;
-            let (version, tables) =
-                schema::migrate(slot.conn_mut()?, &self.prefix, mariadb).await?;
+            let (version, tables) = schema::migrate(slot.conn()?, &self.prefix, mariadb).await?;
             slot.version = version;
             slot.tables = Some(tables);
         }
@@ -236,10 +230,6 @@ impl Slot {
         self.conn
             .as_mut()
             .ok_or_else(|| Error::BackstopUnavailable("not connected".into()))
-    }
-
-    fn conn_mut(&mut self) -> Result<&mut Conn> {
-        self.conn()
     }
 
     fn tables(&self) -> Result<&Tables> {

@@ -496,6 +496,16 @@ fn a_url_of_the_other_engine_is_refused_by_name() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("prefer is not supported"), "{err}");
+    let no_db = ConnectionConfig::from_secret_as(
+        BackstopKind::Mysql,
+        &data(&[("url", "mysql://u:pw@db:3306")]),
+        &keys,
+    )
+    .unwrap();
+    let err = Backstop::new(no_db, TablePrefix::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no database"), "{err}");
 }
 
 #[tokio::test]
