@@ -25,13 +25,13 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 # Runs a step as a timed stage of `make test` (a plain run outside it).
 TIMED := hack/timed.sh
 
-.PHONY: help tools up down status env crds lint chart unit clients e2e upgrade chaos test demo demo-stop demo-dr demo-dr-stop bench image
+.PHONY: help tools up down status env crds lint chart unit clients examples e2e upgrade chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
 	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny, cargo-cyclonedx and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
 	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only), PostgreSQL and MariaDB (no-op when already up)'
 	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
-	echo 'make image    build the controller and billing-workload images with buildah (no Docker) and import them into the real node'
+	echo 'make image    build the controller image and the billing workload images (Rust, Go, Python) with buildah (no Docker) and import them into the real node'
 	echo 'make status   show what runs'
 	echo 'make env      print exports for: eval "$$(make -s env)" (KUBECONFIG, DATABASE_URL, MARIADB_URL, PATH with kubectl, helm, kubectl-singleton)'
 	echo 'make crds     regenerate $(CRD_FILE) from the Rust types'
@@ -39,6 +39,7 @@ help:
 	echo 'make chart    helm lint and rendering tests of $(CHART_DIR) (no cluster needed)'
 	echo 'make unit     unit tests'
 	echo 'make clients  the client libraries (clients/go, python, java, typescript) against PostgreSQL and MariaDB'
+	echo 'make examples the billing workloads in Go and Python (examples/billing/go, python) against PostgreSQL'
 	echo 'make e2e      end-to-end tests (starts and stops the cluster if it was not running)'
 	echo 'make upgrade  the upgrade suite alone (e2e/tests/upgrade.rs, part of make e2e): the previous release built from its tag, upgraded, rolled back and upgraded again mid-burst, on a control plane of its own (~2 min; the first build of the previous release ~4 min more)'
 	echo 'make chaos    the fault-injection suite, about a minute per fault; prints the table'
@@ -150,6 +151,16 @@ clients:
 	for lang in $(CLIENTS); do $(TIMED) "clients $$lang" clients/$$lang/test.sh || rc=1; done
 	exit $$rc
 
+# The billing example's Go and Python workloads (examples/billing/<language>/, beside the Rust
+# one in the workspace), each tested by its own script against the real PostgreSQL.
+EXAMPLES := go python
+examples:
+	hack/postgres.sh up >/dev/null
+	export DATABASE_URL=$$(hack/postgres.sh url)
+	rc=0
+	for lang in $(EXAMPLES); do $(TIMED) "billing $$lang" examples/billing/$$lang/test.sh || rc=1; done
+	exit $$rc
+
 # The start of the e2e and chaos recipes (one shell each, .ONESHELL): the cluster up, the
 # controller built, the CRD installed, the environment the tests read exported. Tear down
 # afterwards only a cluster this invocation started, also on failure or Ctrl-C.
@@ -228,14 +239,14 @@ test:
 	fi
 	$(TIMED) lint $(MAKE) --no-print-directory lint
 	$(TIMED) chart $(MAKE) --no-print-directory chart
-	# The client libraries beside the unit tests (mostly downloads and waiting on the databases,
+	# The client libraries and the examples' Go and Python workloads beside the unit tests (mostly downloads and waiting on the databases,
 	# which both use and which are started once here, so the two never race to create them);
 	# the libraries' output is printed whole when they end.
 	hack/postgres.sh up >/dev/null
 	hack/mariadb.sh up >/dev/null
 	log=$(TARGET_DIR)/clients.log rc=0
 	mkdir -p $(TARGET_DIR)
-	$(TIMED) clients $(MAKE) --no-print-directory clients > "$$log" 2>&1 & clients=$$!
+	{ $(TIMED) clients $(MAKE) --no-print-directory clients && $(TIMED) examples $(MAKE) --no-print-directory examples; } > "$$log" 2>&1 & clients=$$!
 	$(TIMED) unit $(MAKE) --no-print-directory unit || rc=$$?
 	wait $$clients || rc=$$?
 	cat "$$log"

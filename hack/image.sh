@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Builds the container images without a Docker engine or registry (`make image`): the controller
-# image from the release binary, and the billing example's workload image. Each is `from scratch`
-# with the binary and exactly the shared libraries it links (glibc, libgcc_s; read with ldd), made
-# with buildah (hack/node.sh build-image) and written to .cache/images/<name>.tar (docker-archive),
-# then imported into the real node's containerd when it runs (hack/node.sh).
-# With each image, its SBOM (CycloneDX 1.5 JSON, .cache/images/<name>.cdx.json): the crates
+# image from the release binary, and the billing example's workload images, in Rust
+# (examples/billing/workload), Go (examples/billing/go) and Python (examples/billing/python). Each
+# is `from scratch` with the binary and exactly the shared libraries it links (glibc, libgcc_s;
+# read with ldd; none for Go's static binary), made with buildah (hack/node.sh build-image) and
+# written to .cache/images/<name>.tar (docker-archive), then imported into the real node's
+# containerd when it runs (hack/node.sh). The Python image holds the machine's interpreter
+# (Debian's /usr/bin/python3), its standard library and the site-packages of a venv built for it
+# (examples/billing/python/venv.sh: psycopg[binary] and the fence library), with the libraries
+# ldd finds for the interpreter and every extension module.
+# With each Rust image, its SBOM (CycloneDX 1.5 JSON, .cache/images/<name>.cdx.json): the crates
 # linked into its binary (cargo-cyclonedx, no build-only dependencies) and the Debian packages
-# its libraries come from (dpkg); and once, the workspace's SBOMs, one per package
-# (.cache/images/sbom/<package>.cdx.json, build dependencies included).
+# its libraries come from (dpkg); and once, when a Rust image is built, the workspace's SBOMs,
+# one per package (.cache/images/sbom/<package>.cdx.json, build dependencies included). The Go and
+# Python images have no SBOM yet.
 # The Dockerfile stays for users with Docker (docs/install.md); hack/image-context.sh proves its
 # build context compiles.
 #
-# Usage: hack/image.sh [controller|workload]...   (default: both)
-# Env:   SINGLETON_IMAGE_PROFILE  cargo profile of the binaries (release; `dev` for a quick try)
+# Usage: hack/image.sh [controller|workload|workload-go|workload-python]...   (default: all)
+# Env:   SINGLETON_IMAGE_PROFILE  cargo profile of the Rust binaries (release; `dev` for a quick try)
 #        CARGO_TARGET_DIR         where cargo builds (default: target/)
+#        SINGLETON_CACHE          the Go modules and build cache, and the Python venv and pip
+#                                 cache, under $SINGLETON_CACHE/examples/<go|python> (default
+#                                 ~/.cache/singleton-controller), as examples/billing/*/test.sh
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=image
@@ -27,15 +36,29 @@ VERSION=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "$RE
 # The names the chart and the e2e tests use (imagePullPolicy Never: there is no registry).
 CONTROLLER_IMAGE=localhost/singleton/singleton-controller:$VERSION
 WORKLOAD_IMAGE=localhost/singleton/billing-workload:$VERSION
+GO_WORKLOAD_IMAGE=localhost/singleton/billing-workload-go:$VERSION
+PYTHON_WORKLOAD_IMAGE=localhost/singleton/billing-workload-python:$VERSION
+EXAMPLES_CACHE=${SINGLETON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/singleton-controller}/examples
 
-# stage <rootfs> <binary> <path in image>: the binary and every library ldd resolves for it, at
-# the same paths (the dynamic loader's included), so the image needs no base.
-stage() {
-  local root=$1 bin=$2 dest=$3 lib
-  install -D -m 0755 "$bin" "$root$dest"
-  ldd "$bin" | awk '/=> \// { print $3 } /^\t\// { print $1 }' | while read -r lib; do
+# stage_libs <rootfs> <file>...: every library ldd resolves for the files, at the same paths in
+# the root (the dynamic loader's included), so the image needs no base. A static binary has none
+# (ldd fails on it); a library found inside the root itself (one a wheel bundles) stays where it is.
+stage_libs() {
+  local root=$1 file lib; shift
+  for file in "$@"; do
+    ldd "$file" >/dev/null 2>&1 || continue
+    ldd "$file" | awk '/=> \// { print $3 } /^\t\// { print $1 }'
+  done | sort -u | while read -r lib; do
+    case $lib in "$root"/*) continue ;; esac
     install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
   done
+}
+
+# stage <rootfs> <binary> <path in image>: the binary and the libraries it links (stage_libs).
+stage() {
+  local root=$1 bin=$2 dest=$3
+  install -D -m 0755 "$bin" "$root$dest"
+  stage_libs "$root" "$bin"
   # Fails here, not in a pod, if something is missing: run it inside the staged root (the loader
   # exits 127 on a missing library; the binary's own usage errors are below 126).
   local rc=0
@@ -106,6 +129,12 @@ build() { # build <package> <binary> <ref> <path in image> <archive name>
   "$REPO/hack/node.sh" build-image "$ref" "$root" "[\"$dest\"]" 65532:65532 "$OUT/$name.tar"
   image_sbom "$pkg" "$bin" "$ref" "$root" "$dest" "$OUT/$name.cdx.json"
   rm -rf "$root"
+  publish "$ref" "$name" "$t0"
+}
+
+# publish <ref> <archive name> <start>: says what was built, and imports it into the real node.
+publish() {
+  local ref=$1 name=$2 t0=$3
   log "$ref: $OUT/$name.tar ($(du -h "$OUT/$name.tar" | cut -f1), $((SECONDS - t0))s)"
   if "$REPO/hack/node.sh" status >/dev/null 2>&1; then
     "$REPO/hack/node.sh" import "$OUT/$name.tar"
@@ -115,15 +144,91 @@ build() { # build <package> <binary> <ref> <path in image> <archive name>
   fi
 }
 
+# build_go <ref> <path in image> <archive name>: examples/billing/go, a static binary
+# (CGO_ENABLED=0), alone in its image. Go is a prerequisite: the machine's (GOTOOLCHAIN=local),
+# the modules as go.sum pins them.
+build_go() {
+  local ref=$1 dest=$2 name=$3 t0=$SECONDS cache=$EXAMPLES_CACHE/go root
+  log "go build of examples/billing/go (static, CGO_ENABLED=0)"
+  (cd "$REPO/examples/billing/go" &&
+    GOMODCACHE=$cache/mod GOCACHE=$cache/build GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
+      CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$cache/bin/billing-workload" .)
+  root=$(mktemp -d "$OUT/.rootfs.XXXX")
+  # shellcheck disable=SC2064 # the path now: a failed check in stage exits the script
+  trap "rm -rf '$root'" EXIT
+  stage "$root" "$cache/bin/billing-workload" "$dest"
+  "$REPO/hack/node.sh" build-image "$ref" "$root" "[\"$dest\"]" 65532:65532 "$OUT/$name.tar"
+  rm -rf "$root"
+  publish "$ref" "$name" "$t0"
+}
+
+# The Python image's interpreter: Debian's, whose libraries dpkg and ldd account for (a pyenv or
+# python.org build elsewhere on PATH would bring libraries from wherever it was built).
+PYTHON=/usr/bin/python3
+# Its environment: the interpreter's prefix, and the workload's package and site-packages.
+PYTHON_ENV=(PYTHONHOME=/usr PYTHONPATH=/app:/app/site-packages PYTHONDONTWRITEBYTECODE=1
+  PYTHONUNBUFFERED=1 PSYCOPG_IMPL=binary)
+
+# stage_python <rootfs>: the interpreter at /usr/bin/python3, its standard library (without
+# config-*, libpython's static archive for embedding, and the regression tests), the site-packages
+# of a venv built for it (without pip and setuptools, which the run never imports) at
+# /app/site-packages, the workload's package at /app/billing_workload, and the libraries ldd
+# resolves for the interpreter and every extension module.
+stage_python() {
+  local root=$1 venv=$EXAMPLES_CACHE/python/venv-image stdlib site files
+  chmod 0755 "$root" # mktemp's 0700 would keep the image's user out of the check below
+  ensure_deb python3-venv "$PYTHON" -m ensurepip --version
+  [ -x "$PYTHON" ] && dpkg -S "$(readlink -f "$PYTHON")" >/dev/null 2>&1 ||
+    die "$PYTHON is missing or not Debian's (package python3-minimal): the Python image stages it"
+  PIP_CACHE_DIR=$EXAMPLES_CACHE/python/pip "$REPO/examples/billing/python/venv.sh" "$PYTHON" "$venv"
+  stdlib=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  install -D -m 0755 "$(readlink -f "$PYTHON")" "$root/usr/bin/python3"
+  mkdir -p "$root$stdlib" "$root/app/site-packages"
+  tar -C "$stdlib" --exclude='./config-*' --exclude=./test -cf - . | tar -C "$root$stdlib" -xf -
+  tar -C "$site" --exclude='./pip' --exclude='./pip-*' --exclude='./setuptools' \
+    --exclude='./setuptools-*' --exclude=./_distutils_hack --exclude=./pkg_resources \
+    --exclude=./distutils-precedence.pth -cf - . | tar -C "$root/app/site-packages" -xf -
+  cp -R "$REPO/examples/billing/python/billing_workload" "$root/app/"
+  find "$root/app/billing_workload" -name __pycache__ -prune -exec rm -rf {} +
+  "$PYTHON" -m compileall -q -d /app/billing_workload "$root/app/billing_workload" >/dev/null
+  mapfile -t files < <(find "$root" -type f \( -name '*.so' -o -name '*.so.*' \))
+  stage_libs "$root" "$root/usr/bin/python3" "${files[@]}"
+  # Fails here, not in a pod: the workload and every module it needs load inside the root, as the
+  # image's user; psycopg uses its binary libpq.
+  local check=(env -i "${PYTHON_ENV[@]}" "$(command -v chroot)" --userspec=65532:65532 "$root"
+    /usr/bin/python3)
+  "${check[@]}" -P -m billing_workload --help >/dev/null ||
+    die "the Python workload does not run inside its image root"
+  "${check[@]}" -c 'import psycopg, singleton_fence, billing_workload, ssl, decimal, zoneinfo
+assert psycopg.pq.__impl__ == "binary", psycopg.pq.__impl__' ||
+    die "the Python workload's modules do not load inside its image root"
+}
+
+build_python() { # build_python <ref> <archive name>
+  local ref=$1 name=$2 t0=$SECONDS root
+  log "staging Debian's $PYTHON, its stdlib and a venv for it (examples/billing/python/venv.sh)"
+  root=$(mktemp -d "$OUT/.rootfs.XXXX")
+  # shellcheck disable=SC2064 # the path now: a failed check below exits the script
+  trap "rm -rf '$root'" EXIT
+  stage_python "$root"
+  "$REPO/hack/node.sh" build-image "$ref" "$root" '["/usr/bin/python3", "-P", "-m", "billing_workload"]' \
+    65532:65532 "$OUT/$name.tar" "${PYTHON_ENV[@]}"
+  rm -rf "$root"
+  publish "$ref" "$name" "$t0"
+}
+
 mkdir -p "$OUT"
-workspace_sbom
-targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(controller workload)
+targets=("$@"); [ ${#targets[@]} -gt 0 ] || targets=(controller workload workload-go workload-python)
+case " ${targets[*]} " in *" controller "* | *" workload "*) workspace_sbom ;; esac
 for t in "${targets[@]}"; do
   case $t in
     controller) build singleton-controller singleton-controller "$CONTROLLER_IMAGE" \
       /usr/local/bin/singleton-controller controller ;;
     workload) build billing-workload billing-workload "$WORKLOAD_IMAGE" \
       /usr/local/bin/billing-workload billing-workload ;;
-    *) die "unknown image $t (controller, workload)" ;;
+    workload-go) build_go "$GO_WORKLOAD_IMAGE" /usr/local/bin/billing-workload billing-workload-go ;;
+    workload-python) build_python "$PYTHON_WORKLOAD_IMAGE" billing-workload-python ;;
+    *) die "unknown image $t (controller, workload, workload-go, workload-python)" ;;
   esac
 done

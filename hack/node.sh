@@ -22,8 +22,9 @@
 #           was never started.
 #   import <docker-archive>  import an image into the containerd (k8s.io namespace) of every
 #            running node.
-#   build-image <ref> <rootfs dir> <entrypoint json> <user> <out.tar>: a `from scratch` image of
-#            the dir's contents, with buildah (storage under our state dir), as a docker-archive.
+#   build-image <ref> <rootfs dir> <entrypoint json> <user> <out.tar> [NAME=VALUE...]: a `from
+#            scratch` image of the dir's contents, with buildah (storage under our state dir), as a
+#            docker-archive; each NAME=VALUE is set in the image's environment.
 #   freeze-kubelet <1|2>     SIGSTOP that node's kubelet process only: containerd, the shims and the
 #            containers keep running, the node stops renewing its Lease and turns NotReady after
 #            the controller manager's --node-monitor-grace-period (a partition between the node and
@@ -362,14 +363,16 @@ buildah_() {
     --storage-driver vfs "$@"
 }
 
-# build_image <ref> <rootfs dir> <entrypoint json> <user> <docker-archive>: a `from scratch` image
-# holding exactly the rootfs dir, written as a docker-archive (`ctr images import` names the image
-# from its RepoTags).
+# build_image <ref> <rootfs dir> <entrypoint json> <user> <docker-archive> [NAME=VALUE...]: a
+# `from scratch` image holding exactly the rootfs dir, with those variables in its environment,
+# written as a docker-archive (`ctr images import` names the image from its RepoTags).
 build_image() {
-  local ref=$1 rootfs=$2 entry=$3 user=$4 out=$5 c
+  local ref=$1 rootfs=$2 entry=$3 user=$4 out=$5 c var envs=()
+  shift 5
+  for var in "$@"; do envs+=(--env "$var"); done
   c=$(buildah_ from scratch)
   buildah_ copy --quiet "$c" "$rootfs/" / >/dev/null
-  buildah_ config --entrypoint "$entry" --user "$user" "$c"
+  buildah_ config --entrypoint "$entry" --user "$user" ${envs[@]+"${envs[@]}"} "$c"
   rm -f "$out"
   buildah_ commit --quiet --rm "$c" "docker-archive:$out:$ref" >/dev/null
 }
@@ -670,7 +673,7 @@ case ${1:-} in
     use_node 2; stop_node ;;
   status) cmd_status ;;
   import) [ -s "${2:-}" ] || die "usage: $0 import <docker-archive>"; cmd_import "$2" ;;
-  build-image) [ $# = 6 ] || die "usage: $0 build-image <ref> <rootfs> <entrypoint json> <user> <out>"
+  build-image) [ $# -ge 6 ] || die "usage: $0 build-image <ref> <rootfs> <entrypoint json> <user> <out> [NAME=VALUE...]"
     mkdir -p "$SHARED" /run/singleton-containerd; shift; build_image "$@" ;;
   freeze-kubelet|thaw-kubelet) [ $# = 2 ] || die "usage: $0 $1 <1|2>"
     use_node "$2"; if [ "$1" = freeze-kubelet ]; then freeze_kubelet; else thaw_kubelet; fi ;;
