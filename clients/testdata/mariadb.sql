@@ -136,7 +136,7 @@ BEGIN
     IF v_newest IS NULL OR v_newest <> p_attempt THEN
         UPDATE singleton_fence_rejections SET n = n + 1 WHERE id = 1;
         IF EXISTS (SELECT 1 FROM singleton_attempts AS a WHERE a.job = p_job AND a.token = p_token AND a.attempt = p_attempt) THEN
-            SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', v_newest, ')');
+            SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', COALESCE(v_newest, ''), ')');
         ELSE
             SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') is not registered');
         END IF;
@@ -164,7 +164,7 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM singleton_attempts AS a WHERE a.job = p_job AND a.token = p_token AND a.attempt = p_attempt) THEN
         UPDATE singleton_fence_rejections SET n = n + 1 WHERE id = 1;
-        SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', v_newest, ')');
+        SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', COALESCE(v_newest, ''), ')');
         SET v_msg = LEFT(v_msg, 512);
         SIGNAL SQLSTATE 'SF004' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31004;
     END IF;

@@ -16,6 +16,7 @@ mod http;
 mod manifest;
 mod markdown;
 pub mod multicluster;
+pub mod ports;
 mod proxy;
 pub mod real_node;
 pub mod receiver;
@@ -25,7 +26,8 @@ pub mod skew;
 mod tls;
 
 pub use backstop::{
-    backstop_secret, backstop_spec, database_port, database_url, pg, proxied_backstop_secret,
+    backstop_secret, backstop_spec, database_port, database_url, mariadb, mariadb_port,
+    mariadb_url, mysql_backstop_spec, mysql_datetime, mysql_timestamp, pg, proxied_backstop_secret,
     table_prefix,
 };
 pub use commands::{

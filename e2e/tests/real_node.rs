@@ -5,14 +5,22 @@
 //! calls `singleton_fence`; the probes and `/metrics` answer on the pod IP; deleting the leader
 //! pod hands the Lease over and the next period runs under the new leader with a newer token.
 //!
+//! The billing workload's Go and Python ports run there too, as SingletonJobs of a controller the
+//! test runs on this host.
+//!
 //! Needs the real node (`make up`, unless SINGLETON_REAL_NODE=0) and the images (`make image`,
 //! which `make e2e` runs): without them this test fails and says so; it never passes vacuously.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use e2e::{Env, https_get, kubectl, run_ok, token_of};
+use e2e::ports::{
+    all_finished, committed, exit_of, logs, port, rejections, rerun_by_hand, succeeded_runs,
+    suspend,
+};
+use e2e::{Env, ensure, https_get, kubectl, run_ok, token_of};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -436,4 +444,103 @@ fn prerequisites_path() -> Result<String> {
     }
     dirs.extend(["/usr/bin".to_string(), "/bin".to_string()]);
     Ok(dirs.join(":"))
+}
+
+/// The billing workload's Go and Python ports (examples/billing/go, examples/billing/python; their
+/// images from `hack/image.sh workload-go workload-python`) as two SingletonJobs on the real node,
+/// each with a database of its own, served by a controller this test runs on this host. Each
+/// port commits every run it made once, under that run's token: one ledger row and three invoices
+/// per period, nothing else. Then a run of each is started again by hand (its Job copied, with the
+/// token the controller gave it, older than the fence now): the fence refuses it, it exits 3 and
+/// writes nothing.
+#[tokio::test]
+async fn go_and_python_workloads_commit_once_and_a_stale_rerun_exits_3() -> Result<()> {
+    let mut env = Env::new("real-ports").await?;
+    real_node_ready(&env).await?;
+    restricted(&env.ns)?;
+    let ports = [port(&env, "go").await?, port(&env, "python").await?];
+    env.start_controller(&[]).await?;
+    for p in &ports {
+        env.create_sj(&p.singleton_job("*/3 * * * * *")).await?;
+    }
+    // A few runs of each, then no new ones, and the one under way (if any) ended.
+    env.wait_for(
+        "three succeeded runs of each port",
+        Duration::from_secs(60),
+        || async {
+            for p in &ports {
+                if succeeded_runs(&env, &p.sj).await?.len() < 3 {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    for p in &ports {
+        suspend(&env, &p.sj).await?;
+    }
+    env.wait_for(
+        "the runs under way to end",
+        Duration::from_secs(60),
+        || async { Ok(all_finished(&env).await?.then_some(())) },
+    )
+    .await?;
+
+    // Each run committed once under its token (its ledger row, its three invoices); nothing else.
+    let mut before = Vec::new();
+    for p in &ports {
+        let runs = succeeded_runs(&env, &p.sj).await?;
+        let want: BTreeMap<(String, i64), (i64, i64)> = runs
+            .iter()
+            .map(|(_, period, token)| ((period.clone(), *token as i64), (1, 3)))
+            .collect();
+        let got = committed(&p.host_url).await?;
+        let log = logs(&env, &runs[0].0);
+        ensure(
+            &env,
+            got == want && log.contains("committed 3 invoice(s)"),
+            (
+                p.lang,
+                "committed",
+                &got,
+                "runs",
+                &runs,
+                "first run's log",
+                &log,
+            ),
+        )
+        .await?;
+        rerun_by_hand(&env, &runs[0].0, &format!("stale-{}", p.lang)).await?;
+        before.push((got, rejections(&p.host_url).await?, runs[0].clone()));
+    }
+    // The runs started by hand: refused by the fence (SF001), exit code 3, nothing written.
+    for (p, (rows, refused, first)) in ports.iter().zip(before) {
+        let (code, log) = exit_of(&env, &format!("stale-{}", p.lang)).await?;
+        let (now, refused_now) = (
+            committed(&p.host_url).await?,
+            rejections(&p.host_url).await?,
+        );
+        ensure(
+            &env,
+            code == 3 && log.contains("SQLSTATE SF001") && now == rows && refused_now > refused,
+            (
+                p.lang,
+                "rerun of",
+                &first,
+                "exit",
+                code,
+                &log,
+                "rows",
+                &now,
+                "refusals",
+                refused_now,
+            ),
+        )
+        .await?;
+    }
+    for p in &ports {
+        p.drop_database().await?;
+    }
+    Ok(())
 }

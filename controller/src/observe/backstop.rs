@@ -50,14 +50,12 @@ pub enum Resolution {
 /// value.
 pub async fn resolve(ctx: &Context, sj: &SingletonJob) -> Resolution {
     use Resolution::{Later, Resolved as Found};
-    let Some((kind, secret_ref, table_prefix)) =
-        sj.spec.backstop.as_ref().and_then(|b| b.database())
+    let Some((kind, secret, table_prefix)) = sj.spec.backstop.as_ref().and_then(|b| b.database())
     else {
         ctx.backstops.forget(&sj.key());
         return Found(Availability::NotConfigured.into());
     };
-    let ns = sj.namespace().unwrap_or_default();
-    let secret = &secret_ref.name;
+    let (ns, secret) = (sj.namespace().unwrap_or_default(), &secret.name);
     match ctx
         .backstop_health
         .before_reading(&ns, secret, Instant::now())

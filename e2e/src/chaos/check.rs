@@ -21,8 +21,9 @@
 //!   controller has not decided (after `status.decidedThrough`) is *pending* only while it is
 //!   younger than the row's settle time plus its schedule's interval at the check; older, it is
 //!   lost. Anything else without a run is lost.
-//! - Stale writes accepted, overlapping committed attempts: the workload's own rows in PostgreSQL
-//!   (commit order, token, attempt) and the backstop's attempt registrations.
+//! - Stale writes accepted, overlapping committed attempts: the workload's own rows (commit
+//!   order, token, attempt) and the backstop's attempt registrations, in the backstop's database
+//!   (PostgreSQL; MariaDB in the `*-mariadb` rows).
 //!
 //! And what each row must prove beyond them (checked in [`Row::violations`]): that its fault
 //! fired ([`Proof`], measured by the harness: a component's pid and port, a process state, a

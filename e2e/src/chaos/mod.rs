@@ -9,6 +9,7 @@ pub mod check;
 pub mod dr;
 pub mod dr_check;
 pub mod evidence;
+pub mod mariadb;
 pub mod outside;
 pub mod real;
 pub mod real_pods;
@@ -23,6 +24,7 @@ use singleton::decide::reason;
 
 use check::{Expect, FaultWindow, Proof, Row};
 use evidence::{PortProbe, Restart, StateSampler};
+use mariadb::Db;
 use world::{SjDef, World, cluster, default_sjs};
 
 /// How long each phase lasts.
@@ -204,6 +206,11 @@ pub enum Fault {
     /// The running workload of a Replace SingletonJob hangs in its transaction holding the fence
     /// row when the next period falls due.
     ReplaceHungTx,
+    /// [`Fault::LeaderSigstop`] with the MariaDB backstop (`spec.backstop.mysql`): the paused
+    /// workload's writes, fenced in MariaDB, must be refused there.
+    LeaderSigstopMariadb,
+    /// [`Fault::ReplacePause`] with the MariaDB backstop.
+    ReplacePauseMariadb,
     /// A SingletonJob's status wiped with `kubectl edit --subresource=status` while it runs.
     StatusWipe,
     /// Real pods ([`real`]): the chart's leader container frozen with the cgroup freezer past
@@ -284,11 +291,16 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::RealPodDeleteWorking,
     Fault::RealNodeDrain,
     Fault::RealKubeletPartition,
-    // In this order the namespace-only ones split into CHAOS_SHARD=1/3, 2/3 and 3/3 of 50 s to
-    // 2 min each (hack/e2e.sh starts them as lanes free up).
+    // In this order the namespace-only ones split into CHAOS_SHARD=1/3, 2/3 and 3/3 of about
+    // 1.5 to 2 min each (hack/e2e.sh starts them as lanes free up): leader-sigstop, clock-ahead,
+    // replace-pause, queue-resumer, mixed-versions; leader-sigkill, clock-behind,
+    // replace-hung-tx, the two MariaDB rows; rolling-sigterm, partition, status-wipe,
+    // db-cut-at-completion (54 s alone). Mind the shards' lengths when adding a row.
     Fault::QueueResumer,
+    Fault::LeaderSigstopMariadb,
     Fault::DbCutAtCompletion,
     Fault::MixedVersions,
+    Fault::ReplacePauseMariadb,
 ];
 
 impl Fault {
@@ -308,6 +320,8 @@ impl Fault {
             Fault::ReplacePause => "replace-pause",
             Fault::BurstPause => "burst-pause",
             Fault::ReplaceHungTx => "replace-hung-tx",
+            Fault::LeaderSigstopMariadb => "leader-sigstop-mariadb",
+            Fault::ReplacePauseMariadb => "replace-pause-mariadb",
             Fault::StatusWipe => "status-wipe",
             Fault::RealLeaderFreeze => "real-leader-freeze",
             Fault::RealContainerKill => "real-container-kill",
@@ -340,6 +354,24 @@ impl Fault {
         }
     }
 
+    /// The database of the row's backstop and workload: MariaDB for the `*-mariadb` rows.
+    pub fn db(self) -> Db {
+        match self {
+            Fault::LeaderSigstopMariadb | Fault::ReplacePauseMariadb => Db::Mariadb,
+            _ => Db::Postgres,
+        }
+    }
+
+    /// The PostgreSQL row a MariaDB row repeats (the fault, its SingletonJobs and what it must
+    /// show); every other row itself.
+    fn base(self) -> Fault {
+        match self {
+            Fault::LeaderSigstopMariadb => Fault::LeaderSigstop,
+            Fault::ReplacePauseMariadb => Fault::ReplacePause,
+            f => f,
+        }
+    }
+
     /// Whether the scenario runs on the real node's pods ([`real`]) rather than local replicas.
     pub fn on_real_node(self) -> bool {
         matches!(
@@ -364,6 +396,9 @@ impl Fault {
         }
         if self.on_real_node() {
             return real::expect(self, mode);
+        }
+        if self.base() != self {
+            return self.base().expect(mode);
         }
         let lease = Some(LEASE + RETRY + FAILOVER_SLACK);
         let (reasons, failover_max, min_failovers) = match self {
@@ -400,7 +435,7 @@ impl Fault {
     /// takes as long as it takes).
     fn planned(self, mode: Mode) -> Duration {
         let window = mode.window();
-        match self {
+        match self.base() {
             Fault::LeaderSigkill => (window / mode.kills() as u32) * mode.kills() as u32,
             Fault::RollingSigterm | Fault::BurstPause => Duration::ZERO,
             Fault::ApiserverRestart | Fault::EtcdRestart => mode.outage(),
@@ -412,7 +447,7 @@ impl Fault {
 
     fn sjs(self) -> Vec<SjDef> {
         let tick = || default_sjs().remove(0);
-        match self {
+        match self.base() {
             Fault::ReplacePause => vec![
                 tick(),
                 SjDef::new("swap", "*/2 * * * * *")
@@ -489,6 +524,7 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
         Fault::MixedVersions => {
             World::start_mixed(&name, fault.sjs(), &previous_release()?, &[OLDER_SLOT]).await?
         }
+        _ if fault.db() != Db::Postgres => World::start_on(&name, fault.sjs(), fault.db()).await?,
         _ => World::start(&name, fault.sjs(), proxied).await?,
     };
     w.wait_leader(None, Instant::now(), Duration::from_secs(60))
@@ -553,7 +589,7 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
 /// The evidence the workload itself gives of a row's fault: writes held past a newer run (the
 /// paused client), transactions hung holding the fence row.
 fn workload_proofs(fault: Fault, obs: &check::Observations) -> Vec<Proof> {
-    match fault {
+    match fault.base() {
         Fault::LeaderSigstop | Fault::ReplacePause => {
             let held = obs.writes.iter().filter(|w| w.held).count();
             vec![Proof::new(
@@ -897,7 +933,7 @@ const LEASE_WAIT: Duration = Duration::from_secs(60);
 async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
     let window = mode.window();
     let mut inj = Injected::default();
-    match fault {
+    match fault.base() {
         Fault::Dr(_) => anyhow::bail!("two-cluster scenarios run their own course (dr::run)"),
         Fault::LeaderSigstop => leader_sigstop(w, mode, &mut inj).await?,
         Fault::LeaderSigkill => leader_sigkill(w, mode, &mut inj).await?,
@@ -912,6 +948,12 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
         Fault::Partition => partition(w, mode, &mut inj).await?,
         Fault::ReplacePause => replace_pause(w, mode, &mut inj).await?,
         Fault::ReplaceHungTx => replace_hung_tx(w, mode, &mut inj).await?,
+        Fault::LeaderSigstopMariadb | Fault::ReplacePauseMariadb => {
+            anyhow::bail!(
+                "{} is injected as the row it repeats (Fault::base)",
+                fault.name()
+            )
+        }
         Fault::StatusWipe => status_wipe(w, mode, &mut inj).await?,
         Fault::QueueResumer => return outside::queue_resumer(w, window).await,
         Fault::DbCutAtCompletion => return outside::db_cut_at_completion(w, window).await,
@@ -1360,4 +1402,33 @@ pub async fn run_all(scenarios: &[Fault], mode: Mode) -> Result<(Vec<Outcome>, S
         Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
     );
     Ok((outcomes, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mariadb_rows_repeat_their_postgres_rows_on_mariadb() {
+        for (on_mariadb, on_postgres) in [
+            (Fault::LeaderSigstopMariadb, Fault::LeaderSigstop),
+            (Fault::ReplacePauseMariadb, Fault::ReplacePause),
+        ] {
+            assert_eq!(
+                (on_mariadb.db(), on_postgres.db()),
+                (Db::Mariadb, Db::Postgres)
+            );
+            assert_eq!(on_mariadb.base(), on_postgres);
+            assert_eq!(on_mariadb.scope(), Scope::Namespace);
+            for mode in [Mode::Short, Mode::Full] {
+                assert_eq!(on_mariadb.expect(mode), on_postgres.expect(mode));
+                assert!(on_mariadb.expect(mode).pause, "{}", on_mariadb.name());
+            }
+            let names = |f: Fault| f.sjs().into_iter().map(|s| s.name).collect::<Vec<_>>();
+            assert_eq!(names(on_mariadb), names(on_postgres));
+        }
+        let all = all_scenarios();
+        let names: HashSet<&str> = all.iter().map(|f| f.name()).collect();
+        assert_eq!(names.len(), all.len(), "scenario names are unique");
+    }
 }

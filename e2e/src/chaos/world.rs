@@ -1,6 +1,7 @@
 //! The world a chaos scenario runs in: a namespace, three controller replicas with leader election
 //! (restarted when they exit, as a Deployment's pods would be), SingletonJobs with seconds-level
-//! schedules and (most of them) the PostgreSQL backstop, an outside observer of the Jobs
+//! schedules and (most of them) the backstop (PostgreSQL, or MariaDB in the `*-mariadb` rows:
+//! [`Db`]), an outside observer of the Jobs
 //! ([`crate::observer`]), and a workload that performs a fenced write with each run's token (as
 //! an attempt of its own when the backstop registers attempts). Afterwards [`World::observe`]
 //! reads the external truth for the checker.
@@ -26,11 +27,12 @@ use super::check::{
     Claim, CommittedAttempt, HungEnd, HungTx, JobSeen, Observations, Recorded, SjObservation,
     Write, WriteResult,
 };
+use super::mariadb::Db;
 use crate::commands::repo_root;
 use crate::observer::{EventJob, JobRecord, Observer, Seen, job_controller_runs, parse_job_name};
 use crate::{
-    Env, FAST_ELECTION, Proxy, backstop_secret, backstop_spec, controller_bin, database_url,
-    kubectl, sj_yaml, table_prefix,
+    Env, FAST_ELECTION, Proxy, backstop_secret, controller_bin, database_url, kubectl, sj_yaml,
+    table_prefix,
 };
 
 /// The Lease the replicas elect through.
@@ -50,7 +52,7 @@ pub struct SjDef {
     pub extra: String,
     /// Its Jobs never get a node, so each run stays active (for Replace).
     pub never_scheduled: bool,
-    /// With the PostgreSQL backstop (`lock.purpose: Correctness`).
+    /// With the backstop (`lock.purpose: Correctness`), in the world's database ([`Db`]).
     pub backstop: bool,
     /// The controller's default history limits; otherwise 0 and 0, so every finished Job is pruned
     /// at once and the checker cannot lean on Jobs left in the API server.
@@ -102,13 +104,13 @@ impl SjDef {
         !self.extra.contains("concurrencyPolicy")
     }
 
-    fn yaml(&self, prefix: &str) -> String {
+    fn yaml(&self, prefix: &str, db: Db) -> String {
         let mut extra = self.extra.clone();
         if !self.keep_history {
             extra += "  successfulJobsHistoryLimit: 0\n  failedJobsHistoryLimit: 0\n";
         }
         let spec = if self.backstop {
-            backstop_spec("db", prefix, &extra)
+            db.backstop_spec("db", prefix, &extra)
         } else {
             extra
         };
@@ -177,6 +179,8 @@ struct Workload {
     /// as attempt `sim-<Job uid>` and writes with the 3-argument fence, recording its attempt.
     /// Otherwise the 2-argument fence and no attempts (the columns show n/a).
     attempts: AtomicBool,
+    /// Where the runs register and write: the world's backstop database.
+    db: Db,
 }
 
 impl Default for Workload {
@@ -193,6 +197,7 @@ impl Default for Workload {
             stopped: AtomicBool::new(false),
             fenced: Mutex::default(),
             attempts: AtomicBool::new(false),
+            db: Db::Postgres,
         }
     }
 }
@@ -205,6 +210,8 @@ pub struct World {
     pub env: Env,
     slots: Vec<Slot>,
     pub prefix: String,
+    /// The backstop's database, which the workload writes to and the checker reads.
+    pub db: Db,
     pub sjs: Vec<SjDef>,
     workload: Arc<Workload>,
     /// Sees every Job of the namespace from before the first run.
@@ -251,6 +258,14 @@ impl World {
         Ok(world)
     }
 
+    /// [`World::start`] with the backstop (and so the workload's fence and writes) in `db`.
+    pub async fn start_on(name: &str, sjs: Vec<SjDef>, db: Db) -> Result<World> {
+        let bins = vec![controller_bin(); REPLICAS];
+        let mut world = World::with_builds(name, None, false, bins, db).await?;
+        world.add_sjs(sjs).await?;
+        Ok(world)
+    }
+
     /// [`World::start`] with the replicas of `slots` running `older` (another release's build)
     /// and the rest this tree's.
     pub async fn start_mixed(
@@ -265,7 +280,7 @@ impl World {
                 false => controller_bin(),
             })
             .collect();
-        let mut world = World::with_builds(name, None, false, bins).await?;
+        let mut world = World::with_builds(name, None, false, bins, Db::Postgres).await?;
         world.add_sjs(sjs).await?;
         Ok(world)
     }
@@ -278,22 +293,26 @@ impl World {
     /// A world without SingletonJobs yet ([`World::add_sjs`]); with `db_link`, the backstop
     /// Secret points through a proxy of the test's.
     pub async fn empty(name: &str, proxied: Option<usize>, db_link: bool) -> Result<World> {
-        World::with_builds(name, proxied, db_link, vec![controller_bin(); REPLICAS]).await
+        let bins = vec![controller_bin(); REPLICAS];
+        World::with_builds(name, proxied, db_link, bins, Db::Postgres).await
     }
 
-    /// [`World::empty`], replica `s` running the controller build `bins[s]`.
+    /// [`World::empty`], replica `s` running the controller build `bins[s]`, the backstop in
+    /// `db` (a link to cut only to PostgreSQL).
     async fn with_builds(
         name: &str,
         proxied: Option<usize>,
         db_link: bool,
         bins: Vec<PathBuf>,
+        db: Db,
     ) -> Result<World> {
         let env = Env::new(name).await?;
         let prefix = table_prefix(&env);
         let db_link = match db_link {
-            true => Some(crate::proxied_backstop_secret(&env, "db").await?),
+            true if db == Db::Postgres => Some(crate::proxied_backstop_secret(&env, "db").await?),
+            true => bail!("a link to cut is made to PostgreSQL only"),
             false => {
-                backstop_secret(&env, "db", &database_url()?, true).await?;
+                backstop_secret(&env, "db", &db.url()?, true).await?;
                 None
             }
         };
@@ -307,8 +326,12 @@ impl World {
             env,
             slots: Vec::new(),
             prefix,
+            db,
             sjs: Vec::new(),
-            workload: Arc::default(),
+            workload: Arc::new(Workload {
+                db,
+                ..Workload::default()
+            }),
             observer,
             seen: Some(rx),
             dispatcher: None,
@@ -352,7 +375,10 @@ impl World {
     pub async fn add_sjs(&mut self, sjs: Vec<SjDef>) -> Result<()> {
         let api = self.env.sjs();
         let ns = self.env.ns.clone();
-        let yamls: Vec<String> = sjs.iter().map(|sj| sj.yaml(&self.prefix)).collect();
+        let yamls: Vec<String> = sjs
+            .iter()
+            .map(|sj| sj.yaml(&self.prefix, self.db))
+            .collect();
         futures::stream::iter(yamls)
             .map(|yaml| {
                 let (api, ns) = (api.clone(), ns.clone());
@@ -403,9 +429,7 @@ impl World {
         )
         .await?;
         if let Some(rx) = self.seen.take() {
-            let db = crate::pg().await?;
-            create_writes_table(&db, &self.prefix).await?;
-            let attempts = has_attempts(&db, &self.prefix).await?;
+            let attempts = self.db.prepare_workload(&self.prefix).await?;
             self.workload.attempts.store(attempts, Ordering::SeqCst);
             self.dispatcher = Some(tokio::spawn(dispatch(
                 rx,
@@ -641,6 +665,7 @@ impl World {
 
     /// The workload of each new run of `sj` opens its transaction, calls `singleton_fence` and
     /// hangs there holding the fence row (true) until its Job is deleted; or writes normally.
+    /// PostgreSQL only: on MariaDB the runs write normally.
     pub fn hang_workload(&self, sj: &str, on: bool) {
         let mut h = lock(&self.workload.hanging);
         if on {
@@ -795,10 +820,8 @@ impl World {
             self.run_for(Duration::from_millis(200)).await?;
         }
         self.workload.stopped.store(true, Ordering::SeqCst);
-        let db = crate::pg().await?;
-
         let attempts = match self.workload.attempts.load(Ordering::SeqCst) {
-            true => Some(committed_attempts(&db, &self.prefix).await?),
+            true => Some(self.db.committed_attempts(&self.prefix).await?),
             false => None,
         };
         // The replicas still run: give the watch a moment to catch up with the Jobs the job
@@ -819,7 +842,7 @@ impl World {
         let backstopped = self.sjs.iter().any(|s| s.backstop);
         let read_claims = async {
             match backstopped {
-                true => claims_in(&db, &self.prefix).await,
+                true => self.db.claims(&self.prefix).await,
                 false => Ok(HashMap::new()),
             }
         };
@@ -1199,7 +1222,7 @@ async fn dispatch(
                     continue;
                 }
                 let attempt = w.attempts.load(Ordering::SeqCst).then(|| attempt_id(&uid));
-                if lock(&w.hanging).contains(&sj) {
+                if w.db == Db::Postgres && lock(&w.hanging).contains(&sj) {
                     spawn_hang(&w, &prefix, &format!("{ns}/{sj}"), uid, token, attempt);
                 } else {
                     on_new_run(&w, &prefix, &ns, &sj, period, token, attempt);
@@ -1279,7 +1302,8 @@ fn spawn_register(
     let (w, prefix, key) = (w.clone(), prefix.to_string(), key.to_string());
     tokio::spawn(async move {
         let _permit = w.connections.acquire().await;
-        register_with_retry(&prefix, &key, token, &attempt).await
+        w.db.register_with_retry(&prefix, &key, token, &attempt)
+            .await
     })
 }
 
@@ -1392,7 +1416,7 @@ fn spawn_write(
             (Some(h), _) => h.await.unwrap_or(Err(WriteResult::Unavailable)),
             (None, Some(a)) => {
                 let _permit = w.connections.acquire().await;
-                register_with_retry(&prefix, &key, token, a).await
+                w.db.register_with_retry(&prefix, &key, token, a).await
             }
             (None, None) => Ok(()),
         };
@@ -1400,7 +1424,8 @@ fn spawn_write(
             Ok(()) => {
                 // Never closed: acquiring cannot fail.
                 let _permit = w.connections.acquire().await;
-                write_with_retry(&prefix, &key, period, token, held, attempt.as_deref()).await
+                w.db.write_with_retry(&prefix, &key, period, token, held, attempt.as_deref())
+                    .await
             }
             Err(r) => r,
         };
@@ -1422,7 +1447,7 @@ pub(super) fn classify(e: &tokio_postgres::Error) -> Option<WriteResult> {
     classify_sqlstate(e.code()?.code())
 }
 
-fn classify_sqlstate(code: &str) -> Option<WriteResult> {
+pub(super) fn classify_sqlstate(code: &str) -> Option<WriteResult> {
     match code {
         "SF001" | "SF004" => Some(WriteResult::Refused),
         c if c.starts_with("SF") => Some(WriteResult::Rejected {
@@ -1434,7 +1459,7 @@ fn classify_sqlstate(code: &str) -> Option<WriteResult> {
 
 /// Runs `op` until it gives a result, retrying while the database is unreachable (each try
 /// bounded by 10 s, at most 90 s in all): then [`WriteResult::Unavailable`].
-async fn with_retry<T, F, Fut>(mut op: F) -> std::result::Result<T, WriteResult>
+pub(super) async fn with_retry<T, F, Fut>(mut op: F) -> std::result::Result<T, WriteResult>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<std::result::Result<T, WriteResult>>>,

@@ -92,10 +92,20 @@ pub(crate) fn version_table(t: &Tables) -> String {
 
 /// Migration 1's statements, in order, each run on its own (no `DELIMITER` needed).
 pub(crate) fn migration_1(t: &Tables) -> Vec<String> {
-    let p = &t.prefix;
-    let max = t.message_max;
     // Routines are dropped first: MySQL has no CREATE OR REPLACE for them, and a migration cut
     // off between the two statements is finished by the next run of it.
+    [
+        tables(t),
+        fence_check_routine(t),
+        fence_routine(t),
+        attempt_routine(t),
+    ]
+    .concat()
+}
+
+/// The tables, and the refusal counter's one row.
+fn tables(t: &Tables) -> Vec<String> {
+    let p = &t.prefix;
     vec![
         format!(
             r#"CREATE TABLE IF NOT EXISTS {p}claims (
@@ -160,6 +170,14 @@ pub(crate) fn migration_1(t: &Tables) -> Vec<String> {
     PRIMARY KEY (job_hash, connection)
 ) ENGINE=MyISAM COMMENT='singleton-controller: the connections that fenced a job (break-lock finds the open ones); MyISAM so a rollback keeps the row'"#
         ),
+    ]
+}
+
+/// `<p>fence_check`: the checks and the row lock both functions share.
+fn fence_check_routine(t: &Tables) -> Vec<String> {
+    let p = &t.prefix;
+    let max = t.message_max;
+    vec![
         format!("DROP PROCEDURE IF EXISTS {p}fence_check"),
         format!(
             r#"CREATE PROCEDURE {p}fence_check(IN p_job VARCHAR(512), IN p_token BIGINT, OUT o_newest VARCHAR(253), OUT o_newest_seq INT)
@@ -216,6 +234,14 @@ BEGIN
     END IF;
 END"#
         ),
+    ]
+}
+
+/// `<p>fence(job, token, attempt)`: what a workload calls first in its transaction.
+fn fence_routine(t: &Tables) -> Vec<String> {
+    let p = &t.prefix;
+    let max = t.message_max;
+    vec![
         format!("DROP FUNCTION IF EXISTS {p}fence"),
         format!(
             r#"CREATE FUNCTION {p}fence(p_job VARCHAR(512), p_token BIGINT, p_attempt VARCHAR(253)) RETURNS BIGINT
@@ -232,7 +258,7 @@ BEGIN
     IF v_newest IS NULL OR v_newest <> p_attempt THEN
         UPDATE {p}fence_rejections SET n = n + 1 WHERE id = 1;
         IF EXISTS (SELECT 1 FROM {p}attempts AS a WHERE a.job = p_job AND a.token = p_token AND a.attempt = p_attempt) THEN
-            SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', v_newest, ')');
+            SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', COALESCE(v_newest, ''), ')');
         ELSE
             SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') is not registered');
         END IF;
@@ -242,6 +268,14 @@ BEGIN
     RETURN p_token;
 END"#
         ),
+    ]
+}
+
+/// `<p>attempt(job, token, attempt)`: a pod registers as its run's newest attempt.
+fn attempt_routine(t: &Tables) -> Vec<String> {
+    let p = &t.prefix;
+    let max = t.message_max;
+    vec![
         format!("DROP FUNCTION IF EXISTS {p}attempt"),
         format!(
             r#"CREATE FUNCTION {p}attempt(p_job VARCHAR(512), p_token BIGINT, p_attempt VARCHAR(253)) RETURNS INT
@@ -260,7 +294,7 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM {p}attempts AS a WHERE a.job = p_job AND a.token = p_token AND a.attempt = p_attempt) THEN
         UPDATE {p}fence_rejections SET n = n + 1 WHERE id = 1;
-        SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', v_newest, ')');
+        SET v_msg = CONCAT('attempt ', p_attempt, ' of job ', p_job, ' (fencing token ', p_token, ') was superseded by attempt #', v_seq, ' (', COALESCE(v_newest, ''), ')');
         SET v_msg = LEFT(v_msg, {max});
         SIGNAL SQLSTATE '{ATTEMPT_SQLSTATE}' SET MESSAGE_TEXT = v_msg, MYSQL_ERRNO = 31004;
     END IF;
