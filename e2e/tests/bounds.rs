@@ -128,6 +128,12 @@ async fn max_runs_stops_the_schedule_until_raised() -> Result<()> {
         },
     )
     .await?;
+    // The third run's Job is created after the claim that counted it (and so after `Ended`):
+    // under load it can take a moment to appear (CI, 2026-12-06: two Jobs 0.7 s after Ended).
+    env.wait_for("the third Job", Duration::from_secs(30), || async {
+        Ok((env.job_list().await?.len() >= 3).then_some(()))
+    })
+    .await?;
     env.holds_for("three Jobs, no more", Duration::from_secs(5), || async {
         Ok(env.job_list().await?.len() == 3)
     })
