@@ -90,6 +90,30 @@ pub fn standby_until(me: &Claimer, period: Timestamp, db_now: Timestamp) -> Opti
     (db_now < from).then_some(from)
 }
 
+/// The claim's answer for `verdict` on the period's `existing` row, whose Job is `job_name`;
+/// `None` for [`Verdict::TakeOver`], which the engine carries out (the answer is then
+/// [`super::ClaimOutcome::TookOver`]). The same for every engine.
+pub fn answer(
+    verdict: Verdict,
+    existing: &Existing,
+    job_name: String,
+) -> Option<super::ClaimOutcome> {
+    use super::ClaimOutcome;
+    Some(match verdict {
+        Verdict::Ours | Verdict::Duplicate => ClaimOutcome::Duplicate {
+            token: existing.token,
+            job_name,
+        },
+        Verdict::WaitUntil(until) => ClaimOutcome::NotYet { until },
+        Verdict::Elsewhere => ClaimOutcome::ClaimedElsewhere {
+            cluster: existing.cluster.clone(),
+            token: existing.token,
+            job_name,
+        },
+        Verdict::TakeOver => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -182,26 +182,16 @@ async fn judge_existing(
         Some(_) => multi::Verdict::Duplicate,
         None => multi::judge(&existing, c.claimer, c.token.unsigned_abs(), db_now),
     };
-    let end = match verdict {
-        multi::Verdict::Ours | multi::Verdict::Duplicate => ClaimOutcome::Duplicate {
-            token: existing.token,
-            job_name: job_name_there,
-        },
-        multi::Verdict::WaitUntil(until) => ClaimOutcome::NotYet { until },
-        multi::Verdict::Elsewhere => ClaimOutcome::ClaimedElsewhere {
-            cluster: existing.cluster,
-            token: existing.token,
-            job_name: job_name_there,
-        },
-        multi::Verdict::TakeOver => {
+    match multi::answer(verdict, &existing, job_name_there) {
+        Some(end) => Ok(Err(Ok(end))),
+        None => {
             take_over(tx, t, c, existing.token).await?;
-            return Ok(Ok(ClaimOutcome::TookOver {
+            Ok(Ok(ClaimOutcome::TookOver {
                 cluster: existing.cluster,
                 token: existing.token,
-            }));
+            }))
         }
-    };
-    Ok(Err(Ok(end)))
+    }
 }
 
 /// Moves the locked row from `from` to this claim. The row is locked: this compare-and-swap
