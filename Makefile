@@ -28,7 +28,7 @@ TIMED := hack/timed.sh
 .PHONY: help tools up down status env crds lint chart unit clients examples e2e upgrade chaos test demo demo-stop demo-dr demo-dr-stop bench image
 
 help:
-	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny, cargo-cyclonedx and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
+	@echo 'make tools    build the pinned control-plane binaries, the real node (kubelet, containerd), promtool, cargo-deny, the SBOM tools (cargo-cyclonedx, cyclonedx-gomod, cyclonedx-py) and shfmt (cached in ~/.cache/singleton-controller, checked by hash); every target builds what it uses on its own, hack/tool.sh NAME one tool'
 	echo 'make up       start the local cluster, its real node (SINGLETON_REAL_NODE=0: kwok only), PostgreSQL and MariaDB (no-op when already up)'
 	echo 'make down     stop them, delete their state and restore what the real node changed on the host'
 	echo 'make image    build the controller image and the billing workload images (Rust, Go, Python) with buildah (no Docker) and import them into the real node'

@@ -59,6 +59,8 @@ usual() {
     cargo-deny) echo "~5 min" ;;
     cargo-cyclonedx) echo "~2 min" ;;
     shfmt) echo "~1 min" ;;
+    cyclonedx-gomod) echo "~3 min" ;;
+    cyclonedx-bom) echo "~1 min" ;;
     *) echo "a few minutes" ;;
   esac
 }
@@ -393,6 +395,71 @@ build_crate() {
   built "$name"
 }
 
+# build_pip <package> <version> <program> <module>: a Python tool from PyPI (cyclonedx-bom), in a
+# venv of Debian's /usr/bin/python3 (the interpreter of the Python image it describes). Installed
+# from hack/tools/<package>/requirements.txt, which pins every distribution with the sha256 of its
+# wheel for that interpreter (pip --require-hashes: the role go.sum has for a Go tool; `pin`
+# regenerates it from pip's resolution). <program> is a launcher running `python -I -m <module>` of
+# the venv: isolated from the caller's PYTHON* variables, which are for the interpreter the tool
+# inspects. The launcher is hashed when built, like the crates (the venv's files are checked by
+# pip when it installs them, not at each use).
+PIP_PYTHON=/usr/bin/python3
+build_pip() {
+  local name=$1 version=$2 prog=$3 pymod=$4 dest req=$MODS/$1/requirements.txt
+  dest=$(tool_dir "$name")
+  ready "$dest" "$prog" && return 0
+  # Its venv needs venv and ensurepip: Debian's python3-venv, which a fresh machine lacks.
+  if ! "$PIP_PYTHON" -m ensurepip --version >/dev/null 2>&1; then
+    log "installing Debian package python3-venv (a fresh machine lacks it; $name's venv needs it)"
+    [ "$(id -u)" = 0 ] || die "installing the Debian package python3-venv needs root"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    "$PIP_PYTHON" -m ensurepip --version >/dev/null 2>&1 || die "$PIP_PYTHON -m ensurepip still fails after installing python3-venv"
+  fi
+  building "$name" "$version"
+  local work; work=$(newwork "$name"); WORKDIRS+=("$work")
+  if [ "$MODE" = pin ]; then
+    mkdir -p "$MODS/$name"
+    quiet "$PIP_PYTHON" -m venv "$work/pin"
+    quiet "$work/pin/bin/python" -m pip install -q --dry-run --ignore-installed --only-binary :all: \
+      --report "$work/report.json" "$name==$version"
+    "$PIP_PYTHON" - "$work/report.json" "$name" "$version" > "$work/requirements.txt" <<'PY'
+import json, platform, sys
+report, name, version = sys.argv[1:]
+print(f"# {name} {version} and its dependencies as pip resolved them for {sys.executable} "
+      f"{platform.python_version()} {platform.machine()}: hack/build-tools.sh pin {name}")
+for item in sorted(json.load(open(report))["install"], key=lambda i: i["metadata"]["name"].lower()):
+    info = item["download_info"].get("archive_info", {})
+    sha = info.get("hashes", {}).get("sha256") or info.get("hash", "").partition("sha256=")[2]
+    if not sha:
+        sys.exit(f"pip's report has no sha256 for {item['metadata']['name']}")
+    print(f"{item['metadata']['name']}=={item['metadata']['version']} --hash=sha256:{sha}")
+PY
+    mv "$work/requirements.txt" "$req"
+  fi
+  [ -s "$req" ] || die "hack/tools/$name/requirements.txt is missing: run hack/build-tools.sh pin $name"
+  awk -v want="$name==$version" 'tolower($1) == tolower(want) { found = 1 } END { exit !found }' "$req" \
+    || die "hack/tools/$name/requirements.txt does not pin $name $version (hack/versions.sh): run hack/build-tools.sh pin $name"
+  mkdir -p "$work/bin"
+  quiet "$PIP_PYTHON" -m venv "$work/bin/venv"
+  quiet "$work/bin/venv/bin/python" -m pip install -q --require-hashes --only-binary :all: -r "$req"
+  quiet "$work/bin/venv/bin/python" -m pip check
+  cat > "$work/bin/$prog" <<SH
+#!/bin/sh
+# $name $version (hack/build-tools.sh): its venv, beside this launcher.
+exec "\$(dirname "\$0")/venv/bin/python" -I -m $pymod "\$@"
+SH
+  chmod 0755 "$work/bin/$prog"
+  # The venv's own scripts name the work dir it is built in, not where it moves: only the
+  # launcher runs it.
+  "$work/bin/$prog" --version >/dev/null || die "$name: $prog does not run"
+  # Recorded beside it, never in SHA256SUMS (not a Go build), also when pinning.
+  MODE=build seal "$work/bin" "$name-$version" "$prog"
+  finish "$work/bin" "$dest"; rm -rf "$work"
+  "$dest/$prog" --version >/dev/null || die "$name: $prog does not run from $dest"
+  built "$name"
+}
+
 # The kwok binary embeds no stages unless run through kwokctl, so the fake node needs a stage config.
 # Take kwokctl's defaults from the same module version (node "fast" init + heartbeat-with-lease, pod
 # "fast" ready/complete/delete) so they can never drift from the binary that interprets them.
@@ -411,10 +478,10 @@ kwok_stages() {
 
 mkdir -p "$TOOLS_DIR"
 case ${1:-} in
-  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool shfmt)" ;;
+  pin) MODE=pin; shift; [ $# -gt 0 ] || die "pin which tool? (etcd kubernetes kubelet containerd crictl kwok helm promtool shfmt cyclonedx-gomod cyclonedx-bom)" ;;
   verify) MODE=verify; shift ;;
 esac
-tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny cargo-cyclonedx shfmt)
+tools=("$@"); [ ${#tools[@]} -gt 0 ] || tools=(etcd kubernetes kubelet containerd crictl kwok helm promtool cargo-deny cargo-cyclonedx shfmt cyclonedx-gomod cyclonedx-bom)
 for t in "${tools[@]}"; do
   ONLY=
   if [[ $t == *:* ]]; then ONLY=${t#*:}; t=${t%%:*}; fi
@@ -440,6 +507,11 @@ for t in "${tools[@]}"; do
     cargo-cyclonedx) build_crate cargo-cyclonedx "$CARGO_CYCLONEDX_VERSION" ;;
     # The shell parser of the tool-use check (hack/tool-uses-test.sh): its syntax tree as JSON.
     shfmt) build_simple shfmt mvdan.cc/sh/v3 "$SHFMT_VERSION" mvdan.cc/sh/v3/cmd/shfmt ;;
+    # The Go image's SBOM (hack/image.sh): the modules its main package links (app mode).
+    cyclonedx-gomod) build_simple cyclonedx-gomod github.com/CycloneDX/cyclonedx-gomod \
+      "$CYCLONEDX_GOMOD_VERSION" github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod ;;
+    # The Python image's SBOM (hack/image.sh): the distributions of the venv it stages.
+    cyclonedx-bom) build_pip cyclonedx-bom "$CYCLONEDX_BOM_VERSION" cyclonedx-py cyclonedx_py ;;
     *) log "unknown tool $t"; exit 2 ;;
   esac
 done

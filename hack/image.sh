@@ -9,19 +9,24 @@
 # (Debian's /usr/bin/python3), its standard library and the site-packages of a venv built for it
 # (examples/billing/python/venv.sh: psycopg[binary] and the fence library), with the libraries
 # ldd finds for the interpreter and every extension module.
-# With each Rust image, its SBOM (CycloneDX 1.5 JSON, .cache/images/<name>.cdx.json): the crates
-# linked into its binary (cargo-cyclonedx, no build-only dependencies) and the Debian packages
-# its libraries come from (dpkg); and once, when a Rust image is built, the workspace's SBOMs,
-# one per package (.cache/images/sbom/<package>.cdx.json, build dependencies included). The Go and
-# Python images have no SBOM yet.
+# With each image, its SBOM (CycloneDX 1.5 JSON, .cache/images/<name>.cdx.json; the image is the
+# described component): for a Rust image the crates linked into its binary (cargo-cyclonedx, no
+# build-only dependencies) and the Debian packages its libraries come from (dpkg); for the Go
+# image the modules linked into its static binary and Go's standard library (cyclonedx-gomod),
+# no Debian package; for the Python image the distributions of its site-packages (cyclonedx-py:
+# psycopg, psycopg-binary, the fence library, their dependencies) and the Debian package of every
+# file outside /app (the interpreter, its standard library, the libraries). hack/sbom-image.py
+# merges each. And once, when a Rust image is built, the workspace's SBOMs, one per package
+# (.cache/images/sbom/<package>.cdx.json, build dependencies included). The Go binary and the
+# Python venv stay under SINGLETON_CACHE (below): e2e/tests/sbom.rs checks the SBOMs against them.
 # The Dockerfile stays for users with Docker (docs/install.md); hack/image-context.sh proves its
 # build context compiles.
 #
 # Usage: hack/image.sh [controller|workload|workload-go|workload-python]...   (default: all)
 # Env:   SINGLETON_IMAGE_PROFILE  cargo profile of the Rust binaries (release; `dev` for a quick try)
 #        CARGO_TARGET_DIR         where cargo builds (default: target/)
-#        SINGLETON_CACHE          the Go modules and build cache, and the Python venv and pip
-#                                 cache, under $SINGLETON_CACHE/examples/<go|python> (default
+#        SINGLETON_CACHE          the Go modules, build cache and binary, and the Python venv and
+#                                 pip cache, under $SINGLETON_CACHE/examples/<go|python> (default
 #                                 ~/.cache/singleton-controller), as examples/billing/*/test.sh
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -66,12 +71,15 @@ stage() {
   [ "$rc" -lt 126 ] || die "$dest does not run inside its image root (exit $rc)"
 }
 
-# cyclonedx <manifest dir> <args...>: cargo-cyclonedx there, dated by the last commit (so the same
-# tree gives the same SBOM); it writes its files beside each package's Cargo.toml.
+# sbom_epoch: the date of the SBOMs, the last commit's (so the same tree gives the same SBOM).
+sbom_epoch() { git -C "$REPO" log -1 --format=%ct 2>/dev/null || echo 0; }
+
+# cyclonedx <manifest dir> <args...>: cargo-cyclonedx there, dated by the last commit; it writes
+# its files beside each package's Cargo.toml.
 cyclonedx() {
   local dir=$1; shift
   need_tool cargo-cyclonedx || return 1
-  SOURCE_DATE_EPOCH=$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || echo 0) \
+  SOURCE_DATE_EPOCH=$(sbom_epoch) \
     cargo-cyclonedx cyclonedx --manifest-path "$dir/Cargo.toml" --format json --spec-version 1.5 -q "$@"
 }
 
@@ -146,7 +154,7 @@ publish() {
 
 # build_go <ref> <path in image> <archive name>: examples/billing/go, a static binary
 # (CGO_ENABLED=0), alone in its image. Go is a prerequisite: the machine's (GOTOOLCHAIN=local),
-# the modules as go.sum pins them.
+# the modules as go.sum pins them. The binary stays at $EXAMPLES_CACHE/go/bin/billing-workload.
 build_go() {
   local ref=$1 dest=$2 name=$3 t0=$SECONDS cache=$EXAMPLES_CACHE/go root
   log "go build of examples/billing/go (static, CGO_ENABLED=0)"
@@ -159,7 +167,36 @@ build_go() {
   stage "$root" "$cache/bin/billing-workload" "$dest"
   "$REPO/hack/node.sh" build-image "$ref" "$root" "[\"$dest\"]" 65532:65532 "$OUT/$name.tar"
   rm -rf "$root"
+  go_sbom "$ref" "$OUT/$name.cdx.json"
   publish "$ref" "$name" "$t0"
+}
+
+# go_sbom <ref> <out>: the Go image's SBOM: the modules the binary links, each at the version
+# go.sum pins (the fence library, a directory of this repository, at the pseudo-version of the last
+# commit), and Go's standard library (std@<go version>), from cyclonedx-gomod's `app` mode, which
+# lists the main package's dependencies under build_go's environment as `go build` selects them;
+# the binary is static, so no Debian package. Not dated by the tool: by the last commit, like the
+# Rust ones.
+go_sbom() {
+  local ref=$1 out=$2 cache=$EXAMPLES_CACHE/go tmp
+  need_tool cyclonedx-gomod || return 1
+  tmp=$(mktemp "$OUT/.go-sbom.XXXX")
+  (cd "$REPO/examples/billing/go" &&
+    GOMODCACHE=$cache/mod GOCACHE=$cache/build GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
+      CGO_ENABLED=0 cyclonedx-gomod app -json -output-version 1.5 -std -noserial -notimestamp \
+      -output "$tmp" .) || { rm -f "$tmp"; die "cyclonedx-gomod failed on examples/billing/go"; }
+  SOURCE_DATE_EPOCH=$(sbom_epoch) python3 "$REPO/hack/sbom-image.py" --static "$tmp" "$ref" > "$out" ||
+    { rm -f "$tmp" "$out"; die "hack/sbom-image.py failed for $ref"; }
+  rm -f "$tmp"
+  log "$ref: SBOM $out ($(sbom_count "$out"))"
+}
+
+# sbom_count <SBOM>: how many components it lists, by purl type.
+sbom_count() {
+  python3 -c 'import collections, json, sys
+c = json.load(open(sys.argv[1]))["components"]
+n = collections.Counter(x["purl"].split("/")[0][4:] if "purl" in x else "without purl" for x in c)
+print(len(c), "components:", ", ".join(f"{v} {k}" for k, v in sorted(n.items())))' "$1"
 }
 
 # The Python image's interpreter: Debian's, whose libraries dpkg and ldd account for (a pyenv or
@@ -214,8 +251,30 @@ build_python() { # build_python <ref> <archive name>
   stage_python "$root"
   "$REPO/hack/node.sh" build-image "$ref" "$root" '["/usr/bin/python3", "-P", "-m", "billing_workload"]' \
     65532:65532 "$OUT/$name.tar" "${PYTHON_ENV[@]}"
+  python_sbom "$ref" "$root" "$OUT/$name.cdx.json"
   rm -rf "$root"
   publish "$ref" "$name" "$t0"
+}
+
+# python_sbom <ref> <rootfs> <out>: the Python image's SBOM, from its staged root: the
+# distributions its interpreter finds (cyclonedx-py `environment`, run on the root's interpreter
+# with the image's PYTHONHOME and PYTHONPATH moved into the root, -S: the image has no site
+# directory, and the machine's user site is not the image's), so the venv's pip and setuptools,
+# which are not staged, are not listed; and the Debian package of every file outside /app (the
+# interpreter, its standard library, the libraries staged), read from dpkg by hack/sbom-image.py.
+# The workload itself (/app/billing_workload) is the application, at the image's version.
+python_sbom() {
+  local ref=$1 root=$2 out=$3 tmp
+  need_tool cyclonedx-py || return 1
+  tmp=$(mktemp "$OUT/.python-sbom.XXXX")
+  PYTHONHOME=$root/usr PYTHONPATH=$root/app:$root/app/site-packages PYTHONDONTWRITEBYTECODE=1 \
+    cyclonedx-py environment -S --sv 1.5 --of JSON --output-reproducible -o "$tmp" "$root/usr/bin/python3" ||
+    { rm -f "$tmp"; die "cyclonedx-py failed on the Python image's root"; }
+  SOURCE_DATE_EPOCH=$(sbom_epoch) python3 "$REPO/hack/sbom-image.py" "$tmp" "$ref" \
+    --app billing_workload "$VERSION" --pypi-local --root "$root" --skip /app > "$out" ||
+    { rm -f "$tmp" "$out"; die "hack/sbom-image.py failed for $ref"; }
+  rm -f "$tmp"
+  log "$ref: SBOM $out ($(sbom_count "$out"))"
 }
 
 mkdir -p "$OUT"

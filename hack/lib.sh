@@ -31,7 +31,8 @@ ensure_deb() {
 # --- tools: the one way a script gets a program it runs -----------------------------------------------
 # Every program a script or make target runs that a fresh machine may lack is listed in TOOLS, and
 # obtained before its first use with
-#   need_tool [--release] <name>...  build it (the Go tools, cargo-deny and cargo-cyclonedx: hack/build-tools.sh, from
+#   need_tool [--release] <name>...  build it (the Go tools, cargo-deny and cargo-cyclonedx, and
+#                       cyclonedx-py in a venv of pinned, hash-checked wheels: hack/build-tools.sh, from
 #                       the pinned modules, hash-checked against hack/tools/SHA256SUMS; this workspace's
 #                       binaries: cargo) or install it (Debian) when missing, verify it, put it on
 #                       PATH. Done once per process (remembered in the environment: the scripts
@@ -58,6 +59,8 @@ helm                    build helm
 promtool                build promtool
 cargo-deny              build cargo-deny
 cargo-cyclonedx         build cargo-cyclonedx
+cyclonedx-gomod         build cyclonedx-gomod
+cyclonedx-py            build cyclonedx-bom
 shfmt                   build shfmt
 kubelet                 build kubelet
 containerd              build containerd

@@ -13,7 +13,7 @@ shfmt=$(tool_path shfmt)
 # The tools in the cache now (a fresh machine has built only those it used so far: promtool comes
 # with the rules test, after this one).
 cached=()
-for t in etcd kubernetes kwok helm promtool kubelet containerd crictl shfmt; do
+for t in etcd kubernetes kwok helm promtool kubelet containerd crictl shfmt cyclonedx-gomod; do
   if [ -d "$(tool_dir "$t")" ]; then cached+=("$t"); fi
 done
 hack/build-tools.sh verify "${cached[@]}"

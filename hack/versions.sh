@@ -14,6 +14,8 @@ PROMTOOL_VERSION=v0.316.0    # github.com/prometheus/prometheus/cmd/promtool (Pr
 CARGO_DENY_VERSION=0.20.2    # crates.io cargo-deny: license, ban, source and advisory checks (make lint)
 CARGO_CYCLONEDX_VERSION=0.5.9  # crates.io cargo-cyclonedx: the CycloneDX SBOMs of make image
 SHFMT_VERSION=v3.14.1        # mvdan.cc/sh/v3 (shfmt): parses hack/*.sh for the tool-use check (make lint)
+CYCLONEDX_GOMOD_VERSION=v1.10.0  # github.com/CycloneDX/cyclonedx-gomod: the Go image's SBOM (make image)
+CYCLONEDX_BOM_VERSION=7.5.0  # PyPI cyclonedx-bom (cyclonedx-py): the Python image's SBOM (make image)
 
 # Where built tools, cluster state and logs live: outside the repo, reused across clones.
 SINGLETON_CACHE=${SINGLETON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/singleton-controller}
@@ -34,6 +36,8 @@ tool_dir() {
     cargo-deny) echo "$TOOLS_DIR/cargo-deny-$CARGO_DENY_VERSION" ;;
     cargo-cyclonedx) echo "$TOOLS_DIR/cargo-cyclonedx-$CARGO_CYCLONEDX_VERSION" ;;
     shfmt) echo "$TOOLS_DIR/shfmt-$SHFMT_VERSION" ;;
+    cyclonedx-gomod) echo "$TOOLS_DIR/cyclonedx-gomod-$CYCLONEDX_GOMOD_VERSION" ;;
+    cyclonedx-bom) echo "$TOOLS_DIR/cyclonedx-bom-$CYCLONEDX_BOM_VERSION" ;;
     *) echo "tool_dir: unknown tool $1" >&2; return 1 ;;
   esac
 }
