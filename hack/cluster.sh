@@ -25,7 +25,9 @@
 #      `--controllers=cronjob,job` to the KCM; with `--controllers=` no ServiceAccount or node
 #      lifecycle controller may run: `up` then creates default/default and lifts the node's
 #      not-ready taint itself. `up` records them in .cache/cluster/extra-args, so
-#      a caller can tell how a running cluster was started.
+#      a caller can tell how a running cluster was started, with the two below.
+#      SINGLETON_CONTROL_PLANE_GOGC (400), SINGLETON_CONTROL_PLANE_GOMEMLIMIT (1GiB): Go's GC for
+#      etcd, kube-apiserver, the KCM, the scheduler and kwok (see start() below).
 #      `--node-monitor-grace-period=20s` makes a node whose kubelet is frozen (hack/node.sh
 #      freeze-kubelet) NotReady after 21-24 s instead of 45-55 s, and was stable under CPU load;
 #      but a control-plane outage longer than about 20 s (the chaos suite's full form pauses etcd
@@ -197,10 +199,19 @@ EOF
 pidfile() { echo "$PIDS/$1.pid"; }
 logfile() { echo "$LOGS/$1.log"; }
 
+# Go's garbage collector at its default (GOGC=100) took a large share of the control planes' CPU
+# in `make test`, where up to eight run at once on 2 cores (kube-apiserver alone about 30 % of
+# the suite's CPU, 2026-12-06): collect less often, bounded by a soft memory limit per process
+# (this machine has 24 GiB). make bench keeps Go's defaults (hack/bench.sh), so its figures stay
+# comparable with earlier runs.
+CONTROL_PLANE_GOGC=${SINGLETON_CONTROL_PLANE_GOGC:-400}
+CONTROL_PLANE_GOMEMLIMIT=${SINGLETON_CONTROL_PLANE_GOMEMLIMIT:-1GiB}
+
 start() { # start <name> <binary> [args...]
   local name=$1; shift
   : > "$(logfile "$name")"   # a fresh start gets a fresh log; `down` leaves the last one for reading
-  start_daemon "$(pidfile "$name")" "$(logfile "$name")" "$@"
+  GOGC=$CONTROL_PLANE_GOGC GOMEMLIMIT=$CONTROL_PLANE_GOMEMLIMIT \
+    start_daemon "$(pidfile "$name")" "$(logfile "$name")" "$@"
 }
 
 check_ports_free() {
@@ -289,6 +300,23 @@ start_all() {
   local kcm scheduler
   kcm=$(tool_path kube-controller-manager)
   scheduler=$(tool_path kube-scheduler)
+  # The KCM's controllers for what nothing here uses (volumes, StatefulSets, DaemonSets, HPAs,
+  # CSRs: the real nodes' certificates are pre-made, hack/node.sh) are off: each would watch and
+  # resync on every control plane `make test` starts. A --controllers= in
+  # SINGLETON_KCM_EXTRA_ARGS (make bench) replaces this list.
+  local controllers=()
+  if [[ " ${KCM_EXTRA_ARGS[*]-} " != *" --controllers="* ]]; then
+    controllers=("--controllers=*,$(printf -- '-%s-controller,' daemonset statefulset \
+      horizontal-pod-autoscaler replicationcontroller persistentvolume-attach-detach \
+      persistentvolume-binder persistentvolume-expander persistentvolume-protection \
+      persistentvolumeclaim-protection ephemeral-volume resourceclaim \
+      volumeattributesclass-protection storage-version-migrator \
+      storageversion-garbage-collector device-taint-eviction podgroup-protection \
+      resourcepoolstatusrequest validatingadmissionpolicy-status endpointslice-mirroring \
+      certificatesigningrequest-approving certificatesigningrequest-cleaner \
+      certificatesigningrequest-signing kube-apiserver-serving-clustertrustbundle-publisher \
+      podcertificaterequest-cleaner legacy-serviceaccount-token-cleaner | sed 's/,$//')")
+  fi
   start kube-controller-manager "$kcm" \
     --kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
     --authentication-kubeconfig="$STATE/kube-controller-manager.kubeconfig" \
@@ -297,7 +325,7 @@ start_all() {
     --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
-    ${KCM_EXTRA_ARGS[@]+"${KCM_EXTRA_ARGS[@]}"}
+    ${controllers[@]+"${controllers[@]}"} ${KCM_EXTRA_ARGS[@]+"${KCM_EXTRA_ARGS[@]}"}
   start kube-scheduler "$scheduler" \
     --kubeconfig="$STATE/kube-scheduler.kubeconfig" \
     --authentication-kubeconfig="$STATE/kube-scheduler.kubeconfig" \
@@ -348,8 +376,8 @@ EOF
   fi
   WAIT_PIDFILE=$(pidfile kube-controller-manager) wait_for "ServiceAccount default/default" 60 \
     "$(logfile kube-controller-manager)" kubectl get serviceaccount default -n default -o name
-  printf 'apiserver: %s\nkcm: %s\n' "${SINGLETON_APISERVER_EXTRA_ARGS:-}" "${SINGLETON_KCM_EXTRA_ARGS:-}" \
-    > "$EXTRA_ARGS_FILE"
+  printf 'apiserver: %s\nkcm: %s\ngo: GOGC=%s GOMEMLIMIT=%s\n' "${SINGLETON_APISERVER_EXTRA_ARGS:-}" \
+    "${SINGLETON_KCM_EXTRA_ARGS:-}" "$CONTROL_PLANE_GOGC" "$CONTROL_PLANE_GOMEMLIMIT" > "$EXTRA_ARGS_FILE"
 }
 
 # Clients first, then the apiserver, then etcd, so nothing spends its shutdown retrying a dead peer;
