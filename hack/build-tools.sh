@@ -21,8 +21,8 @@
 # it usually takes, then every minute how far it got; nothing is printed when the tool is cached.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=SCRIPTDIR/versions.sh
-. "$here/versions.sh"
+# shellcheck source=SCRIPTDIR/lib.sh
+. "$here/lib.sh"   # versions.sh, and ensure_deb (log and die are this script's own, below)
 
 export GOFLAGS=-buildvcs=false CGO_ENABLED=0
 log() { printf '[build-tools] %s\n' "$*" >&2; }
@@ -409,13 +409,7 @@ build_pip() {
   dest=$(tool_dir "$name")
   ready "$dest" "$prog" && return 0
   # Its venv needs venv and ensurepip: Debian's python3-venv, which a fresh machine lacks.
-  if ! "$PIP_PYTHON" -m ensurepip --version >/dev/null 2>&1; then
-    log "installing Debian package python3-venv (a fresh machine lacks it; $name's venv needs it)"
-    [ "$(id -u)" = 0 ] || die "installing the Debian package python3-venv needs root"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    "$PIP_PYTHON" -m ensurepip --version >/dev/null 2>&1 || die "$PIP_PYTHON -m ensurepip still fails after installing python3-venv"
-  fi
+  ensure_deb python3-venv "$PIP_PYTHON" -m ensurepip --version
   building "$name" "$version"
   local work; work=$(newwork "$name"); WORKDIRS+=("$work")
   if [ "$MODE" = pin ]; then

@@ -27,7 +27,7 @@
 #      not-ready taint itself. `up` records them in .cache/cluster/extra-args, so
 #      a caller can tell how a running cluster was started, with the two below.
 #      SINGLETON_CONTROL_PLANE_GOGC (400), SINGLETON_CONTROL_PLANE_GOMEMLIMIT (1GiB): Go's GC for
-#      etcd, kube-apiserver, the KCM, the scheduler and kwok (see start() below).
+#      etcd, kube-apiserver, the KCM, the scheduler and kwok (hack/lib.sh).
 #      `--node-monitor-grace-period=20s` makes a node whose kubelet is frozen (hack/node.sh
 #      freeze-kubelet) NotReady after 21-24 s instead of 45-55 s, and was stable under CPU load;
 #      but a control-plane outage longer than about 20 s (the chaos suite's full form pauses etcd
@@ -199,14 +199,7 @@ EOF
 pidfile() { echo "$PIDS/$1.pid"; }
 logfile() { echo "$LOGS/$1.log"; }
 
-# Go's garbage collector at its default (GOGC=100) took a large share of the control planes' CPU
-# in `make test`, where up to eight run at once on 2 cores (kube-apiserver alone about 30 % of
-# the suite's CPU, 2026-12-06): collect less often, bounded by a soft memory limit per process
-# (this machine has 24 GiB). make bench keeps Go's defaults (hack/bench.sh), so its figures stay
-# comparable with earlier runs.
-CONTROL_PLANE_GOGC=${SINGLETON_CONTROL_PLANE_GOGC:-400}
-CONTROL_PLANE_GOMEMLIMIT=${SINGLETON_CONTROL_PLANE_GOMEMLIMIT:-1GiB}
-
+# Each with the test clusters' GC settings (hack/lib.sh CONTROL_PLANE_GOGC).
 start() { # start <name> <binary> [args...]
   local name=$1; shift
   : > "$(logfile "$name")"   # a fresh start gets a fresh log; `down` leaves the last one for reading

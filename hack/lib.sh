@@ -6,6 +6,13 @@ REPO=${REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 # shellcheck source=SCRIPTDIR/versions.sh
 . "$REPO/hack/versions.sh"
 
+# Go's GC for the test clusters' Go processes (hack/cluster.sh start(), hack/node.sh): collect
+# less often than GOGC=100, bounded by a soft memory limit per process. Up to eight control
+# planes share `make test`'s 2 cores, where kube-apiserver alone took about 30 % of the CPU
+# (2026-12-06); this machine has 24 GiB. make bench sets Go's defaults (hack/bench.sh).
+CONTROL_PLANE_GOGC=${SINGLETON_CONTROL_PLANE_GOGC:-400}
+CONTROL_PLANE_GOMEMLIMIT=${SINGLETON_CONTROL_PLANE_GOMEMLIMIT:-1GiB}
+
 log() { printf '[%s] %s\n' "${LOG_TAG:-hack}" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 

@@ -350,8 +350,8 @@ start_containerd() {
   # The shim is looked up on PATH (need_tool put it there).
   need_tool containerd-shim-runc-v2
   local bin; bin=$(tool_path containerd)
-  # Go's GC collects less often, as for the control plane (hack/cluster.sh start()).
-  GOGC=${SINGLETON_CONTROL_PLANE_GOGC:-400} GOMEMLIMIT=${SINGLETON_CONTROL_PLANE_GOMEMLIMIT:-1GiB} \
+  # With the test clusters' GC settings (hack/lib.sh CONTROL_PLANE_GOGC), as the kubelet.
+  GOGC=$CONTROL_PLANE_GOGC GOMEMLIMIT=$CONTROL_PLANE_GOMEMLIMIT \
     start_daemon "$(pidfile containerd)" "$(logfile containerd)" "$bin" --config "$NODE_STATE/containerd.toml"
   WAIT_PIDFILE=$(pidfile containerd) wait_for "containerd" 60 "$(logfile containerd)" containerd_ready
 }
@@ -503,7 +503,7 @@ start_kubelet() {
   log "starting kubelet $K8S_VERSION as node $NODE_NAME"
   : > "$(logfile kubelet)"
   local bin; bin=$(tool_path kubelet)
-  GOGC=${SINGLETON_CONTROL_PLANE_GOGC:-400} GOMEMLIMIT=${SINGLETON_CONTROL_PLANE_GOMEMLIMIT:-1GiB} \
+  GOGC=$CONTROL_PLANE_GOGC GOMEMLIMIT=$CONTROL_PLANE_GOMEMLIMIT \
     start_daemon "$(pidfile kubelet)" "$(logfile kubelet)" "$bin" \
     --config="$NODE_STATE/kubelet.yaml" --kubeconfig="$NODE_STATE/kubelet.kubeconfig" \
     --root-dir="$KUBELET_ROOT" --hostname-override="$NODE_NAME" --node-ip="$GATEWAY" \
