@@ -170,6 +170,11 @@ pub const MAX_STARTING_DEADLINE_SECONDS: i64 = 315_360_000;
         type_ = "string",
         json_path = ".status.nextScheduleTime"
     ),
+    printcolumn(
+        name = "Prepared",
+        type_ = "string",
+        json_path = ".status.prepared.resumeAt"
+    ),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken"),
     printcolumn(
         name = "Age",
@@ -1031,6 +1036,15 @@ pub struct SingletonJobStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<RunRef>,
 
+    /// A run prepared ahead of its instant: claimed, its Job created suspended and confirmed,
+    /// resumed at `resumeAt` and never before. Until then it is not active, its period is not
+    /// decided (`decidedThrough`) and it counts in no history; anything that would change the
+    /// period's decision (suspend, a schedule or template edit, deletion, a manual run, a
+    /// broken lock) withdraws it: its Job never runs and is deleted, its token is retired, and
+    /// the period is decided as it would have been without preparation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepared: Option<RunRef>,
+
     /// The most recent periods, newest first, with their outcome (bounded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
@@ -1317,6 +1331,15 @@ pub struct RunRef {
     /// The run had not succeeded by its completion deadline (`completionDeadlineSeconds`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub late: bool,
+    /// Prepared runs (and the pending claim that prepares one) only: when the run's Job may be
+    /// resumed, by the API server's clock: the period plus its jitter. Never earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_at: Option<MicroTime>,
+    /// Prepared runs only: short hashes of what the run was decided and built from
+    /// (`fp:<schedule, time zone, exclusions, calendars>/spec:<jobTemplate, deadlines, backstop,
+    /// lock, startAt, endAt>`). An edit that changes either withdraws the prepared run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<String>,
     /// Fields of a newer release, kept as read so that this one's writes never drop them.
     #[serde(flatten)]
     #[schemars(skip)]

@@ -30,6 +30,13 @@ pub const ENV_ATTEMPT: &str = "SINGLETON_ATTEMPT";
 pub const ANNOTATION_RELEASED: &str = "singleton.dev/released";
 /// [`ANNOTATION_RELEASED`]'s value on a Job not released yet (created suspended).
 pub const NOT_RELEASED: &str = "false";
+/// [`ANNOTATION_RELEASED`]'s value on a prepared run's Job that was withdrawn before its instant:
+/// it never ran and may never be resumed (a resume tests for [`NOT_RELEASED`]).
+pub const WITHDRAWN: &str = "withdrawn";
+/// On a prepared run's Job: why it was withdrawn (a `WithdrawReason`).
+pub const ANNOTATION_WITHDRAWN: &str = "singleton.dev/withdrawn";
+/// On a prepared run's Job: the instant (RFC 3339, UTC) before which it is never resumed.
+pub const ANNOTATION_RESUME_AT: &str = "singleton.dev/resume-at";
 
 /// Kueue's queue label: on a queue-managed template it is withheld at create and added by the
 /// release after the confirm, so the queue admits only confirmed runs.

@@ -410,6 +410,8 @@ async fn a_claim_whose_job_was_never_created_is_completed_after_a_restart() -> R
         requested_by: None,
         supersedes: None,
         replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     };
     let mut obj = sj.clone();
     let mut status = obj.status.clone().unwrap_or_default();

@@ -898,6 +898,8 @@ mod tests {
                 job_uid: None,
                 claimed_at: None,
             }],
+            resume_at: None,
+            basis: None,
         };
         on_claim(&mut ops, OperationKind::Rerun, &claim);
         let op = ops.rerun.clone().unwrap();
@@ -1007,6 +1009,8 @@ mod tests {
                 requested_by: None,
                 supersedes: None,
                 replaces: Vec::new(),
+                resume_at: None,
+                basis: None,
             };
             on_claim(&mut ops, OperationKind::Backfill, &claim);
         }
@@ -1098,6 +1102,8 @@ mod tests {
                         requested_by: None,
                         supersedes: None,
                         replaces: Vec::new(),
+                        resume_at: None,
+                        basis: None,
                     };
                     let mut ops = Operations { backfill: Some(op), ..Default::default() };
                     on_claim(&mut ops, OperationKind::Backfill, &claim);

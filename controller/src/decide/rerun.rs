@@ -135,6 +135,8 @@ mod tests {
             requested_by: None,
             supersedes: None,
             replaces: Vec::new(),
+            resume_at: None,
+            basis: None,
         }
     }
 

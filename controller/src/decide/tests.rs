@@ -58,6 +58,8 @@ fn run_ref(p: Timestamp) -> RunRef {
         requested_by: None,
         supersedes: None,
         replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     }
 }
 

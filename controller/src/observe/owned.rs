@@ -225,6 +225,8 @@ pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> 
                 requested_by: None,
                 supersedes: None,
                 replaces: Vec::new(),
+                resume_at: None,
+                basis: None,
             })
         })
         .collect();
@@ -270,6 +272,8 @@ mod tests {
             requested_by: None,
             supersedes: None,
             replaces: Vec::new(),
+            resume_at: None,
+            basis: None,
         }
     }
 

@@ -68,6 +68,8 @@ pub(super) fn sj() -> SingletonJob {
             requested_by: None,
             supersedes: None,
             replaces: Vec::new(),
+            resume_at: None,
+            basis: None,
         }],
         conditions: vec![Condition {
             type_: "Ready".into(),

@@ -27,6 +27,8 @@ fn run(period: &str, token: u64) -> RunRef {
         requested_by: None,
         supersedes: None,
         replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     }
 }
 

@@ -199,6 +199,8 @@ fn new_claim(
             _ => None,
         },
         replaces: cause.replaces().iter().map(ReplacedRun::from).collect(),
+        resume_at: None,
+        basis: None,
     }
 }
 

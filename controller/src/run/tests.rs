@@ -172,6 +172,8 @@ fn claimed() -> (SingletonJob, RunRef) {
         requested_by: None,
         supersedes: None,
         replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     };
     sj.status = Some(SingletonJobStatus {
         fencing_token: 7,

@@ -39,6 +39,8 @@ fn active(period: &str, token: u64, late: bool) -> RunRef {
         requested_by: None,
         supersedes: None,
         replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     }
 }
 

@@ -25,6 +25,8 @@ fn run(period: Timestamp, token: u64, origin: Option<RunOrigin>) -> RunRef {
         requested_by: None,
         supersedes: None,
         replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     }
 }
 
