@@ -176,4 +176,19 @@ END
 //
 INSERT INTO singleton_schema_version (version, needs) VALUES (1, 0)
 //
+CREATE TABLE IF NOT EXISTS singleton_withdrawn_claims (
+    job          VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    period       DATETIME(6)  NOT NULL COMMENT 'the scheduled instant, UTC',
+    token        BIGINT       NOT NULL,
+    job_name     VARCHAR(253) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    cluster      VARCHAR(253) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+    claimed_at   DATETIME(6)  NOT NULL COMMENT 'UTC, by the database clock',
+    withdrawn_at DATETIME(6)  NOT NULL COMMENT 'UTC, by the database clock',
+    reason       VARCHAR(64)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL COMMENT 'why: BackstopOutage, Suspended, ScheduleChanged, ...',
+    CONSTRAINT singleton_withdrawn_claims_pkey PRIMARY KEY (job, token),
+    CONSTRAINT singleton_withdrawn_claims_token CHECK (token > 0)
+) ENGINE=InnoDB COMMENT='singleton-controller: the claims withdrawn before their run started, moved out of singleton_claims; one row per (job, token)'
+//
+INSERT INTO singleton_schema_version (version, needs) VALUES (2, 0)
+//
 DELIMITER ;

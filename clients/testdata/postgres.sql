@@ -333,3 +333,19 @@ ALTER TABLE "public".singleton_claims ADD COLUMN outcome text;
 COMMENT ON COLUMN "public".singleton_claims.outcome IS 'singleton-controller: how the run with this row''s token ended (Succeeded, Failed, Replaced, ...); NULL: running, not recorded yet, or recorded by a controller before schema 8';
 
 INSERT INTO "public".singleton_schema_version (version, needs) VALUES (8, 0);
+
+CREATE TABLE "public".singleton_withdrawn_claims (
+    job          text        NOT NULL,
+    period       timestamptz NOT NULL,
+    token        bigint      NOT NULL CHECK (token > 0),
+    job_name     text        NOT NULL,
+    cluster      text        NOT NULL DEFAULT '',
+    claimed_at   timestamptz NOT NULL,
+    withdrawn_at timestamptz NOT NULL DEFAULT now(),
+    reason       text        NOT NULL,
+    CONSTRAINT singleton_withdrawn_claims_pkey PRIMARY KEY (job, token)
+);
+COMMENT ON TABLE "public".singleton_withdrawn_claims IS 'singleton-controller: the claims withdrawn before their run started (their token retired), moved out of singleton_claims so the period can be claimed again; one row per (job, token)';
+COMMENT ON COLUMN "public".singleton_withdrawn_claims.reason IS 'singleton-controller: why the claim was withdrawn (BackstopOutage, Suspended, ScheduleChanged, ...)';
+
+INSERT INTO "public".singleton_schema_version (version, needs) VALUES (9, 0);

@@ -6,6 +6,8 @@
 //! - [`Backstop::retire_unstarted`]: retires the token of a run decided without a Job, unless an
 //!   attempt of it registered: then a Job of that token did run, and "decided without a Job" is
 //!   a stale replica's mistake (F4), refused inside the database.
+//! - [`Backstop::withdraw`]: moves a claim whose run never started into `<p>withdrawn_claims`
+//!   with the reason (one of [`withdrawal`]'s), and retires its token (schema 9).
 //! - [`Backstop::fence_holders`] and [`Backstop::end_fence_holders`]: the sessions holding a job's
 //!   fence in an open transaction (a workload on a dead node), and ending them (break-lock, F6).
 
@@ -13,7 +15,22 @@ use jiff::Timestamp;
 
 use super::engine::engine;
 use super::{Backstop, to_i64};
-use crate::Result;
+use crate::{Error, Result};
+
+/// Why a claim was withdrawn: the `reason` [`Backstop::withdraw`] records in
+/// `<p>withdrawn_claims` beside the moved row, for the operator reading the archive. At most
+/// [`withdrawal::MAX_REASON`] ASCII characters. A prepared run's withdrawal passes the name of
+/// its `WithdrawReason` (docs/design/prepared-runs.md 3.1: `Suspended`, `ScheduleChanged`, ...)
+/// the same way.
+pub mod withdrawal {
+    /// F10c: the period was decided without a Job while the backstop did not answer in the
+    /// middle of its claim (`status.unsettledClaims`, settled by `run::decided::settle`); the
+    /// row, if the claim committed, names a Job that never existed.
+    pub const BACKSTOP_OUTAGE: &str = "BackstopOutage";
+
+    /// The longest reason the archive takes (MariaDB/MySQL's column is `VARCHAR(64)`).
+    pub const MAX_REASON: usize = 64;
+}
 
 /// One registered attempt of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,13 +105,16 @@ impl Backstop {
         .await
     }
 
-    /// Withdraws the claim of (`job`, `period`) with `token`, if its row exists and still names
-    /// that token, and retires the token: its period was decided without a Job while the
-    /// database did not answer in the middle of the claim (F10c), so the row, if the claim did
-    /// commit, names a Job that never existed. Refused ([`crate::Error::RunStarted`]) if an attempt of
-    /// the token registered. Idempotent.
-    /// Refused ([`crate::Error::NotOwner`]) when the job key belongs to a namespace other than
-    /// `namespace` (empty: not checked): a planted `unsettledClaims` entry must not delete
+    /// Withdraws the claim of (`job`, `period`) with `token`, whose run never started: its row,
+    /// if it exists and still names that token, moves from `<p>claims` into
+    /// `<p>withdrawn_claims` with `reason` (one of [`withdrawal`]'s), and the token is retired.
+    /// The period can then be claimed again with a higher token (a normal claim, not a
+    /// duplicate), while the retired token is refused by the fence. One transaction under the
+    /// fence row's lock, which every registration takes: refused ([`Error::RunStarted`]), moving
+    /// nothing, if an attempt of the token registered (the run did start). Idempotent: a second
+    /// call finds no row to move and archives nothing twice.
+    /// Refused ([`Error::NotOwner`]) when the job key belongs to a namespace other than
+    /// `namespace` (empty: not checked): a planted `unsettledClaims` entry must not withdraw
     /// another tenant's claim.
     pub async fn withdraw(
         &self,
@@ -102,10 +122,17 @@ impl Backstop {
         period: Timestamp,
         token: u64,
         namespace: &str,
+        reason: &str,
     ) -> Result<()> {
         to_i64(token)?;
+        if reason.is_empty() || reason.len() > withdrawal::MAX_REASON || !reason.is_ascii() {
+            return Err(Error::Backstop(format!(
+                "withdrawal reason {reason:?}: 1 to {} ASCII characters expected",
+                withdrawal::MAX_REASON
+            )));
+        }
         self.bounded("withdraw claim", async {
-            engine!(self, e => e.withdraw(job, period, token, namespace).await)
+            engine!(self, e => e.withdraw(job, period, token, namespace, reason).await)
         })
         .await
     }

@@ -57,7 +57,7 @@ use k8s_openapi::api::core::v1::Secret;
 use sha2::{Digest, Sha256};
 
 pub use allow::{AllowedHosts, Dial, NOT_ALLOWED};
-pub use attempts::{AttemptRow, Ended, Holder};
+pub use attempts::{AttemptRow, Ended, Holder, withdrawal};
 pub use config::{
     ConnectionConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, SecretKeys, SslMode,
     TablePrefix,

@@ -89,7 +89,7 @@ pub(super) async fn cleanup(prefix: &TablePrefix) {
              DROP FUNCTION IF EXISTS {p}fence(text, bigint, text); \
              DROP FUNCTION IF EXISTS {p}attempt(text, bigint, text); \
              DROP FUNCTION IF EXISTS {p}fence_check(text, bigint); \
-             DROP TABLE IF EXISTS {p}claims, {p}fences, {p}attempts, {p}schema_version, {p}invoices; \
+             DROP TABLE IF EXISTS {p}claims, {p}withdrawn_claims, {p}fences, {p}attempts, {p}schema_version, {p}invoices; \
              DROP SEQUENCE IF EXISTS {p}fence_rejections;"
         ))
         .await;
@@ -1387,6 +1387,100 @@ async fn schema_1_is_upgraded_in_place() {
     cleanup(&prefix).await;
 }
 
+/// A database the previous release set up (schema 8) is upgraded to schema 9 by the start-up
+/// path (the first operation's migration), with a claim it made in place: that claim's period is
+/// then withdrawn into the new archive and claimed again. What the previous release still does
+/// against schema 9 works too: its claim (the same statements) and its withdrawal, which deletes
+/// the row without archiving it.
+#[tokio::test]
+async fn schema_8_is_upgraded_to_the_withdrawn_claims_archive() {
+    let prefix = unique_prefix("upgr9");
+    let p = prefix.as_str();
+    let job = "billing/upgrade";
+    let admin = workload().await;
+    let current: String = admin
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tables = schema::Tables::new(&current, &prefix);
+    let mut setup = format!(
+        "CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());",
+        tables.version
+    );
+    for version in 1..=8 {
+        setup.push_str(&schema::migration_sql(version, &tables).unwrap());
+        setup.push_str(&if version >= 7 {
+            format!(
+                "INSERT INTO {} (version, needs) VALUES ({version}, 0);",
+                tables.version
+            )
+        } else {
+            format!(
+                "INSERT INTO {} (version) VALUES ({version});",
+                tables.version
+            )
+        });
+    }
+    // The previous release's claim of a period, as its claim transaction leaves it.
+    setup.push_str(&format!(
+        "INSERT INTO {p}claims (job, period, token, job_name) VALUES ('{job}', '2025-01-01T00:00:00Z', 1, 'upgrade-1'); \
+         INSERT INTO {p}fences (job, token) VALUES ('{job}', 1);"
+    ));
+    admin.batch_execute(&setup).await.unwrap();
+    let archive = |v: &str| {
+        format!(
+            "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = '{v}withdrawn_claims'"
+        )
+    };
+    let there: i64 = admin.query_one(&archive(p), &[]).await.unwrap().get(0);
+    assert_eq!(there, 0, "schema 8 has no archive");
+
+    let b = backstop(&prefix);
+    let period = ts("2025-01-01T00:00:00Z");
+    assert_eq!(b.claimed(job, period).await.unwrap().unwrap().token, 1);
+    assert_eq!(b.ensure_schema().await.unwrap(), SCHEMA_VERSION);
+    let there: i64 = admin.query_one(&archive(p), &[]).await.unwrap().get(0);
+    assert_eq!(there, 1, "migrated on first use");
+    b.withdraw(job, period, 1, "", withdrawal::BACKSTOP_OUTAGE)
+        .await
+        .unwrap();
+    let moved: (i64, String, String) = admin
+        .query_one(
+            &format!("SELECT token, job_name, reason FROM {p}withdrawn_claims WHERE job = $1"),
+            &[&job],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .unwrap();
+    assert_eq!(
+        moved,
+        (1, "upgrade-1".to_string(), "BackstopOutage".to_string())
+    );
+    assert_eq!(
+        b.claim(job, period, 2, "upgrade-1-again", None)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    // The previous release against schema 9: its withdrawal deletes the row without archiving
+    // it (harmless: the audit row only), and its claims are the same statements.
+    admin
+        .execute(
+            &format!("DELETE FROM {p}claims WHERE job = $1 AND period = $2 AND token = 2"),
+            &[&job, &period],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        b.claim(job, period, 3, "upgrade-1-third", None)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    cleanup(&prefix).await;
+}
+
 // ---------------------------------------------------------------- who gets the password
 
 /// A fake PostgreSQL server for one connection: answers SSLRequest with `N` (no TLS), then asks
@@ -2238,6 +2332,20 @@ async fn a_newer_schema_is_claimed_against_only_when_it_only_added() {
     let b = backstop(&prefix);
     assert_eq!(b.ensure_schema().await.unwrap(), SCHEMA_VERSION);
     let admin = workload().await;
+    // This release's own migrations only added (schema 9: the withdrawn claims' archive): the
+    // previous release, which knows schema 8, claims against them.
+    let needed: i32 = admin
+        .query_one(
+            &format!("SELECT coalesce(max(needs), 0) FROM {p}schema_version"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        needed <= 8,
+        "a controller of schema 8 refuses: needs {needed}"
+    );
     let (added, changed) = (SCHEMA_VERSION + 1, SCHEMA_VERSION + 2);
     admin
         .execute(

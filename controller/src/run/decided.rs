@@ -127,6 +127,7 @@ pub async fn settle(ctx: &Context, sj: &SingletonJob, b: &Backstop) -> Result<bo
             c.period.0,
             c.token,
             sj.metadata.namespace.as_deref().unwrap_or_default(),
+            crate::backstop::withdrawal::BACKSTOP_OUTAGE,
         )
         .await?;
     }

@@ -8,7 +8,9 @@ use jiff::Timestamp;
 use super::super::tests::{
     backstop, cleanup, cluster, db_message, sqlstate, ts, unique_prefix, workload,
 };
-use super::super::{ATTEMPT_SQLSTATE, Backstop, ClaimOutcome, Claimer, STALE_TOKEN_SQLSTATE};
+use super::super::{
+    ATTEMPT_SQLSTATE, Backstop, ClaimOutcome, Claimer, STALE_TOKEN_SQLSTATE, withdrawal,
+};
 use crate::Error;
 
 const JOB: &str = "billing/invoices";
@@ -528,41 +530,158 @@ async fn a_trigger_in_one_cluster_supersedes_no_period_of_another() {
     cleanup(&prefix).await;
 }
 
-/// F10c: a claim committed, but its reply was lost and the database stayed unavailable past the
-/// period's deadline: the period was decided Missed without a Job. Once the database answers, the
-/// claim is withdrawn: its row (which named a Job that never existed) is gone, so the claims
-/// table no longer says the period ran and a backfill may run it, and its token is retired.
+/// The archive's rows of `JOB`, by token: (period, token, job name, cluster, claimed at,
+/// reason).
+type Archived = (Timestamp, i64, String, String, Timestamp, String);
+
+async fn archived(prefix: &crate::backstop::TablePrefix) -> Vec<Archived> {
+    workload()
+        .await
+        .query(
+            &format!(
+                "SELECT period, token, job_name, cluster, claimed_at, reason FROM {}withdrawn_claims \
+                 WHERE job = $1 AND withdrawn_at >= claimed_at ORDER BY token",
+                prefix.as_str()
+            ),
+            &[&JOB],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+}
+
+/// A token-only fence call of `token` in a transaction of its own: its refusal's SQLSTATE.
+async fn fence_refusal(prefix: &crate::backstop::TablePrefix, token: i64) -> Option<String> {
+    let e = workload()
+        .await
+        .query_one(
+            &format!("SELECT {}fence($1, $2)", prefix.as_str()),
+            &[&JOB, &token],
+        )
+        .await
+        .err()?;
+    sqlstate(&e).map(str::to_string)
+}
+
+/// Withdrawal (schema 9; F10c, and a prepared run's withdrawal later): a claim whose run never
+/// started leaves `<p>claims` for `<p>withdrawn_claims`, with its Job name, cluster, claim time
+/// and the reason, and its token is retired: the fence refuses it, and nothing that asks "has
+/// this period run" (`claimed`, `claims_between`) sees it. So the period is claimed again with a
+/// higher token, as a period never claimed is (Claimed, not Duplicate), while UNIQUE(job,
+/// period) still holds one live row. A second withdrawal of the same token changes nothing; a
+/// withdrawal of a token the row no longer names leaves the row alone; the same period withdrawn
+/// again with its new token keeps both archive rows. A run whose attempt registered is refused
+/// (RunStarted) and moves nothing. Fails without the archive's INSERT: the archive stays empty.
 #[tokio::test]
-async fn a_claim_whose_period_never_ran_is_withdrawn() {
-    let (prefix, b) = claimed("withdraw", 1).await;
-    let p = ts("2027-01-01T06:00:00Z");
-    assert!(b.claimed(JOB, p).await.unwrap().is_some());
-    b.withdraw(JOB, p, 1, "").await.unwrap();
-    assert!(
-        b.claimed(JOB, p).await.unwrap().is_none(),
-        "the row is gone"
-    );
-    assert_eq!(b.retired(JOB).await.unwrap(), 1, "its token retired");
-    b.withdraw(JOB, p, 1, "").await.unwrap();
-    // A backfill claims the period again, with a token above the fence.
+async fn a_withdrawn_claim_is_archived_and_its_period_claimed_again() {
+    let prefix = unique_prefix("withdraw");
+    let b = backstop(&prefix);
+    // In the past: a scheduled claim of a cluster waits for its period (NotYet) otherwise.
+    let p = ts("2025-01-01T06:00:00Z");
+    let west = cluster("west", None, None);
     assert_eq!(
-        b.claim(JOB, p, 2, "invoices-1-backfill", None)
+        b.claim_as(JOB, p, 1, "invoices-1", None, &west)
             .await
             .unwrap(),
         ClaimOutcome::Claimed
     );
-    // A row another claim holds (another token) is left alone; a started run is never withdrawn.
-    b.withdraw(JOB, p, 1, "").await.unwrap();
+    let row = b.claimed(JOB, p).await.unwrap().expect("the claim's row");
+    assert_eq!(b.claims_between(JOB, p, p).await.unwrap().len(), 1);
+
+    b.withdraw(JOB, p, 1, "", withdrawal::BACKSTOP_OUTAGE)
+        .await
+        .unwrap();
+    assert!(b.claimed(JOB, p).await.unwrap().is_none(), "the row left");
+    assert!(
+        b.claims_between(JOB, p, p).await.unwrap().is_empty(),
+        "repair does not see it"
+    );
+    let first = (
+        p,
+        1,
+        "invoices-1".to_string(),
+        "west".to_string(),
+        row.claimed_at,
+        "BackstopOutage".to_string(),
+    );
+    assert_eq!(archived(&prefix).await, vec![first.clone()], "moved");
+    assert_eq!(b.retired(JOB).await.unwrap(), 1, "its token retired");
+    assert_eq!(
+        fence_refusal(&prefix, 1).await.as_deref(),
+        Some(STALE_TOKEN_SQLSTATE)
+    );
+
+    // Again (a replica that died before the status write): harmless, archived once, as it was.
+    b.withdraw(JOB, p, 1, "", "Suspended").await.unwrap();
+    assert_eq!(archived(&prefix).await, vec![first.clone()]);
+
+    // The period is claimed again, with a token above the fence: a claim like any other.
+    assert_eq!(
+        b.claim_as(JOB, p, 2, "invoices-1-again", None, &west)
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
     assert_eq!(b.claimed(JOB, p).await.unwrap().map(|r| r.token), Some(2));
+    assert_eq!(fence_refusal(&prefix, 2).await, None, "the new run fences");
+    assert_eq!(
+        fence_refusal(&prefix, 1).await.as_deref(),
+        Some(STALE_TOKEN_SQLSTATE)
+    );
+    // The withdrawn token's withdrawal again leaves the new claim alone.
+    b.withdraw(JOB, p, 1, "", withdrawal::BACKSTOP_OUTAGE)
+        .await
+        .unwrap();
+    let again = b.claimed(JOB, p).await.unwrap().expect("the new claim");
+    assert_eq!(again.token, 2);
+    assert_eq!(archived(&prefix).await.len(), 1);
+
+    // Withdrawn a second time, with its new token: two archive rows for the one period.
+    b.withdraw(JOB, p, 2, "", "Suspended").await.unwrap();
+    assert!(b.claimed(JOB, p).await.unwrap().is_none());
+    let second = (
+        p,
+        2,
+        "invoices-1-again".to_string(),
+        "west".to_string(),
+        again.claimed_at,
+        "Suspended".to_string(),
+    );
+    assert_eq!(archived(&prefix).await, vec![first.clone(), second.clone()]);
+
+    // A run that started is never withdrawn: refused, nothing moved, its token still fences.
+    assert_eq!(
+        b.claim(JOB, p, 3, "invoices-1-third", None).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
     let c = workload().await;
     c.query_one(
         &format!("SELECT {}attempt($1, $2, $3)", prefix.as_str()),
-        &[&JOB, &2i64, &"pod-a"],
+        &[&JOB, &3i64, &"pod-a"],
     )
     .await
     .unwrap();
-    let e = b.withdraw(JOB, p, 2, "").await.unwrap_err();
+    let e = b
+        .withdraw(JOB, p, 3, "", withdrawal::BACKSTOP_OUTAGE)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::RunStarted { .. }), "{e}");
-    assert!(b.claimed(JOB, p).await.unwrap().is_some());
+    assert_eq!(b.claimed(JOB, p).await.unwrap().map(|r| r.token), Some(3));
+    assert_eq!(archived(&prefix).await, vec![first, second]);
+    assert_eq!(b.retired(JOB).await.unwrap(), 2);
+    c.query_one(
+        &format!("SELECT {}fence($1, $2, $3)", prefix.as_str()),
+        &[&JOB, &3i64, &"pod-a"],
+    )
+    .await
+    .expect("the started run still fences");
+
+    // A reason the archive cannot hold is refused before any statement.
+    for reason in ["", "Ünicode", &"x".repeat(withdrawal::MAX_REASON + 1)] {
+        let e = b.withdraw(JOB, p, 3, "", reason).await.unwrap_err();
+        assert!(matches!(e, Error::Backstop(_)), "{e}");
+    }
     cleanup(&prefix).await;
 }

@@ -77,6 +77,7 @@ impl Mysql {
         period: Timestamp,
         token: u64,
         namespace: &str,
+        reason: &str,
     ) -> Result<()> {
         let token_i = to_i64(token)?;
         let mut slot = self.session().await?;
@@ -89,6 +90,22 @@ impl Mysql {
             let (_, _, recorded) = lock_fence(&mut tx, &t, job).await?;
             owner::check(job, recorded.as_deref(), namespace)?;
             not_started(&mut tx, &t, job, token).await?;
+            // The move, as PostgreSQL's one statement (postgres/attempts.rs `move_sql`): archived
+            // first, then gone from the live claims, in this transaction. A row archived before
+            // (the same token withdrawn again) is kept as it was.
+            tx.exec_drop(
+                format!(
+                    "INSERT INTO {w} (job, period, token, job_name, cluster, claimed_at, withdrawn_at, reason) \
+                     SELECT c.job, c.period, c.token, c.job_name, c.cluster, c.claimed_at, UTC_TIMESTAMP(6), ? \
+                     FROM {claims} AS c WHERE c.job = ? AND c.period = ? AND c.token = ? \
+                     ON DUPLICATE KEY UPDATE {w}.reason = {w}.reason",
+                    w = t.withdrawn_claims,
+                    claims = t.claims
+                ),
+                (reason, job, value(period), token_i),
+            )
+            .await
+            .map_err(Error::from_mysql)?;
             tx.exec_drop(
                 format!(
                     "DELETE FROM {} WHERE job = ? AND period = ? AND token = ?",

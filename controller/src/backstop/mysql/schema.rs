@@ -1,8 +1,10 @@
 //! The MariaDB/MySQL schema: the same tables, columns and functions as PostgreSQL's (see
-//! docs/fencing.md), in one version so far, every statement safe to run again (DDL commits on its
-//! own in MySQL, so a migration cut off half-way is finished by the next one). Several replicas
-//! racing are serialised by a named lock (`GET_LOCK`), which here only orders migrations: it is no
-//! fence (it is a session's, and is released when the connection drops).
+//! docs/fencing.md), every statement safe to run again (DDL commits on its own in MySQL, so a
+//! migration cut off half-way is finished by the next one). Version 1 is PostgreSQL's schema 8;
+//! version 2 adds `<p>withdrawn_claims`, as PostgreSQL's schema 9 does. Every migration so far
+//! only adds (`needs` 0): an older controller claims against a newer schema unchanged. Several
+//! replicas racing are serialised by a named lock (`GET_LOCK`), which here only orders
+//! migrations: it is no fence (it is a session's, and is released when the connection drops).
 //!
 //! Differences from PostgreSQL, and why:
 //! - `<p>fence_check` is a procedure with OUT parameters (a function cannot return a row).
@@ -25,7 +27,7 @@ use crate::backstop::refusals::*;
 use crate::{Error, Result};
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The names of one backstop's objects (plain identifiers: the prefix is validated).
 #[derive(Clone, Debug)]
@@ -33,6 +35,8 @@ pub(crate) struct Tables {
     pub prefix: TablePrefix,
     pub version: String,
     pub claims: String,
+    /// Version 2: the claims withdrawn before their run started (`migration_2`).
+    pub withdrawn_claims: String,
     pub fences: String,
     pub attempts: String,
     pub rejections: String,
@@ -49,6 +53,7 @@ impl Tables {
         Tables {
             version: q("schema_version"),
             claims: q("claims"),
+            withdrawn_claims: q("withdrawn_claims"),
             fences: q("fences"),
             attempts: q("attempts"),
             rejections: q("fence_rejections"),
@@ -90,8 +95,18 @@ pub(crate) fn version_table(t: &Tables) -> String {
     )
 }
 
-/// Migration 1's statements, in order, each run on its own (no `DELIMITER` needed).
-pub(crate) fn migration_1(t: &Tables) -> Vec<String> {
+/// Migration `version`'s statements, in order, each run on its own (no `DELIMITER` needed) and
+/// each safe to run again; `None` past the newest.
+pub(crate) fn migration(version: i32, t: &Tables) -> Option<Vec<String>> {
+    match version {
+        1 => Some(migration_1(t)),
+        2 => Some(migration_2(t)),
+        _ => None,
+    }
+}
+
+/// Migration 1's statements: the tables and routines PostgreSQL has at its schema 8.
+fn migration_1(t: &Tables) -> Vec<String> {
     // Routines are dropped first: MySQL has no CREATE OR REPLACE for them, and a migration cut
     // off between the two statements is finished by the next run of it.
     [
@@ -101,6 +116,28 @@ pub(crate) fn migration_1(t: &Tables) -> Vec<String> {
         attempt_routine(t),
     ]
     .concat()
+}
+
+/// Migration 2 (PostgreSQL's schema 9; docs/design/prepared-runs.md 3.4): the archive that
+/// withdrawn claims move into (postgres/schema.rs `migration_9`), so the period can be claimed
+/// again while `<p>claims`' primary key (job, period) keeps meaning "at most one live claim".
+/// The columns are `<p>claims`' own; `withdrawn_at` is written by the withdrawal (UTC).
+fn migration_2(t: &Tables) -> Vec<String> {
+    let p = &t.prefix;
+    vec![format!(
+        r#"CREATE TABLE IF NOT EXISTS {p}withdrawn_claims (
+    job          VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    period       DATETIME(6)  NOT NULL COMMENT 'the scheduled instant, UTC',
+    token        BIGINT       NOT NULL,
+    job_name     VARCHAR(253) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    cluster      VARCHAR(253) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+    claimed_at   DATETIME(6)  NOT NULL COMMENT 'UTC, by the database clock',
+    withdrawn_at DATETIME(6)  NOT NULL COMMENT 'UTC, by the database clock',
+    reason       VARCHAR(64)  CHARACTER SET ascii COLLATE ascii_bin NOT NULL COMMENT 'why: BackstopOutage, Suspended, ScheduleChanged, ...',
+    CONSTRAINT {p}withdrawn_claims_pkey PRIMARY KEY (job, token),
+    CONSTRAINT {p}withdrawn_claims_token CHECK (token > 0)
+) ENGINE=InnoDB COMMENT='singleton-controller: the claims withdrawn before their run started, moved out of {p}claims; one row per (job, token)'"#
+    )]
 }
 
 /// The tables, and the refusal counter's one row.
@@ -313,14 +350,21 @@ END"#
 pub(crate) fn script(prefix: &TablePrefix) -> String {
     let t = Tables::new(prefix);
     let mut out = String::from("DELIMITER //\n");
-    for statement in std::iter::once(version_table(&t)).chain(migration_1(&t)) {
-        out.push_str(&statement);
-        out.push_str("\n//\n");
+    out.push_str(&version_table(&t));
+    out.push_str("\n//\n");
+    let mut version = 0;
+    while let Some(statements) = migration(version + 1, &t) {
+        version += 1;
+        for statement in statements {
+            out.push_str(&statement);
+            out.push_str("\n//\n");
+        }
+        out.push_str(&format!(
+            "INSERT INTO {} (version, needs) VALUES ({version}, 0)\n//\n",
+            t.version
+        ));
     }
-    out.push_str(&format!(
-        "INSERT INTO {} (version, needs) VALUES (1, 0)\n//\nDELIMITER ;\n",
-        t.version
-    ));
+    out.push_str("DELIMITER ;\n");
     out
 }
 
@@ -383,19 +427,19 @@ async fn migrate_locked(conn: &mut Conn, t: &Tables) -> Result<i32> {
         .await
         .map_err(Error::from_mysql)?;
     let mut version = current.unwrap_or(0);
-    if version < 1 {
-        for statement in migration_1(t) {
+    while let Some(statements) = migration(version + 1, t) {
+        version += 1;
+        for statement in statements {
             conn.query_drop(statement)
                 .await
                 .map_err(Error::from_mysql)?;
         }
-        conn.query_drop(format!(
-            "INSERT INTO {} (version, needs) VALUES (1, 0)",
-            t.version
-        ))
+        conn.exec_drop(
+            format!("INSERT INTO {} (version, needs) VALUES (?, 0)", t.version),
+            (version,),
+        )
         .await
         .map_err(Error::from_mysql)?;
-        version = 1;
     }
     verify_definers(conn, &t.prefix).await?;
     let needed: Option<i32> = conn

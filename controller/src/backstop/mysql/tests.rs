@@ -10,9 +10,12 @@ use k8s_openapi::ByteString;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
 
+use super::schema::SCHEMA_VERSION;
 use crate::api::BackstopKind;
 use crate::backstop::tests::unique_prefix;
-use crate::backstop::{Backstop, ClaimOutcome, ConnectionConfig, SecretKeys, TablePrefix};
+use crate::backstop::{
+    Backstop, ClaimOutcome, ConnectionConfig, SecretKeys, TablePrefix, withdrawal,
+};
 use crate::{Error, Result};
 
 fn mariadb_url() -> String {
@@ -78,8 +81,8 @@ async fn cleanup(prefix: &TablePrefix) {
         format!("DROP FUNCTION IF EXISTS {p}attempt"),
         format!("DROP PROCEDURE IF EXISTS {p}fence_check"),
         format!(
-            "DROP TABLE IF EXISTS {p}claims, {p}fences, {p}attempts, {p}schema_version, \
-             {p}fence_members, {p}fence_rejections, {p}fence_holders, {p}invoices"
+            "DROP TABLE IF EXISTS {p}claims, {p}withdrawn_claims, {p}fences, {p}attempts, \
+             {p}schema_version, {p}fence_members, {p}fence_rejections, {p}fence_holders, {p}invoices"
         ),
     ] {
         let _ = c.query_drop(s).await;
@@ -146,14 +149,20 @@ async fn the_schema_is_made_once_by_racing_replicas_and_again_safely() -> Result
     let p = unique_prefix("my_schema");
     let (a, b) = (backstop(&p), backstop(&p));
     let (va, vb) = tokio::join!(a.ensure_schema(), b.ensure_schema());
-    assert_eq!((va?, vb?), (1, 1));
-    assert_eq!(backstop(&p).ensure_schema().await?, 1);
+    assert_eq!((va?, vb?), (SCHEMA_VERSION, SCHEMA_VERSION));
+    assert_eq!(backstop(&p).ensure_schema().await?, SCHEMA_VERSION);
     let mut c = workload().await;
-    let versions: Vec<i32> = c
-        .query(format!("SELECT version FROM {p}schema_version"))
+    let versions: Vec<(i32, i32)> = c
+        .query(format!(
+            "SELECT version, needs FROM {p}schema_version ORDER BY version"
+        ))
         .await
         .unwrap();
-    assert_eq!(versions, vec![1], "one row per migration");
+    assert_eq!(
+        versions,
+        vec![(1, 0), (2, 0)],
+        "one row per migration, each only adding"
+    );
     cleanup(&p).await;
     Ok(())
 }
@@ -382,12 +391,14 @@ async fn attempts_withdrawal_outcomes_and_namespaces() -> Result<()> {
     );
     // A started run is neither withdrawn nor retired as unstarted.
     assert!(matches!(
-        b.withdraw(job, p1, 1, "billing").await,
+        b.withdraw(job, p1, 1, "billing", withdrawal::BACKSTOP_OUTAGE)
+            .await,
         Err(Error::RunStarted { .. })
     ));
     // One that never started is withdrawn: its row goes, its token is retired.
     b.claim_as(job, p2, 2, "invoices-2", None, &claimer).await?;
-    b.withdraw(job, p2, 2, "billing").await?;
+    b.withdraw(job, p2, 2, "billing", withdrawal::BACKSTOP_OUTAGE)
+        .await?;
     assert_eq!(b.claimed(job, p2).await?, None);
     assert_eq!(b.retired(job).await?, 2);
     // Outcomes beside the claims, for bulk repair.
@@ -415,6 +426,183 @@ async fn attempts_withdrawal_outcomes_and_namespaces() -> Result<()> {
         b.retire(job, 1, "other").await,
         Err(Error::NotOwner { .. })
     ));
+    cleanup(&p).await;
+    Ok(())
+}
+
+/// The archive's rows of `job`: (period, token, job name, cluster, reason), by token; every
+/// row's `withdrawn_at` is not before its `claimed_at`.
+async fn archived(p: &TablePrefix, job: &str) -> Vec<(Timestamp, i64, String, String, String)> {
+    let mut c = workload().await;
+    let rows: Vec<(mysql_async::Value, i64, String, String, String)> = c
+        .exec(
+            format!(
+                "SELECT period, token, job_name, cluster, reason FROM {p}withdrawn_claims \
+                 WHERE job = ? AND withdrawn_at >= claimed_at ORDER BY token"
+            ),
+            (job,),
+        )
+        .await
+        .unwrap();
+    rows.into_iter()
+        .map(|(period, token, name, cluster, reason)| {
+            let period = super::time::timestamp(period).unwrap();
+            (period, token, name, cluster, reason)
+        })
+        .collect()
+}
+
+/// As PostgreSQL's `a_withdrawn_claim_is_archived_and_its_period_claimed_again`
+/// (attempts/tests.rs): a withdrawn claim moves from `<p>claims` into `<p>withdrawn_claims`
+/// (INSERT ... SELECT, then DELETE, under the fence row's lock) with its reason, its token is
+/// retired (the fence refuses it), the period is claimed again as a new claim, a second
+/// withdrawal changes nothing, the period withdrawn again keeps two archive rows, and a run
+/// whose attempt registered is refused with RunStarted and moves nothing. Fails without the
+/// archive's INSERT: the archive stays empty.
+#[tokio::test]
+async fn a_withdrawn_claim_is_archived_and_its_period_claimed_again() -> Result<()> {
+    let p = unique_prefix("my_withdraw");
+    let b = backstop(&p);
+    let job = "billing/invoices";
+    let period = ts("2025-01-01T06:00:00Z");
+    let west = crate::backstop::Claimer {
+        cluster: "west".into(),
+        scheduled: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        b.claim_as(job, period, 1, "invoices-1", None, &west)
+            .await?,
+        ClaimOutcome::Claimed
+    );
+    b.withdraw(job, period, 1, "", withdrawal::BACKSTOP_OUTAGE)
+        .await?;
+    assert_eq!(b.claimed(job, period).await?, None, "the row left");
+    assert!(b.claims_between(job, period, period).await?.is_empty());
+    let first = (
+        period,
+        1,
+        "invoices-1".to_string(),
+        "west".to_string(),
+        "BackstopOutage".to_string(),
+    );
+    assert_eq!(archived(&p, job).await, vec![first.clone()], "moved");
+    assert_eq!(b.retired(job).await?, 1);
+    let mut w = workload().await;
+    let (state, _, msg) = refusal(register(&mut w, &p, job, 1, "pod-a").await.map(|_| ()));
+    assert_eq!(state, "SF001", "the withdrawn token is retired: {msg}");
+
+    // Again: harmless, archived once, as it was.
+    b.withdraw(job, period, 1, "", "Suspended").await?;
+    assert_eq!(archived(&p, job).await, vec![first.clone()]);
+
+    // Claimed again with a higher token: a claim like any other.
+    assert_eq!(
+        b.claim_as(job, period, 2, "invoices-1-again", None, &west)
+            .await?,
+        ClaimOutcome::Claimed
+    );
+    assert_eq!(b.claimed(job, period).await?.map(|r| r.token), Some(2));
+    // The withdrawn token's withdrawal again leaves the new claim alone.
+    b.withdraw(job, period, 1, "", withdrawal::BACKSTOP_OUTAGE)
+        .await?;
+    assert_eq!(b.claimed(job, period).await?.map(|r| r.token), Some(2));
+
+    // Withdrawn a second time, with its new token: two archive rows for the one period.
+    b.withdraw(job, period, 2, "", "Suspended").await?;
+    assert_eq!(b.claimed(job, period).await?, None);
+    let second = (
+        period,
+        2,
+        "invoices-1-again".to_string(),
+        "west".to_string(),
+        "Suspended".to_string(),
+    );
+    assert_eq!(archived(&p, job).await, vec![first.clone(), second.clone()]);
+
+    // A run that started is never withdrawn: refused, nothing moved, its token still fences.
+    assert_eq!(
+        b.claim(job, period, 3, "invoices-1-third", None).await?,
+        ClaimOutcome::Claimed
+    );
+    register(&mut w, &p, job, 3, "pod-c").await.unwrap();
+    assert!(matches!(
+        b.withdraw(job, period, 3, "", withdrawal::BACKSTOP_OUTAGE)
+            .await,
+        Err(Error::RunStarted { .. })
+    ));
+    assert_eq!(b.claimed(job, period).await?.map(|r| r.token), Some(3));
+    assert_eq!(archived(&p, job).await, vec![first, second]);
+    assert_eq!(b.retired(job).await?, 2);
+    fenced_write(&mut w, &p, job, 3, "pod-c").await.unwrap();
+    let (state, _, _) = refusal(fenced_write(&mut w, &p, job, 2, "pod-b").await);
+    assert_eq!(state, "SF001", "the second withdrawn token");
+    cleanup(&p).await;
+    Ok(())
+}
+
+/// A database the previous release set up (schema 1) is upgraded to schema 2 by the start-up
+/// path (the first operation's migration), with a claim it made in place, which is then
+/// withdrawn into the new archive and its period claimed again.
+#[tokio::test]
+async fn schema_1_is_upgraded_to_the_withdrawn_claims_archive() -> Result<()> {
+    let p = unique_prefix("my_upgr2");
+    let job = "billing/upgrade";
+    let period = ts("2025-01-01T00:00:00Z");
+    let tables = super::schema::Tables::new(&p);
+    let mut w = workload().await;
+    w.query_drop(super::schema::version_table(&tables))
+        .await
+        .unwrap();
+    for statement in super::schema::migration(1, &tables).unwrap() {
+        w.query_drop(statement).await.unwrap();
+    }
+    for statement in [
+        format!("INSERT INTO {p}schema_version (version, needs) VALUES (1, 0)"),
+        format!(
+            "INSERT INTO {p}fences (job, token, owner) VALUES ('{job}', 1, SUBSTRING_INDEX(CURRENT_USER(), '@', 1))"
+        ),
+        format!(
+            "INSERT INTO {p}claims (job, period, token, job_name, claimed_at) \
+             VALUES ('{job}', '2025-01-01 00:00:00', 1, 'upgrade-1', UTC_TIMESTAMP(6))"
+        ),
+    ] {
+        w.query_drop(statement).await.unwrap();
+    }
+    let archive = format!(
+        "SELECT COUNT(*) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{p}withdrawn_claims'"
+    );
+    let there: Option<i64> = w.query_first(&archive).await.unwrap();
+    assert_eq!(there, Some(0), "schema 1 has no archive");
+
+    let b = backstop(&p);
+    assert_eq!(b.claimed(job, period).await?.map(|r| r.token), Some(1));
+    let there: Option<i64> = w.query_first(&archive).await.unwrap();
+    assert_eq!(there, Some(1), "migrated on first use");
+    let versions: Vec<i32> = w
+        .query(format!(
+            "SELECT version FROM {p}schema_version ORDER BY version"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(versions, vec![1, 2]);
+    b.withdraw(job, period, 1, "", withdrawal::BACKSTOP_OUTAGE)
+        .await?;
+    assert_eq!(
+        archived(&p, job).await,
+        vec![(
+            period,
+            1,
+            "upgrade-1".to_string(),
+            String::new(),
+            "BackstopOutage".to_string()
+        )]
+    );
+    assert_eq!(
+        b.claim(job, period, 2, "upgrade-1-again", None).await?,
+        ClaimOutcome::Claimed
+    );
     cleanup(&p).await;
     Ok(())
 }

@@ -91,9 +91,15 @@ async fn another_namespace_can_neither_claim_nor_fence_a_job_key() {
         b.retire(VICTIM, 2, "a").await.unwrap_err(),
         b.retire(VICTIM, 1, "a").await.unwrap_err(),
         b.retire_unstarted(VICTIM, 1, "a").await.unwrap_err(),
-        b.withdraw(VICTIM, ts("2027-01-01T00:00:00Z"), 1, "a")
-            .await
-            .unwrap_err(),
+        b.withdraw(
+            VICTIM,
+            ts("2027-01-01T00:00:00Z"),
+            1,
+            "a",
+            crate::backstop::withdrawal::BACKSTOP_OUTAGE,
+        )
+        .await
+        .unwrap_err(),
     ] {
         assert!(matches!(e, Error::NotOwner { .. }), "{e:?}");
         assert!(!e.to_string().contains("\"b\""), "names no owner: {e}");

@@ -85,6 +85,7 @@ impl Postgres {
         period: Timestamp,
         token: u64,
         namespace: &str,
+        reason: &str,
     ) -> Result<()> {
         let token_i = to_i64(token)?;
         let mut slot = self.session().await?;
@@ -107,15 +108,9 @@ impl Postgres {
                 owner::check(job, r.get(0), namespace)?;
             }
             not_started(&tx, &t, job, token).await?;
-            tx.execute(
-                &format!(
-                    "DELETE FROM {} WHERE job = $1 AND period = $2 AND token = $3",
-                    t.claims
-                ),
-                &[&job, &period, &token_i],
-            )
-            .await
-            .map_err(pg)?;
+            tx.execute(&move_sql(&t), &[&job, &period, &token_i, &reason])
+                .await
+                .map_err(pg)?;
             tx.execute(
                 &format!(
                     "UPDATE {} SET retired = greatest(retired, $2) WHERE job = $1 AND token >= $2",
@@ -175,6 +170,24 @@ impl Postgres {
         };
         slot.settle(r)
     }
+}
+
+/// Moves the claim row of (`$1` job, `$2` period, `$3` token) from `<p>claims` into
+/// `<p>withdrawn_claims` with the reason `$4`, in one statement: the row leaves the live claims
+/// in the statement that archives it. An archive row of the token already there (withdrawn
+/// before) is kept as it was; a row gone, or naming another token, moves nothing.
+fn move_sql(t: &Tables) -> String {
+    format!(
+        "WITH gone AS (\
+             DELETE FROM {claims} WHERE job = $1 AND period = $2 AND token = $3 \
+             RETURNING job, period, token, job_name, cluster, claimed_at) \
+         INSERT INTO {withdrawn} (job, period, token, job_name, cluster, claimed_at, reason) \
+         SELECT job, period, token, job_name, cluster, claimed_at, $4::text FROM gone \
+         ON CONFLICT ON CONSTRAINT {p}withdrawn_claims_pkey DO NOTHING",
+        claims = t.claims,
+        withdrawn = t.withdrawn_claims,
+        p = t.prefix,
+    )
 }
 
 /// Refuses ([`Error::RunStarted`]) when an attempt of `job`'s run with `token` registered; to be

@@ -7,9 +7,11 @@
 //! |------------------------------|------------------------------------------------------------|
 //! | `<p>schema_version`          | one row per applied migration, with the oldest schema a    |
 //! |                              | controller must know to claim once it is applied (7)      |
-//! | `<p>claims`                  | one row per (job, period) ever claimed: UNIQUE(job, period) |
-//! |                              | with the claiming cluster and its confirmation (schema 4)   |
+//! | `<p>claims`                  | one row per live claim of a (job, period): UNIQUE(job,     |
+//! |                              | period), with the claiming cluster and its confirmation (4) |
 //! |                              | and the outcome of the run holding its token (schema 8)     |
+//! | `<p>withdrawn_claims`        | the claims withdrawn before their run started, moved out of |
+//! |                              | `<p>claims` with the reason, per (job, token) (schema 9)    |
 //! | `<p>fences`                  | one row per job: the highest fencing token, the highest     |
 //! |                              | retired one (its period decided: refused from then on), and |
 //! |                              | the role that owns the job (schema 3)                       |
@@ -33,7 +35,7 @@ use crate::backstop::config::TablePrefix;
 use crate::backstop::refusals::*;
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// The first schema whose version table says which controllers may claim against it (`needs`).
 const NEEDS_SINCE: i32 = 7;
@@ -43,7 +45,9 @@ const NEEDS_SINCE: i32 = 7;
 /// `BackstopReady` condition says why) instead of misreading it. Such a migration must also make
 /// the statements an older controller already connected runs fail (rename what they use), since
 /// a controller checks on connecting only. None so far: every migration up to
-/// [`SCHEMA_VERSION`] only adds, and a controller of schema 6 or 7 claims against schema 8 as before.
+/// [`SCHEMA_VERSION`] only adds, and a controller of schema 6 to 8 claims against schema 9 as
+/// before (schema 9's archive of withdrawn claims is a table of its own: an older controller's
+/// withdrawal deletes the claim row without archiving it, which loses only the audit row).
 const NOT_ONLY_ADDING: &[i32] = &[];
 
 /// The oldest schema a controller must know to claim once migration `version` is applied.
@@ -61,6 +65,8 @@ pub(crate) struct Tables {
     pub prefix: TablePrefix,
     pub version: String,
     pub claims: String,
+    /// Schema 9: the claims withdrawn before their run started (`migration_9`).
+    pub withdrawn_claims: String,
     pub fences: String,
     pub rejections: String,
     pub function: String,
@@ -77,6 +83,7 @@ impl Tables {
         Tables {
             version: q("schema_version"),
             claims: q("claims"),
+            withdrawn_claims: q("withdrawn_claims"),
             fences: q("fences"),
             rejections: q("fence_rejections"),
             function: q("fence"),
@@ -176,8 +183,38 @@ COMMENT ON COLUMN {claims}.outcome IS 'singleton-controller: how the run with th
 "#,
             claims = t.claims
         )),
+        9 => Some(migration_9(t)),
         _ => None,
     }
+}
+
+/// Schema 9 (issue 33, docs/design/prepared-runs.md 3.4): withdrawn claims leave `<p>claims`
+/// for this archive, in the withdrawal's transaction under the fence row's lock
+/// (`super::attempts`), so the period can be claimed again with a new token while
+/// `<p>claims_job_period_key` keeps meaning "at most one live claim per (job, period)". Keyed
+/// by (job, token): a period may be withdrawn more than once, each time with its own token.
+/// Nothing that asks "has this period run" reads it (a withdrawn claim never ran). Only adds:
+/// an older controller claims against it unchanged.
+fn migration_9(t: &Tables) -> String {
+    let p = &t.prefix;
+    let withdrawn_claims = &t.withdrawn_claims;
+    format!(
+        r#"
+CREATE TABLE {withdrawn_claims} (
+    job          text        NOT NULL,
+    period       timestamptz NOT NULL,
+    token        bigint      NOT NULL CHECK (token > 0),
+    job_name     text        NOT NULL,
+    cluster      text        NOT NULL DEFAULT '',
+    claimed_at   timestamptz NOT NULL,
+    withdrawn_at timestamptz NOT NULL DEFAULT now(),
+    reason       text        NOT NULL,
+    CONSTRAINT {p}withdrawn_claims_pkey PRIMARY KEY (job, token)
+);
+COMMENT ON TABLE {withdrawn_claims} IS 'singleton-controller: the claims withdrawn before their run started (their token retired), moved out of {p}claims so the period can be claimed again; one row per (job, token)';
+COMMENT ON COLUMN {withdrawn_claims}.reason IS 'singleton-controller: why the claim was withdrawn (BackstopOutage, Suspended, ScheduleChanged, ...)';
+"#
+    )
 }
 
 /// Schema 1: the claims and fences tables, the rejection counter and `<p>fence()`.
@@ -751,6 +788,7 @@ fn object_names(prefix: &TablePrefix) -> (Vec<String>, Vec<String>) {
         named(&[
             "schema_version",
             "claims",
+            "withdrawn_claims",
             "fences",
             "attempts",
             "fence_rejections",
