@@ -816,6 +816,7 @@ impl Records {
 pub mod bounds;
 pub mod notify;
 pub mod ops;
+pub mod prepare;
 pub mod repair;
 pub mod rerun;
 
