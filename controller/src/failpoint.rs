@@ -22,6 +22,11 @@ pub const POINTS: &[&str] = &[
     CREATE_LANE,
     CONFIRM,
     RESUME,
+    RESUME_PREPARED,
+    PROMOTE,
+    WITHDRAW_MARKED,
+    WITHDRAW_BACKSTOP,
+    WITHDRAW_RECORDED,
 ];
 /// Inside the backstop's schema migration, holding its advisory lock (before any claim: a
 /// connection's first use).
@@ -38,6 +43,18 @@ pub const CREATE_LANE: &str = "create-lane";
 pub const CONFIRM: &str = "confirm";
 /// After the gate check, right before the resume is sent (step 8).
 pub const RESUME: &str = "resume";
+/// A prepared run ([`crate::run::prepared`]): after the gate check, right before its resume
+/// (the one request at its instant) is sent.
+pub const RESUME_PREPARED: &str = "resume-prepared";
+/// A prepared run resumed: before the status write that makes it active.
+pub const PROMOTE: &str = "promote";
+/// A prepared run's withdrawal: after its Job was marked withdrawn (W1).
+pub const WITHDRAW_MARKED: &str = "withdraw-marked";
+/// A prepared run's withdrawal: after its backstop claim was archived and its token retired
+/// (W2, W3).
+pub const WITHDRAW_BACKSTOP: &str = "withdraw-backstop";
+/// A prepared run's withdrawal: after the status write that clears it (W4).
+pub const WITHDRAW_RECORDED: &str = "withdraw-recorded";
 
 /// Reached `point`: acts if a test armed it (feature `failpoints`), else nothing.
 #[cfg(not(feature = "failpoints"))]

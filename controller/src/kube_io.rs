@@ -230,21 +230,25 @@ pub enum Release<'a> {
 /// for any other Job of that name, and make a second resume change nothing (so it is told apart
 /// from the first). The same patch marks it `singleton.dev/released` with the run's token: a Job
 /// of ours running without that mark was started by someone else (issue 31).
-pub async fn resume_job(
-    ctx: &Context,
-    ns: &str,
-    name: &str,
-    uid: &str,
-    token: u64,
-    release: Release<'_>,
-    active_deadline: Option<i64>,
-) -> Result<Resumed> {
+pub async fn resume_job(ctx: &Context, ns: &str, resume: &ResumeJob<'_>) -> Result<Resumed> {
+    let ResumeJob {
+        name,
+        uid,
+        token,
+        release,
+        active_deadline,
+        unreleased,
+    } = *resume;
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let released = pointer("/metadata/annotations", crate::naming::ANNOTATION_RELEASED);
     let mut ops = vec![
         serde_json::json!({"op": "test", "path": "/metadata/uid", "value": uid}),
         serde_json::json!({"op": "test", "path": "/spec/suspend", "value": true}),
-        serde_json::json!({"op": "add", "path": pointer("/metadata/annotations", crate::naming::ANNOTATION_RELEASED), "value": token.to_string()}),
     ];
+    if unreleased == Unreleased::Tested {
+        ops.push(serde_json::json!({"op": "test", "path": released, "value": crate::naming::NOT_RELEASED}));
+    }
+    ops.push(serde_json::json!({"op": "add", "path": released, "value": token.to_string()}));
     match release {
         Release::Resume => ops.push(serde_json::json!({"op": "replace", "path": "/spec/suspend", "value": false})),
         // The Job's labels exist (the controller's own are set at create).
@@ -255,7 +259,10 @@ pub async fn resume_job(
     if let Some(seconds) = active_deadline {
         ops.push(serde_json::json!({"op": "add", "path": "/spec/activeDeadlineSeconds", "value": seconds}));
     }
-    let point = Some(failpoint::RESUME);
+    let point = Some(match unreleased {
+        Unreleased::Tested => failpoint::RESUME_PREPARED,
+        Unreleased::Untested => failpoint::RESUME,
+    });
     Ok(
         match guarded_patch(
             ctx,
@@ -271,6 +278,71 @@ pub async fn resume_job(
             Patched::Gone => Resumed::Gone,
             // Another object of that name, or resumed already.
             Patched::TestFailed => Resumed::Already,
+        },
+    )
+}
+
+/// What [`resume_job`] lets run: the Job `name` with `uid`, for the run with `token`.
+#[derive(Clone, Copy, Debug)]
+pub struct ResumeJob<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub token: u64,
+    pub release: Release<'a>,
+    /// `activeDeadlineSeconds`, counted by Kubernetes from the resume (F10a).
+    pub active_deadline: Option<i64>,
+    pub unreleased: Unreleased,
+}
+
+/// Whether a resume tests that the Job is still marked not released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unreleased {
+    /// A prepared run's resume: its withdrawal marks the Job `withdrawn` (the linearisation
+    /// point between the two), so a resume that finds any other mark changes nothing, however
+    /// late it is sent (a paused leader's).
+    Tested,
+    /// A confirmed run's resume: its Job may be a controller's from before issue 31 (no mark).
+    Untested,
+}
+
+/// What became of a withdrawal's mark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marked {
+    /// The Job with that uid is marked withdrawn (now, or before): no resume can pass any more.
+    Withdrawn,
+    /// No Job of that name exists.
+    Gone,
+    /// The Job is not the one with that uid, or no longer marked not released (resumed, or
+    /// withdrawn by another replica): read it to tell which.
+    Not,
+}
+
+/// Step W1 of a prepared run's withdrawal: marks the Job `name` withdrawn, with `reason`, but only
+/// if it is still the object with `uid` and still marked not released. The resume tests for that
+/// mark, and the API server applies a JSON patch to the latest object: of a resume and a
+/// withdrawal, exactly one succeeds (G1).
+pub async fn withdraw_job(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    reason: &str,
+) -> Result<Marked> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let released = pointer("/metadata/annotations", crate::naming::ANNOTATION_RELEASED);
+    let why = pointer("/metadata/annotations", crate::naming::ANNOTATION_WITHDRAWN);
+    let ops = serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": released, "value": crate::naming::NOT_RELEASED},
+        {"op": "replace", "path": released, "value": crate::naming::WITHDRAWN},
+        {"op": "add", "path": why, "value": reason},
+    ]);
+    let point = None;
+    Ok(
+        match guarded_patch(ctx, jobs.resource_url(), name, ops, Lane::Create, point).await? {
+            Patched::Done => Marked::Withdrawn,
+            Patched::Gone => Marked::Gone,
+            Patched::TestFailed => Marked::Not,
         },
     )
 }

@@ -168,6 +168,7 @@ pub struct Metrics {
     pub claims_conflicted: Family<JobLabels, Counter>,
     pub multicluster_claims: Family<ClusterClaimLabels, Counter>,
     pub claims_deduplicated: Family<JobLabels, Counter>,
+    pub runs_withdrawn: Family<ReasonLabels, Counter>,
     pub runs_late: Family<JobLabels, Counter>,
     pub suspended_after_failures: Family<JobLabels, Counter>,
     pub schedule_skew_seconds: Histogram,
@@ -221,6 +222,7 @@ impl Metrics {
             claims_conflicted: Family::default(),
             multicluster_claims: Family::default(),
             claims_deduplicated: Family::default(),
+            runs_withdrawn: Family::default(),
             runs_late: Family::default(),
             suspended_after_failures: Family::default(),
             schedule_skew_seconds: Histogram::new(SKEW_BUCKETS),
@@ -312,6 +314,11 @@ impl Metrics {
             "claims_deduplicated",
             "Periods found already claimed in the backstop: no Job created",
             m.claims_deduplicated.clone(),
+        );
+        r.register(
+            "runs_withdrawn",
+            "Prepared runs withdrawn before their instant (their Job never ran), by reason (a WithdrawReason: Suspended, ScheduleChanged, SpecChanged, ...)",
+            m.runs_withdrawn.clone(),
         );
         r.register(
             "runs_late",
@@ -471,6 +478,21 @@ impl Metrics {
     pub fn suspended_after_failures(&self, sj: &SingletonJob) {
         self.suspended_after_failures
             .get_or_create(&self.job(sj))
+            .inc();
+    }
+
+    /// A prepared run was withdrawn; `reason` is a `WithdrawReason`'s name.
+    pub fn run_withdrawn(&self, sj: &SingletonJob, reason: &'static str) {
+        let key = self.job(sj);
+        if let Some(reasons) = crate::sync::lock(&self.series).get_mut(&key) {
+            reasons.insert(reason.to_string());
+        }
+        self.runs_withdrawn
+            .get_or_create(&ReasonLabels {
+                namespace: key.namespace,
+                name: key.name,
+                reason: reason.to_string(),
+            })
             .inc();
     }
 
@@ -662,6 +684,7 @@ impl Metrics {
             };
             self.periods_missed.remove(&labels);
             self.periods_skipped.remove(&labels);
+            self.runs_withdrawn.remove(&labels);
         }
     }
 
@@ -773,6 +796,7 @@ mod tests {
         m.acquire_attempt_failed("Contention");
         m.multi_cluster_claim("east", "TookOver");
         m.token_issued(&a);
+        m.run_withdrawn(&a, "Suspended");
         m.backstop_deferred(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
@@ -866,6 +890,7 @@ mod tests {
             ("singleton_claims_conflicted", "counter"),
             ("singleton_multicluster_claims", "counter"),
             ("singleton_claims_deduplicated", "counter"),
+            ("singleton_runs_withdrawn", "counter"),
             ("singleton_runs_late", "counter"),
             ("singleton_suspended_after_failures", "counter"),
             ("singleton_schedule_skew_seconds", "histogram"),

@@ -4,7 +4,8 @@
 //! guard    : nothing to do with this copy (deleted, a standby, a confirm in flight, older
 //!            than this process's own write)
 //! observe  : the clocks, the backstop, the SingletonJob's own Jobs
-//! first    : a broken lock, a half-done claim, a status behind its Jobs, Jobs no claim knows
+//! first    : a broken lock, a half-done claim, a status behind its Jobs, a prepared run
+//!            (resumed at its instant or withdrawn), Jobs no claim knows
 //! decide   : the schedule, the template, the active runs' Jobs → decide::plan
 //! record   : what the plan decided, the conditions (pure: crate::record)
 //! operate  : trigger, rerun and backfill requests (crate::operate)
@@ -80,7 +81,12 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
     if let Some(behind) = observe::behind(&status, &owned) {
         return Box::pin(raise_to_jobs(&ctx, &sj, status, behind, now)).await;
     }
-    if Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned, &db)).await? {
+    // A run prepared ahead of its instant: resumed at it (never before, G4), or withdrawn.
+    let prepared = run::prepared::settle(&ctx, &sj, &owned, &clock, now, &db);
+    if let Some(action) = Box::pin(prepared).await? {
+        return Ok(action);
+    }
+    if Box::pin(run::sweep::check_jobs(&ctx, &sj, &status, &owned, &db, now)).await? {
         return Ok(Action::await_change());
     }
 

@@ -6,4 +6,7 @@ pub mod backstop;
 pub mod owned;
 pub mod runs;
 
-pub use owned::{Behind, OwnedJob, behind, known, owned, ran, started_outside, to_resume, unknown};
+pub use owned::{
+    Behind, OwnedJob, Release, behind, known, owned, ran, started_outside, to_resume, unknown,
+    unrun_prepared,
+};

@@ -32,10 +32,31 @@ pub struct OwnedJob {
     pub finished: bool,
     /// Being deleted (a deletionTimestamp): going away already.
     pub deleting: bool,
-    /// Its `singleton.dev/released` annotation: `Some(false)` created suspended and not released
-    /// by the controller yet, `Some(true)` released after its confirm, `None` a Job of a
-    /// controller before issue 31 (never judged by it).
-    pub released: Option<bool>,
+    /// Its `singleton.dev/released` annotation.
+    pub release: Release,
+    /// Its `singleton.dev/resume-at` annotation: a prepared run's Job, never resumed before it.
+    pub resume_at: Option<Timestamp>,
+}
+
+/// What a Job's `singleton.dev/released` annotation says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// No mark: a Job of a controller before issue 31 (never judged by it).
+    Unmarked,
+    /// Created suspended, not released by the controller yet.
+    NotReleased,
+    /// Released by the controller after its confirm (the value is the run's token).
+    Released,
+    /// A prepared run withdrawn before its instant, with the reason it carries: it never ran
+    /// and may never be resumed (a resume tests for [`Release::NotReleased`]).
+    Withdrawn(String),
+}
+
+impl Release {
+    /// Whether the controller has not released the Job (nor withdrawn it): it may still be let run.
+    pub fn pending(&self) -> bool {
+        matches!(self, Release::Unmarked | Release::NotReleased)
+    }
 }
 
 impl OwnedJob {
@@ -63,9 +84,20 @@ impl OwnedJob {
             suspended: job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false),
             finished,
             deleting: job.metadata.deletion_timestamp.is_some(),
-            released: annotations
-                .and_then(|a| a.get(naming::ANNOTATION_RELEASED))
-                .map(|v| v != naming::NOT_RELEASED),
+            release: match annotations.and_then(|a| a.get(naming::ANNOTATION_RELEASED)) {
+                None => Release::Unmarked,
+                Some(v) if v == naming::NOT_RELEASED => Release::NotReleased,
+                Some(v) if v == naming::WITHDRAWN => Release::Withdrawn(
+                    annotations
+                        .and_then(|a| a.get(naming::ANNOTATION_WITHDRAWN))
+                        .cloned()
+                        .unwrap_or_default(),
+                ),
+                Some(_) => Release::Released,
+            },
+            resume_at: annotations
+                .and_then(|a| a.get(naming::ANNOTATION_RESUME_AT))
+                .and_then(|p| p.parse().ok()),
         })
     }
 }
@@ -83,13 +115,25 @@ pub fn owned<'a>(sj: &SingletonJob, jobs: impl IntoIterator<Item = &'a Job>) -> 
 }
 
 /// Whether a claim of `status` knows `job`: the pending claim (by name and token: its Job's uid
-/// is not recorded until the confirm), a run it replaces, or an active run (by uid).
+/// is not recorded until the confirm), a run it replaces, an active run or the prepared run (by
+/// uid).
 pub fn known(status: &SingletonJobStatus, job: &OwnedJob) -> bool {
     let pending = status.pending_claim.as_ref().is_some_and(|p| {
         (p.job_name == job.name && Some(p.token) == job.token)
             || p.replaces.iter().any(|r| r.job_name == job.name)
     });
-    pending || status.active.iter().any(|r| runs_as(r, job))
+    pending
+        || status
+            .active
+            .iter()
+            .chain(status.prepared.as_ref())
+            .any(|r| runs_as(r, job))
+}
+
+/// Whether `job` is a prepared run's Job that has not run: created ahead of its instant
+/// (`singleton.dev/resume-at`) and not released. Its period is not decided by it.
+pub fn unrun_prepared(job: &OwnedJob) -> bool {
+    job.resume_at.is_some() && !matches!(job.release, Release::Released)
 }
 
 /// Whether active run `r` is `job`: by uid, or by name and token for a run recorded without one.
@@ -102,23 +146,33 @@ fn runs_as(r: &RunRef, job: &OwnedJob) -> bool {
 
 /// Active runs whose Job was never released: their confirm was written, their resume (or queue
 /// release) was not. A Job released to its queue stays suspended until the queue admits it: it
-/// is not released again.
-pub fn to_resume(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Vec<(String, String)> {
+/// is not released again. The prepared run is not among them (it is resumed at its instant,
+/// after its judge, by `run::prepared`), nor a withdrawn Job, nor a Job whose
+/// `singleton.dev/resume-at` is after `due_now` (the earliest time the API server's clock may
+/// show): an active run carrying one was adopted by a status that did not know it was prepared,
+/// and resuming it now would start it early (G4).
+pub fn to_resume(
+    status: &SingletonJobStatus,
+    jobs: &[OwnedJob],
+    due_now: Timestamp,
+) -> Vec<(String, String)> {
     status
         .active
         .iter()
         .filter_map(|r| {
             let job = jobs.iter().find(|j| runs_as(r, j))?;
-            (job.suspended && job.released != Some(true) && !job.finished && !job.deleting)
+            let early = job.resume_at.is_some_and(|at| at > due_now);
+            (job.suspended && job.release.pending() && !early && !job.finished && !job.deleting)
                 .then(|| (job.name.clone(), job.uid.clone()))
         })
         .collect()
 }
 
-/// Runs a claim knows (pending or active) whose Job runs, or ran, without the controller's
-/// release: a webhook, a queue or a person unsuspended it, possibly before its claim was
-/// confirmed. Only the controller starts a run (G1): each is stopped and its period decided
-/// (StartedBeforeConfirm). Jobs of a controller before issue 31 carry no mark and are not judged.
+/// Runs a claim knows (pending, active or prepared) whose Job runs, or ran, without the
+/// controller's release: a webhook, a queue or a person unsuspended it, possibly before its claim
+/// was confirmed, or before its instant, or after it was withdrawn. Only the controller starts a
+/// run (G1): each is stopped and its period decided (StartedBeforeConfirm). Jobs of a controller
+/// before issue 31 carry no mark and are not judged.
 pub fn started_outside<'a>(
     status: &SingletonJobStatus,
     jobs: &'a [OwnedJob],
@@ -132,10 +186,15 @@ pub fn started_outside<'a>(
     let active = status
         .active
         .iter()
+        .chain(status.prepared.as_ref())
         .filter_map(|r| Some((r.clone(), jobs.iter().find(|j| runs_as(r, j))?)));
     pending
         .chain(active)
-        .filter(|(_, j)| !j.suspended && j.released == Some(false) && !j.deleting)
+        .filter(|(_, j)| {
+            !j.suspended
+                && matches!(j.release, Release::NotReleased | Release::Withdrawn(_))
+                && !j.deleting
+        })
         .collect()
 }
 
@@ -143,11 +202,17 @@ pub fn started_outside<'a>(
 /// suspended one never ran and must never be resumed; a running one is a second run of a period
 /// that had one. Finished Jobs are left to the history limits, and a Job carrying a token above
 /// every token the status knows is not unknown but news: the status is behind ([`behind`]).
+/// Whatever their period: a withdrawn prepared run's Job (its deletion was lost), and a prepared
+/// Job no claim knows whose token the status has issued (a paused preparer's late create after
+/// its preparation was withdrawn: its claim can never be confirmed).
 pub fn unknown<'a>(status: &SingletonJobStatus, jobs: &'a [OwnedJob]) -> Vec<&'a OwnedJob> {
     jobs.iter()
         .filter(|j| !j.finished && !j.deleting && !known(status, j))
-        .filter(|j| j.token.is_some_and(|t| t <= status.fencing_token))
-        .filter(|j| decided(status, j))
+        .filter(|j| {
+            let issued = j.token.is_some_and(|t| t <= status.fencing_token);
+            matches!(j.release, Release::Withdrawn(_))
+                || (issued && (decided(status, j) || unrun_prepared(j)))
+        })
         .collect()
 }
 
@@ -186,6 +251,10 @@ pub struct Behind {
     /// Jobs still running (or still to be resumed, never) that no active run names: adopted as
     /// active so that Forbid waits for them and their outcome is recorded.
     pub running: Vec<RunRef>,
+    /// A prepared run's Job carrying the highest token, not run yet, that the status does not
+    /// know: adopted as `status.prepared` (never as running: that would resume it early), with
+    /// no basis, so its judge withdraws it (StatusBehind) unless it was resumed meanwhile.
+    pub prepared: Option<RunRef>,
 }
 
 /// Whether the owned Jobs carry a token or a period that `status` does not know of (it was wiped
@@ -193,8 +262,10 @@ pub struct Behind {
 /// forward, so a Job's labels are lower bounds for both.
 pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> {
     let max_token = jobs.iter().filter_map(|j| j.token).max();
+    // A prepared Job that has not run decides nothing: its period is still to be judged.
     let max_period = jobs
         .iter()
+        .filter(|j| !unrun_prepared(j))
         .filter_map(|j| j.period)
         .filter(|p| !naming::is_manual(*p))
         .max();
@@ -208,32 +279,48 @@ pub fn behind(status: &SingletonJobStatus, jobs: &[OwnedJob]) -> Option<Behind> 
     // only the newest claim's can have been confirmed, so the Job carrying the highest token is
     // adopted suspended or not (F5), and resumed or released as any confirmed run; older
     // suspended Jobs never ran and are left to the sweep.
+    let unknown_live = |j: &&OwnedJob| !j.finished && !j.deleting && !known(status, j);
+    let prepared = jobs
+        .iter()
+        .filter(unknown_live)
+        .filter(|j| j.release == Release::NotReleased && j.resume_at.is_some())
+        .filter(|j| token.is_some() && j.token == max_token && status.prepared.is_none())
+        .find_map(|j| {
+            let mut run = adopted(j)?;
+            run.resume_at = j.resume_at.map(Into::into);
+            Some(run)
+        });
     let running = jobs
         .iter()
-        .filter(|j| !j.finished && !j.deleting && !known(status, j))
-        .filter(|j| !j.suspended || j.released == Some(true) || j.token == max_token)
-        .filter_map(|j| {
-            Some(RunRef {
-                unknown: Default::default(),
-                late: false,
-                period: j.period?.into(),
-                token: j.token?,
-                job_name: j.name.clone(),
-                claimed_at: None,
-                job_uid: Some(j.uid.clone()),
-                origin: None,
-                requested_by: None,
-                supersedes: None,
-                replaces: Vec::new(),
-                resume_at: None,
-                basis: None,
-            })
-        })
+        .filter(unknown_live)
+        .filter(|j| !unrun_prepared(j))
+        .filter(|j| !j.suspended || j.release == Release::Released || j.token == max_token)
+        .filter_map(adopted)
         .collect();
     Some(Behind {
         token,
         decided_through,
         running,
+        prepared,
+    })
+}
+
+/// A Job adopted by a status behind it, as a run.
+fn adopted(j: &OwnedJob) -> Option<RunRef> {
+    Some(RunRef {
+        unknown: Default::default(),
+        late: false,
+        period: j.period?.into(),
+        token: j.token?,
+        job_name: j.name.clone(),
+        claimed_at: None,
+        job_uid: Some(j.uid.clone()),
+        origin: None,
+        requested_by: None,
+        supersedes: None,
+        replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
     })
 }
 
@@ -255,7 +342,8 @@ mod tests {
             suspended: false,
             finished: false,
             deleting: false,
-            released: Some(true),
+            release: Release::Released,
+            resume_at: None,
         }
     }
 
@@ -289,25 +377,28 @@ mod tests {
     fn a_confirmed_run_whose_job_is_still_suspended_is_resumed() {
         let mut j = job("a-1", "2030-01-01T00:00:00Z", 3);
         j.suspended = true;
-        j.released = Some(false);
+        j.release = Release::NotReleased;
         let mut st = status(3, "2030-01-01T00:00:00Z");
-        assert!(to_resume(&st, &[j.clone()]).is_empty(), "not active yet");
+        assert!(
+            to_resume(&st, &[j.clone()], t("2030-01-01T00:00:00Z")).is_empty(),
+            "not active yet"
+        );
         st.active.push(run(&j));
         assert_eq!(
-            to_resume(&st, &[j.clone()]),
+            to_resume(&st, &[j.clone()], t("2030-01-01T00:00:00Z")),
             vec![(j.name.clone(), j.uid.clone())]
         );
         // Released to its queue already: suspended until the queue admits it, not released again.
         let mut queued = j.clone();
-        queued.released = Some(true);
+        queued.release = Release::Released;
         assert!(
-            to_resume(&st, &[queued]).is_empty(),
+            to_resume(&st, &[queued], t("2030-01-01T00:00:00Z")).is_empty(),
             "released to its queue"
         );
         // Another Job of the same name (a re-creation) is not the confirmed one.
         let mut other = j.clone();
         other.uid = "someone-else".into();
-        assert!(to_resume(&st, &[other]).is_empty());
+        assert!(to_resume(&st, &[other], t("2030-01-01T00:00:00Z")).is_empty());
     }
 
     /// F2: only the controller starts a run. A Job a claim knows that runs without the
@@ -317,7 +408,7 @@ mod tests {
     #[test]
     fn a_job_started_without_the_controllers_release_is_found() {
         let mut j = job("a-1", "2030-01-01T00:00:00Z", 3);
-        j.released = Some(false);
+        j.release = Release::NotReleased;
         let mut st = status(3, "2030-01-01T00:00:00Z");
         st.pending_claim = Some(run(&j));
         st.pending_claim.as_mut().unwrap().job_uid = None;
@@ -336,13 +427,13 @@ mod tests {
             "confirmed, started by another"
         );
         let mut released = j.clone();
-        released.released = Some(true);
+        released.release = Release::Released;
         assert!(started_outside(&st, &[released]).is_empty());
         let mut suspended = j.clone();
         suspended.suspended = true;
         assert!(started_outside(&st, &[suspended]).is_empty());
         let mut older = j.clone();
-        older.released = None;
+        older.release = Release::Unmarked;
         assert!(
             started_outside(&st, &[older]).is_empty(),
             "an older controller's Job"
@@ -362,16 +453,16 @@ mod tests {
     fn a_wiped_status_adopts_the_newest_suspended_job() {
         let mut newest = job("a-2", "2030-01-01T00:01:00Z", 5);
         newest.suspended = true;
-        newest.released = Some(true);
+        newest.release = Release::Released;
         let mut leftover = job("a-1", "2030-01-01T00:00:00Z", 4);
         leftover.suspended = true;
-        leftover.released = Some(false);
+        leftover.release = Release::NotReleased;
         let wiped = SingletonJobStatus::default();
         let b = behind(&wiped, &[newest.clone(), leftover.clone()]).expect("behind");
         let names: Vec<&str> = b.running.iter().map(|r| r.job_name.as_str()).collect();
         assert_eq!(names, ["a-2"]);
         // The newest claim's Job even when not released yet (its confirm may have been written).
-        newest.released = Some(false);
+        newest.release = Release::NotReleased;
         let b = behind(&wiped, &[newest, leftover]).expect("behind");
         assert_eq!(b.running.len(), 1);
         assert_eq!(b.running[0].token, 5);
@@ -489,5 +580,115 @@ mod tests {
         assert!(!ran(&st, &[], p), "a missed period did not run");
         st.history[0].outcome = crate::api::Outcome::Deduplicated;
         assert!(ran(&st, &[], p));
+    }
+
+    /// A prepared run's Job (created ahead of its instant, not released).
+    fn prepared_job(name: &str, period: &str, token: u64) -> OwnedJob {
+        let mut j = job(name, period, token);
+        j.suspended = true;
+        j.release = Release::NotReleased;
+        j.resume_at = Some(t(period));
+        j
+    }
+
+    /// G4, the rollback floor: a prepared run is never resumed by the sweep, and an active run
+    /// whose Job carries a `resume-at` still ahead (a status that adopted it without knowing it
+    /// was prepared) waits for it; a withdrawn Job is never resumed.
+    #[test]
+    fn a_prepared_job_is_not_resumed_before_its_instant() {
+        let j = prepared_job("a-1", "2030-01-01T00:01:00Z", 3);
+        let before = t("2030-01-01T00:00:59.999Z");
+        let at = t("2030-01-01T00:01:00Z");
+        let mut st = status(3, "2030-01-01T00:00:00Z");
+        st.prepared = Some(run(&j));
+        assert!(
+            to_resume(&st, std::slice::from_ref(&j), at).is_empty(),
+            "prepared, not active"
+        );
+        st.prepared = None;
+        st.active.push(run(&j));
+        assert!(
+            to_resume(&st, std::slice::from_ref(&j), before).is_empty(),
+            "early"
+        );
+        assert_eq!(to_resume(&st, std::slice::from_ref(&j), at).len(), 1);
+        let mut out = j.clone();
+        out.release = Release::Withdrawn("Suspended".into());
+        assert!(to_resume(&st, &[out], at).is_empty(), "withdrawn");
+    }
+
+    #[test]
+    fn the_prepared_run_is_known_and_stopped_when_started_outside() {
+        let j = prepared_job("a-1", "2030-01-01T00:01:00Z", 3);
+        let mut st = status(3, "2030-01-01T00:00:00Z");
+        assert_eq!(
+            unknown(&st, std::slice::from_ref(&j)).len(),
+            1,
+            "no claim knows it"
+        );
+        st.prepared = Some(run(&j));
+        assert!(known(&st, &j));
+        assert!(unknown(&st, std::slice::from_ref(&j)).is_empty());
+        assert!(started_outside(&st, std::slice::from_ref(&j)).is_empty());
+        let mut started = j.clone();
+        started.suspended = false;
+        assert_eq!(
+            started_outside(&st, std::slice::from_ref(&started)).len(),
+            1
+        );
+        // Unsuspended after its withdrawal was marked: stopped too.
+        started.release = Release::Withdrawn("Suspended".into());
+        assert_eq!(started_outside(&st, &[started]).len(), 1);
+    }
+
+    /// A withdrawn Job whose deletion was lost goes, whatever its period; so does a prepared
+    /// Job no claim knows whose token the status issued (a paused preparer's late create).
+    #[test]
+    fn withdrawn_and_orphaned_prepared_jobs_are_unknown() {
+        let st = status(5, "2030-01-01T00:00:00Z");
+        let mut out = prepared_job("a-2", "2030-01-01T00:02:00Z", 9);
+        out.release = Release::Withdrawn("ScheduleChanged".into());
+        let orphan = prepared_job("a-1", "2030-01-01T00:01:00Z", 4);
+        let newer = prepared_job("a-3", "2030-01-01T00:03:00Z", 6);
+        let jobs = [out.clone(), orphan.clone(), newer];
+        let found = unknown(&st, &jobs);
+        assert_eq!(
+            found,
+            vec![&out, &orphan],
+            "a token above the status is news, not unknown"
+        );
+    }
+
+    /// A status behind a prepared Job raises its token but decides nothing by it, and adopts it
+    /// as prepared (to be judged, and withdrawn: StatusBehind), never as running.
+    #[test]
+    fn a_wiped_status_adopts_a_prepared_job_as_prepared() {
+        let ran = {
+            let mut j = job("a-0", "2030-01-01T00:00:00Z", 2);
+            j.finished = true;
+            j
+        };
+        let p = prepared_job("a-1", "2030-01-01T00:01:00Z", 3);
+        let wiped = SingletonJobStatus::default();
+        let b = behind(&wiped, &[ran, p.clone()]).expect("behind");
+        assert_eq!(b.token, Some(3));
+        assert_eq!(
+            b.decided_through,
+            Some(t("2030-01-01T00:00:00Z")),
+            "not the prepared period"
+        );
+        assert!(b.running.is_empty());
+        let adopted = b.prepared.expect("adopted as prepared");
+        assert_eq!(adopted.job_uid.as_deref(), Some(p.uid.as_str()));
+        assert_eq!(adopted.resume_at.map(|t| t.0), p.resume_at);
+        assert_eq!(adopted.basis, None, "no basis: its judge withdraws it");
+        // Resumed already (released): it ran, so it is a running run like any other.
+        let mut resumed = p.clone();
+        resumed.release = Release::Released;
+        resumed.suspended = false;
+        let b = behind(&wiped, &[resumed]).expect("behind");
+        assert_eq!(b.prepared, None);
+        assert_eq!(b.running.len(), 1);
+        assert_eq!(b.decided_through, Some(t("2030-01-01T00:01:00Z")));
     }
 }

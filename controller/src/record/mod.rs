@@ -503,6 +503,15 @@ pub fn raise_to_jobs(
     }
     status.active.extend(behind.running);
     status.active_count = status.active.len() as i32;
+    if let Some(run) = behind.prepared {
+        raised.push(format!(
+            "adopted prepared Job {} (token {}), to be withdrawn: this status cannot vouch for its decision",
+            run.job_name, run.token
+        ));
+        // Counted as its preparation counted it, so its withdrawal gives back only that.
+        status.run_count = status.run_count.saturating_add(1);
+        status.prepared = Some(run);
+    }
     let message = format!(
         "status was behind this SingletonJob's Jobs (wiped or restored from an older copy); raised {}; no period they ran is run again",
         raised.join(", ")

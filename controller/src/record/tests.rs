@@ -173,6 +173,7 @@ fn a_status_behind_its_jobs_is_raised_and_says_so_until_a_later_run() {
         token: Some(8),
         decided_through: Some(t("2030-01-01T10:05:00Z")),
         running: vec![running.clone()],
+        prepared: None,
     };
     let raised_at = t("2030-01-01T10:06:00Z");
     let msg = raise_to_jobs(&mut status, behind, "fp".into(), Some(1), raised_at);
@@ -330,5 +331,36 @@ fn a_finished_run_keeps_what_a_newer_release_recorded_on_its_entry() {
             (Some(2), Outcome::Succeeded, None),
             (Some(1), Outcome::Succeeded, Some(serde_json::json!(2))),
         ]
+    );
+}
+
+/// A prepared Job adopted by a status behind it becomes the status's prepared run (judged, and
+/// withdrawn), never an active one: adopting it as running would resume it before its instant.
+#[test]
+fn a_status_behind_a_prepared_job_adopts_it_as_prepared() {
+    let mut prepared = run("2030-01-01T10:06:00Z", 9);
+    prepared.resume_at = Some(t("2030-01-01T10:06:00Z").into());
+    let mut status = SingletonJobStatus::default();
+    let behind = Behind {
+        token: Some(9),
+        decided_through: None,
+        running: Vec::new(),
+        prepared: Some(prepared.clone()),
+    };
+    let msg = raise_to_jobs(
+        &mut status,
+        behind,
+        "fp".into(),
+        Some(1),
+        t("2030-01-01T10:05:00Z"),
+    );
+    assert!(msg.contains("adopted prepared Job"), "{msg}");
+    assert_eq!(status.prepared, Some(prepared));
+    assert!(status.active.is_empty());
+    assert_eq!(status.decided_through, None, "nothing decided by it");
+    assert_eq!(status.fencing_token, 9);
+    assert_eq!(
+        status.run_count, 1,
+        "its withdrawal gives back what its preparation counted"
     );
 }

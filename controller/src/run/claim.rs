@@ -20,7 +20,7 @@ pub(super) enum Backstopped {
     /// `skipped`: without a backstop claim (Efficiency, database unreachable).
     Go {
         sj: Box<SingletonJob>,
-        claim: RunRef,
+        claim: Box<RunRef>,
         skipped: bool,
     },
     /// The period is decided without a Job (Deduplicated, Missed): nothing more to do.
@@ -42,7 +42,7 @@ pub(super) async fn backstop_claim(
         Availability::NotConfigured => {
             return Ok(Backstopped::Go {
                 sj: Box::new(sj.clone()),
-                claim,
+                claim: Box::new(claim),
                 skipped: false,
             });
         }
@@ -87,7 +87,7 @@ pub(super) async fn backstop_claim(
             Ok(_) => {
                 return Ok(Backstopped::Go {
                     sj: Box::new(sj),
-                    claim,
+                    claim: Box::new(claim),
                     skipped: false,
                 });
             }
@@ -306,7 +306,7 @@ fn multi_cluster<'a>(
                     .await;
                 Ok(Backstopped::Go {
                     sj: Box::new(sj),
-                    claim,
+                    claim: Box::new(claim),
                     skipped: false,
                 })
             }
@@ -380,7 +380,7 @@ async fn unavailable(
         tracing::warn!(sj = %sj.key(), reason = %why, "backstop unavailable; Efficiency: starting without its claim");
         return Ok(Backstopped::Go {
             sj: Box::new(sj.clone()),
-            claim,
+            claim: Box::new(claim),
             skipped: true,
         });
     }

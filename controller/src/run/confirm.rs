@@ -11,7 +11,7 @@ use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
 use crate::context::Context;
 use crate::decide::reason;
 use crate::failpoint;
-use crate::kube_io::{self, Propagation, Resumed};
+use crate::kube_io::{self, Propagation, Resumed, Unreleased};
 use crate::lanes::Lane;
 use crate::record;
 use crate::{Error, Result};
@@ -82,7 +82,9 @@ async fn confirm(
             for _ in &claim.replaces {
                 crate::metrics::global().run_finished(&fresh, Outcome::Replaced);
             }
-            resume(ctx, &fresh, &claim, &uid, &admission).await
+            let untested = Unreleased::Untested;
+            resume(ctx, &fresh, &claim, &uid, &admission, untested).await?;
+            Ok(())
         }
         Err(Error::Conflict(what)) => {
             let name = fresh.metadata.name.as_deref().unwrap_or_default();
@@ -106,19 +108,28 @@ async fn confirm(
 }
 
 /// Step 8: the confirmed Job may run (G1: only the Job a confirm named, by uid), resumed by the
-/// controller or released to its queue; either way marked released by the same patch.
+/// controller or released to its queue; either way marked released by the same patch. A prepared
+/// run's resume tests its mark too ([`Unreleased::Tested`]). Returns what became of it.
 pub async fn resume(
     ctx: &Context,
     sj: &SingletonJob,
     run: &RunRef,
     uid: &str,
     admission: &Admission,
-) -> Result<()> {
+    unreleased: Unreleased,
+) -> Result<Resumed> {
     let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
     let release = admission.release();
     let deadline = crate::job::active_deadline_at(sj, run.period.0, Timestamp::now());
-    let resumed =
-        kube_io::resume_job(ctx, ns, &run.job_name, uid, run.token, release, deadline).await?;
+    let patch = kube_io::ResumeJob {
+        name: &run.job_name,
+        uid,
+        token: run.token,
+        release,
+        active_deadline: deadline,
+        unreleased,
+    };
+    let resumed = kube_io::resume_job(ctx, ns, &patch).await?;
     ctx.resumed.note(uid);
     match resumed {
         Resumed::Yes => {
@@ -136,7 +147,7 @@ pub async fn resume(
             tracing::info!(job = %run.job_name, "the run's Job was deleted before it could be resumed");
         }
     }
-    Ok(())
+    Ok(resumed)
 }
 
 /// Starts steps 7 and 8 in a task of its own (see [`crate::context::InFlight`]); its log lines keep the run's

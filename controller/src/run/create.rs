@@ -232,7 +232,7 @@ fn name_taken<'a>(
             && same_run
             && let Some(job) = owned
                 .as_ref()
-                .filter(|j| j.suspended && j.released != Some(true))
+                .filter(|j| j.suspended && j.release.pending())
         {
             return Ok(Taken::Ours(job.uid.clone()));
         }
@@ -242,7 +242,7 @@ fn name_taken<'a>(
             && same_run
             && let Some(job) = owned
                 .as_ref()
-                .filter(|j| !j.suspended && j.released != Some(true) && !j.deleting)
+                .filter(|j| !j.suspended && j.release.pending() && !j.deleting)
         {
             not_suspended(ctx, fresh, claim, &job.uid, db).await?;
             return Ok(Taken::Decided);

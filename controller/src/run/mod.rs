@@ -53,7 +53,8 @@
 //! The steps are in the files of this module, in order: [`claim`] (steps 2 to 4), [`create`]
 //! (5 and 6), [`confirm`] (7 and 8); [`decided`] decides a claimed period without a Job;
 //! [`sweep`] removes the Jobs no claim knows and resumes the confirmed runs whose resume was
-//! lost; [`mod@break_lock`] breaks a stuck lock.
+//! lost; [`mod@break_lock`] breaks a stuck lock; [`prepared`] resumes at its instant, or
+//! withdraws, a run prepared ahead of it (issue 33).
 //!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::decide::ops`]) take the same
 //! steps ([`Cause::Manual`]); their claim write also marks the request handled, so a request is
@@ -69,6 +70,7 @@ pub mod claim;
 pub mod confirm;
 pub mod create;
 pub mod decided;
+pub mod prepared;
 pub mod sweep;
 
 use std::sync::Arc;
@@ -275,7 +277,7 @@ pub async fn complete_claim(
     // 4. Backstop (G1, G3, G5).
     let (sj, claim, backstop_skipped) =
         match Box::pin(claim::backstop_claim(ctx, sj, claim, db)).await? {
-            claim::Backstopped::Go { sj, claim, skipped } => (*sj, claim, skipped),
+            claim::Backstopped::Go { sj, claim, skipped } => (*sj, *claim, skipped),
             claim::Backstopped::Decided => return Ok(()),
         };
     failpoint::hit(failpoint::BACKSTOP_CLAIMED);

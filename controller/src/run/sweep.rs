@@ -11,7 +11,7 @@ use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
 use crate::backstop::Availability;
 use crate::context::Context;
 use crate::decide::reason;
-use crate::kube_io::{self, Propagation};
+use crate::kube_io::{self, Propagation, Unreleased};
 use crate::lanes::Lane;
 use crate::{Error, Result, observe, record, run};
 
@@ -19,13 +19,15 @@ use crate::{Error, Result, observe, record, run};
 /// decided periods that no claim knows are removed by uid, with an Event; confirmed runs whose
 /// Job is still suspended are resumed.
 /// Returns whether it wrote the status (a run someone else started was stopped): the reconcile
-/// then starts again from the written status.
+/// then starts again from the written status. `due_now` is the earliest time the API server's
+/// clock may show: no Job is resumed before its `singleton.dev/resume-at` (G4).
 pub async fn check_jobs(
     ctx: &Context,
     sj: &SingletonJob,
     status: &SingletonJobStatus,
     owned: &[observe::OwnedJob],
     db: &Availability,
+    due_now: Timestamp,
 ) -> Result<bool> {
     remove_unknown(ctx, sj, status, owned).await?;
     if let Some((run, job)) = observe::started_outside(status, owned).into_iter().next() {
@@ -41,7 +43,7 @@ pub async fn check_jobs(
         stop_run(ctx, sj, status, &run, job, stop, db).await?;
         return Ok(true);
     }
-    let resume = observe::to_resume(status, owned);
+    let resume = observe::to_resume(status, owned, due_now);
     // Decoding the template is only worth it when there is something to resume.
     if resume.is_empty() {
         return Ok(false);
@@ -55,7 +57,7 @@ pub async fn check_jobs(
             continue;
         };
         tracing::info!(sj = %sj.key(), job = %name, "resuming a confirmed run's Job (its resume was lost)");
-        match run::resume(ctx, sj, run, &uid, &admission).await {
+        match run::resume(ctx, sj, run, &uid, &admission, Unreleased::Untested).await {
             // Refused by admission (a webhook or policy denying the unsuspend) past the period's
             // wait bound: not retried for ever ahead of every later period (F10a).
             Err(Error::Kube(kube::Error::Api(e)))
@@ -78,7 +80,9 @@ pub async fn check_jobs(
                 stop_run(ctx, sj, status, run, job, stop, db).await?;
                 return Ok(true);
             }
-            r => r?,
+            r => {
+                r?;
+            }
         }
     }
     Ok(false)
@@ -164,6 +168,22 @@ async fn stop_run(
     next.pending_claim = next.pending_claim.filter(|p| p.job_name != run.job_name);
     next.active.retain(|r| r.job_name != run.job_name);
     next.active_count = next.active.len() as i32;
+    // A prepared run started before its instant (or after its withdrawal): pods ran, so its
+    // period is decided by this stop.
+    if next
+        .prepared
+        .as_ref()
+        .is_some_and(|p| p.job_name == run.job_name)
+    {
+        next.prepared = None;
+        if next
+            .decided_through
+            .as_ref()
+            .is_none_or(|c| c.0 < run.period.0)
+        {
+            next.decided_through = Some(run.period.0.into());
+        }
+    }
     next.history
         .retain(|h| h.job_name.as_deref() != Some(run.job_name.as_str()));
     let why = Some(stop.reason.to_string());
