@@ -36,6 +36,38 @@ pub(super) fn entry(
     }
 }
 
+/// The run of `period` with `token`, its Job named after the period as the controller names it.
+pub(super) fn run(period: &str, token: u64) -> RunRef {
+    let period = t(period).0;
+    RunRef {
+        unknown: Default::default(),
+        late: false,
+        period: period.into(),
+        token,
+        job_name: format!("hello-{}", period.as_second()),
+        claimed_at: None,
+        job_uid: None,
+        origin: None,
+        requested_by: None,
+        supersedes: None,
+        replaces: Vec::new(),
+        resume_at: None,
+        basis: None,
+    }
+}
+
+/// A run prepared for `period` (token 8, the one after the active run's), resumed at
+/// `resume_at`: claimed, its Job created suspended and confirmed, not started yet.
+pub(super) fn prepared(period: &str, resume_at: &str) -> RunRef {
+    RunRef {
+        claimed_at: Some(t("2026-01-01T00:05:30Z")),
+        job_uid: Some("0d6c1f5e-prepared".into()),
+        resume_at: Some(t(resume_at).0.into()),
+        basis: Some("fp:1a2b3c/spec:4d5e6f".into()),
+        ..run(period, 8)
+    }
+}
+
 pub(super) fn sj() -> SingletonJob {
     let spec: SingletonJobSpec = serde_json::from_value(serde_json::json!({
         "schedule": "*/5 * * * *",
@@ -56,21 +88,7 @@ pub(super) fn sj() -> SingletonJob {
             t("2026-01-01T00:15:00Z"),
             t("2026-01-01T00:20:00Z"),
         ],
-        active: vec![RunRef {
-            unknown: Default::default(),
-            late: false,
-            period: t("2026-01-01T00:05:00Z").0.into(),
-            token: 7,
-            job_name: "hello-1767225900".into(),
-            claimed_at: None,
-            job_uid: None,
-            origin: None,
-            requested_by: None,
-            supersedes: None,
-            replaces: Vec::new(),
-            resume_at: None,
-            basis: None,
-        }],
+        active: vec![run("2026-01-01T00:05:00Z", 7)],
         conditions: vec![Condition {
             type_: "Ready".into(),
             status: "True".into(),

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use jiff::Timestamp;
+use jiff::tz::TimeZone;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::ResourceExt;
 
@@ -14,6 +15,7 @@ use crate::api::{
     SingletonJobSpec, SingletonJobStatus,
 };
 use crate::decide::ops::OperationKind;
+use crate::schedule::{DstPolicy, Schedule};
 use crate::text;
 
 /// How `list`, `status` and `history` print.
@@ -166,6 +168,7 @@ pub fn render_list(sjs: &[SingletonJob], all_namespaces: bool, now: Timestamp) -
         "LAST RESULT",
         "LAST SCHEDULE",
         "NEXT",
+        "PREPARED",
         "TOKEN",
     ];
     if all_namespaces {
@@ -191,6 +194,10 @@ pub fn render_list(sjs: &[SingletonJob], all_namespaces: bool, now: Timestamp) -
                     .map(|t| format!("{} ago", age(t.0, now)))
                     .unwrap_or_else(|| "-".into()),
                 dash(st.next_schedule_time.as_deref()),
+                st.prepared
+                    .as_ref()
+                    .map(|r| instant(resume_at(r)))
+                    .unwrap_or_else(|| "-".into()),
                 st.fencing_token.to_string(),
             ];
             if all_namespaces {
@@ -205,14 +212,15 @@ pub fn render_list(sjs: &[SingletonJob], all_namespaces: bool, now: Timestamp) -
 /// How many history entries `status` shows.
 pub const STATUS_HISTORY: usize = 10;
 
-/// The `status` summary: spec, conditions, active runs, next times, recent history, and the
-/// operations users asked for.
+/// The `status` summary: spec, conditions, active runs, the run prepared ahead of its instant,
+/// next times, recent history, and the operations users asked for.
 pub fn render_status(sj: &SingletonJob, now: Timestamp) -> String {
     let st = sj.status.clone().unwrap_or_default();
     [
         summary(sj, &st),
         conditions_section(&st.conditions, now),
         active_runs_section(&st.active),
+        prepared_run_section(st.prepared.as_ref(), time_zone(&sj.spec).as_ref(), now),
         next_times_section(&st.next_schedule_times),
         history_section(&st.history),
         operations_section(&st.operations),
@@ -339,6 +347,75 @@ fn active_runs_section(active: &[RunRef]) -> String {
         .map(|r| vec![r.job_name.clone(), period(&r.period), r.token.to_string()])
         .collect();
     table_section("Active Runs", &["JOB", "PERIOD", "TOKEN"], &rows)
+}
+
+/// The run prepared ahead of its instant (claimed, its Job created suspended and confirmed):
+/// when it is resumed, in the SingletonJob's time zone `tz` (the date too when that is not
+/// today there; in UTC, RFC 3339, when the zone is unknown), its token, its Job and period, and
+/// how far off the resume is, or how overdue.
+fn prepared_run_section(
+    prepared: Option<&RunRef>,
+    tz: Option<&TimeZone>,
+    now: Timestamp,
+) -> String {
+    let lines = prepared.map(|r| {
+        let at = resume_at(r);
+        let when = match tz {
+            Some(tz) => local(at, tz, now),
+            None => instant(at),
+        };
+        let due = if at > now {
+            format!("resumes in {}", age(now, at))
+        } else {
+            format!("not resumed yet, due {} ago", age(at, now))
+        };
+        format!(
+            "Prepared for {when}, token {}\nJob {} (period {}), {due}\n",
+            r.token,
+            text::printable(&r.job_name),
+            period(&r.period),
+        )
+    });
+    section("Prepared Run", lines)
+}
+
+/// When a prepared run is resumed: its `resumeAt`, or its period when it has none.
+fn resume_at(r: &RunRef) -> Timestamp {
+    r.resume_at.as_ref().unwrap_or(&r.period).0
+}
+
+/// The SingletonJob's time zone (`spec.timeZone`, UTC when unset), resolved exactly as its
+/// schedule resolves it (the tz database compiled into the binary); None for a name that
+/// database does not know (the Ready condition says so). The expression only carries the zone.
+fn time_zone(spec: &SingletonJobSpec) -> Option<TimeZone> {
+    Schedule::parse("@every 1s", spec.time_zone.as_deref(), DstPolicy::default())
+        .ok()
+        .map(|s| s.time_zone().clone())
+}
+
+/// `t`'s wall time in `tz` (`12:00:00`, with milliseconds when it has any: jitter), preceded
+/// by its date there when that is not `now`'s (`2027-01-02 12:00:00`).
+fn local(t: Timestamp, tz: &TimeZone, now: Timestamp) -> String {
+    let zoned = t.to_zoned(tz.clone());
+    let time = if t.subsec_nanosecond() == 0 {
+        zoned.strftime("%H:%M:%S").to_string()
+    } else {
+        zoned.strftime("%H:%M:%S%.3f").to_string()
+    };
+    if zoned.date() == now.to_zoned(tz.clone()).date() {
+        time
+    } else {
+        format!("{} {time}", zoned.date())
+    }
+}
+
+/// An instant in RFC 3339 UTC, with milliseconds when it has any (a jittered resume).
+fn instant(t: Timestamp) -> String {
+    if t.subsec_nanosecond() == 0 {
+        t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    } else {
+        t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+    }
 }
 
 /// The next three instants (status keeps a few more).
@@ -560,7 +637,7 @@ fn token(h: &HistoryEntry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::fixtures::{entry, now, sj, t};
+    use crate::plugin::fixtures::{entry, now, prepared, sj, t};
 
     #[test]
     fn table_aligns_columns() {
@@ -599,6 +676,7 @@ mod tests {
             "LAST RESULT",
             "LAST SCHEDULE",
             "NEXT",
+            "PREPARED",
             "TOKEN",
         ] {
             assert!(lines[0].contains(h), "{h} in {out}");
@@ -612,6 +690,21 @@ mod tests {
         assert!(cells.contains(&"90s ago"), "{cells:?}");
         assert!(cells.contains(&"2026-01-01T00:10:00Z"), "{cells:?}");
         assert_eq!(cells.last(), Some(&"7"));
+        let cells: Vec<&str> = cells.into_iter().filter(|c| !c.is_empty()).collect();
+        assert_eq!(cells[cells.len() - 2], "-", "nothing prepared: {cells:?}");
+    }
+
+    #[test]
+    fn list_shows_the_prepared_run_before_the_token() {
+        let mut s = sj();
+        s.status.as_mut().unwrap().prepared =
+            Some(prepared("2026-01-01T00:10:00Z", "2026-01-01T00:10:00.250Z"));
+        let out = render_list(&[s], false, now());
+        assert_eq!(
+            out,
+            "NAME    SCHEDULE      SUSPEND   ACTIVE   LAST RESULT   LAST SCHEDULE   NEXT                   PREPARED                   TOKEN\n\
+             hello   */5 * * * *   false     1        Succeeded     90s ago         2026-01-01T00:10:00Z   2026-01-01T00:10:00.250Z   7\n"
+        );
     }
 
     #[test]
@@ -673,6 +766,147 @@ mod tests {
         assert!(out.contains("Active Runs:\n  <none>"), "{out}");
         assert!(
             out.contains("History (last 0 of 0, newest first):\n  <none>"),
+            "{out}"
+        );
+    }
+
+    /// The `status` of [`sj`] (Europe/Berlin; now is 01:06:30 there) with `run` prepared.
+    fn status_with(run: Option<RunRef>) -> String {
+        let mut s = sj();
+        s.status.as_mut().unwrap().prepared = run;
+        render_status(&s, now())
+    }
+
+    /// The Prepared Run section of a `status` output, title included.
+    fn prepared_part(out: &str) -> &str {
+        let from = out.find("Prepared Run:").expect(out);
+        let to = out.find("Next Schedule Times:").expect(out);
+        &out[from..to]
+    }
+
+    #[test]
+    fn status_shows_no_prepared_run_as_none_after_the_active_runs() {
+        let out = status_with(None);
+        assert!(
+            out.contains(
+                "Active Runs:\n  JOB                PERIOD                 TOKEN\n  \
+                 hello-1767225900   2026-01-01T00:05:00Z   7\n\
+                 Prepared Run:\n  <none>\nNext Schedule Times:\n"
+            ),
+            "{out}"
+        );
+        // A SingletonJob the controller has not seen yet has none either.
+        let mut fresh = sj();
+        fresh.status = None;
+        assert!(
+            render_status(&fresh, now()).contains("Prepared Run:\n  <none>\n"),
+            "no status"
+        );
+    }
+
+    #[test]
+    fn status_shows_a_run_prepared_for_later_today_in_the_time_zone() {
+        // 00:10:00Z is 01:10:00 in Berlin, today there (01:06:30).
+        let out = status_with(Some(prepared(
+            "2026-01-01T00:10:00Z",
+            "2026-01-01T00:10:00Z",
+        )));
+        assert_eq!(
+            prepared_part(&out),
+            "Prepared Run:\n  Prepared for 01:10:00, token 8\n  \
+             Job hello-1767226200 (period 2026-01-01T00:10:00Z), resumes in 3m30s\n"
+        );
+    }
+
+    #[test]
+    fn status_adds_the_date_of_a_run_prepared_for_another_day_there() {
+        // 23:30Z is still 2026-01-01 in UTC, but 00:30 on the 2nd in Berlin.
+        let out = status_with(Some(prepared(
+            "2026-01-01T23:30:00Z",
+            "2026-01-01T23:30:00Z",
+        )));
+        assert_eq!(
+            prepared_part(&out),
+            "Prepared Run:\n  Prepared for 2026-01-02 00:30:00, token 8\n  \
+             Job hello-1767310200 (period 2026-01-01T23:30:00Z), resumes in 23h\n"
+        );
+    }
+
+    #[test]
+    fn status_says_how_overdue_a_prepared_run_is() {
+        // Its resume was due at 00:06:05Z, 25 s before now, and it is still prepared.
+        let out = status_with(Some(prepared(
+            "2026-01-01T00:06:05Z",
+            "2026-01-01T00:06:05Z",
+        )));
+        assert_eq!(
+            prepared_part(&out),
+            "Prepared Run:\n  Prepared for 01:06:05, token 8\n  \
+             Job hello-1767225965 (period 2026-01-01T00:06:05Z), not resumed yet, due 25s ago\n"
+        );
+    }
+
+    #[test]
+    fn the_prepared_instant_is_read_in_the_given_time_zone() {
+        let at = |s: &str| prepared("2026-01-01T00:10:00Z", s);
+        let utc = TimeZone::UTC;
+        let new_york = time_zone(
+            &serde_json::from_value(serde_json::json!({
+                "schedule": "0 * * * *", "timeZone": "America/New_York", "jobTemplate": {}
+            }))
+            .unwrap(),
+        )
+        .expect("a zone the bundled database knows");
+        let berlin = time_zone(&sj().spec).expect("Europe/Berlin");
+        let first_line = |r: &RunRef, tz: Option<&TimeZone>| {
+            prepared_run_section(Some(r), tz, now())
+                .lines()
+                .nth(1)
+                .unwrap()
+                .to_string()
+        };
+        // now() is 2026-01-01 00:06:30 UTC, 01:06:30 in Berlin, 2025-12-31 19:06:30 in New York.
+        let cases = [
+            (&utc, "2026-01-01T00:10:00Z", "00:10:00"),
+            (&berlin, "2026-01-01T00:10:00Z", "01:10:00"),
+            (&new_york, "2026-01-01T00:10:00Z", "19:10:00"),
+            // Today in UTC, tomorrow in New York.
+            (&utc, "2026-01-01T05:30:00Z", "05:30:00"),
+            (&new_york, "2026-01-01T05:30:00Z", "2026-01-01 00:30:00"),
+            // Today in UTC, tomorrow in New York and in Berlin.
+            (&utc, "2026-01-01T23:30:00Z", "23:30:00"),
+            (&new_york, "2026-01-01T23:30:00Z", "2026-01-01 18:30:00"),
+            (&berlin, "2026-01-01T23:30:00Z", "2026-01-02 00:30:00"),
+            // A jittered resume shows its milliseconds.
+            (&berlin, "2026-01-01T00:10:00.250Z", "01:10:00.250"),
+        ];
+        for (tz, resume, want) in cases {
+            assert_eq!(
+                first_line(&at(resume), Some(tz)),
+                format!("  Prepared for {want}, token 8"),
+                "{resume} in {tz:?}"
+            );
+        }
+        // A zone the database does not know: the instant in UTC, as RFC 3339.
+        assert_eq!(
+            first_line(&at("2026-01-01T00:10:00.250Z"), None),
+            "  Prepared for 2026-01-01T00:10:00.250Z, token 8"
+        );
+        let mut unknown = sj();
+        unknown.spec.time_zone = Some("Mars/Olympus_Mons".into());
+        assert_eq!(time_zone(&unknown.spec), None);
+        unknown.spec.time_zone = None;
+        assert_eq!(time_zone(&unknown.spec), Some(TimeZone::UTC));
+    }
+
+    #[test]
+    fn a_prepared_run_without_resume_at_is_shown_at_its_period() {
+        // resumeAt is optional in the schema: without it, the period stands in.
+        let mut r = prepared("2026-01-01T00:10:00Z", "2026-01-01T00:10:00Z");
+        r.resume_at = None;
+        let out = status_with(Some(r));
+        assert!(
+            prepared_part(&out).contains("Prepared for 01:10:00, token 8\n"),
             "{out}"
         );
     }
@@ -758,11 +992,43 @@ mod tests {
         let yaml = format_status(&s, Output::Yaml, now()).unwrap();
         let back: SingletonJob = serde_yaml::from_str(&yaml).unwrap();
         assert_eq!(back, s);
-        let list = format_list(&[s], false, Output::Json, now()).unwrap();
+        let list = format_list(std::slice::from_ref(&s), false, Output::Json, now()).unwrap();
         let v: serde_json::Value = serde_json::from_str(&list).unwrap();
         assert_eq!(v["kind"], "List");
         assert_eq!(v["items"][0]["metadata"]["name"], "hello");
+        assert!(v["items"][0]["status"].get("prepared").is_none(), "{list}");
         assert_eq!("yaml".parse::<Output>(), Ok(Output::Yaml));
         assert!("xml".parse::<Output>().is_err());
+    }
+
+    #[test]
+    fn structured_outputs_carry_the_prepared_run() {
+        let mut s = sj();
+        s.status.as_mut().unwrap().prepared =
+            Some(prepared("2026-01-01T00:10:00Z", "2026-01-01T00:10:00.250Z"));
+        let list = format_list(std::slice::from_ref(&s), false, Output::Json, now()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+        let p = &v["items"][0]["status"]["prepared"];
+        assert_eq!(p["jobName"], "hello-1767226200", "{list}");
+        assert_eq!(p["token"], 8, "{list}");
+        assert_eq!(p["basis"], "fp:1a2b3c/spec:4d5e6f", "{list}");
+        assert!(
+            p["resumeAt"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("2026-01-01T00:10:00.25")),
+            "{list}"
+        );
+        for output in [Output::Json, Output::Yaml] {
+            let text = format_status(&s, output, now()).unwrap();
+            assert!(
+                text.contains("prepared") && text.contains("resumeAt"),
+                "{text}"
+            );
+            let back: SingletonJob = match output {
+                Output::Json => serde_json::from_str(&text).unwrap(),
+                _ => serde_yaml::from_str(&text).unwrap(),
+            };
+            assert_eq!(back, s);
+        }
     }
 }
