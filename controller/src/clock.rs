@@ -200,6 +200,21 @@ impl ClockState {
         local_now.min(by_wall).min(by_mono)
     }
 
+    /// The earliest instant the API server's clock may NOT have reached yet when the local clock
+    /// reads `local_now` (its upper bound), if measured: whether something may already have
+    /// happened by the API server's clock (a prepared run's instant passed, so another replica
+    /// may have resumed it) is judged by this, never by [`ClockState::due_now`].
+    pub fn latest_now(&self, local_now: Timestamp) -> Option<Timestamp> {
+        let iv = self.interval?;
+        let mono = Instant::now();
+        let (_, hi) = iv.bounds_at(mono);
+        // As in `due_at`, by our wall clock and by the monotonic time since the interval was
+        // formed (a stepped wall clock): here the latest of them.
+        let by_wall = shift(local_now, hi);
+        let by_mono = shift(iv.wall, elapsed(iv.mono, mono) + hi);
+        Some(local_now.max(by_wall).max(by_mono))
+    }
+
     /// The offset's bounds `(lo, hi)` when the monotonic clock reads `mono`, if measured.
     pub fn bounds_at(&self, mono: Instant) -> Option<(SignedDuration, SignedDuration)> {
         self.interval.map(|iv| iv.bounds_at(mono))

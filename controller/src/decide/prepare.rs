@@ -222,6 +222,13 @@ pub fn judge(
 ) -> Verdict {
     use WithdrawReason as W;
 
+    // (0) A Job gone once its instant came may have been resumed, and run: promoted (recorded
+    // as a Job gone), never withdrawn and its period run again (G1), whatever changed since.
+    let came = prepared.resume_at.as_ref().is_some_and(|r| obs.now >= r.0);
+    if job == JobMark::Missing && came {
+        return Verdict::Promote;
+    }
+
     // (1) to (3): the Job's mark, the status and the basis.
     let resume_at = match settled_before_the_plan(spec, schedule, status, prepared, job) {
         Ok(resume_at) => resume_at,

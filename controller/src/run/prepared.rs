@@ -68,11 +68,18 @@ pub async fn settle(
     let Some(run) = status.prepared.clone() else {
         return Ok(None);
     };
+    let it = Settle {
+        ctx,
+        sj,
+        run: &run,
+        clock,
+        db,
+    };
     // 0. Mark.
     let job = job_of(ctx, sj, &run, owned).await?;
     let mark = mark(job.as_ref());
     // 1. Judge.
-    match verdict(ctx, sj, status, &run, mark, clock, now, db) {
+    match it.verdict(status, mark, now) {
         // 2. Keep (G4): looked at again at its instant, and on any change before it.
         Verdict::Keep { until } => {
             ctx.clock.prepare(until);
@@ -83,16 +90,23 @@ pub async fn settle(
             };
             Ok(Some(Action::requeue(wait.max(Duration::from_millis(1)))))
         }
-        Verdict::Resume => resume(ctx, sj, &run, job.as_ref(), db).await.map(Some),
-        Verdict::Promote => promote(ctx, sj, &run).await.map(Some),
+        Verdict::Resume => it.resume(job.as_ref()).await.map(Some),
+        Verdict::Promote => it.promote().await.map(Some),
         Verdict::Stop => Ok(None),
         Verdict::Withdraw(reason) => {
             let marked = matches!(mark, JobMark::Withdrawn(_) | JobMark::Missing);
-            withdraw(ctx, sj, &run, job.as_ref(), reason, marked, db)
-                .await
-                .map(Some)
+            it.withdraw(job.as_ref(), reason, marked).await.map(Some)
         }
     }
+}
+
+/// What settling one prepared run works with.
+struct Settle<'a> {
+    ctx: &'a Context,
+    sj: &'a SingletonJob,
+    run: &'a RunRef,
+    clock: &'a ClockState,
+    db: &'a Availability,
 }
 
 /// The prepared run's Job: from the cache, else read (the cache may not have it yet).
@@ -135,58 +149,195 @@ fn mark(job: Option<&OwnedJob>) -> JobMark {
     }
 }
 
-/// The judge's verdict on this reconcile's inputs. A manual run asked for while a run is
-/// prepared supersedes it: withdrawn first, the manual run claimed by the next reconcile.
-#[allow(clippy::too_many_arguments)]
-fn verdict(
-    ctx: &Context,
-    sj: &SingletonJob,
-    status: &SingletonJobStatus,
-    run: &RunRef,
-    mark: JobMark,
-    clock: &ClockState,
-    now: Timestamp,
-    db: &Availability,
-) -> Verdict {
-    let schedule = match ctx.schedule_of(sj) {
-        Ok(s) => s.with_shift_floor(status.shifts_after.as_ref().map(|t| t.0)),
-        // An invalid schedule: an edit since the run was prepared (its basis had a valid one).
-        Err(_) => {
-            return match mark {
-                JobMark::Released => Verdict::Promote,
-                JobMark::StartedOutside => Verdict::Stop,
-                JobMark::Withdrawn(r) => Verdict::Withdraw(r),
-                JobMark::NotReleased | JobMark::Missing => {
-                    Verdict::Withdraw(WithdrawReason::ScheduleChanged)
-                }
-            };
+impl Settle<'_> {
+    /// The judge's verdict on this reconcile's inputs. A manual run asked for while a run is
+    /// prepared supersedes it: withdrawn first, the manual run claimed by the next reconcile.
+    fn verdict(&self, status: &SingletonJobStatus, mark: JobMark, now: Timestamp) -> Verdict {
+        let (ctx, sj, run) = (self.ctx, self.sj, self.run);
+        let schedule = match ctx.schedule_of(sj) {
+            Ok(s) => s.with_shift_floor(status.shifts_after.as_ref().map(|t| t.0)),
+            // An invalid schedule: an edit since the run was prepared (its basis had a valid one).
+            Err(_) => {
+                return match mark {
+                    JobMark::Released => Verdict::Promote,
+                    JobMark::StartedOutside => Verdict::Stop,
+                    JobMark::Withdrawn(r) => Verdict::Withdraw(r),
+                    JobMark::NotReleased | JobMark::Missing => {
+                        Verdict::Withdraw(WithdrawReason::ScheduleChanged)
+                    }
+                };
+            }
+        };
+        // G1: a Job gone when its instant may have passed by the API server's clock may have
+        // been resumed by another replica, and run: promoted (and recorded as a Job gone), never
+        // withdrawn and run again. Judged by the clock's upper bound (the judge has the lower).
+        if mark == JobMark::Missing && may_have_passed(self.clock, run) {
+            return Verdict::Promote;
         }
-    };
-    let blocked = if !clock.trusted {
-        Some(Waiting::ClockUntrusted)
-    } else if matches!(db, Availability::Unavailable(_)) && sj.purpose() == LockPurpose::Correctness
-    {
-        Some(Waiting::BackstopUnavailable)
-    } else {
-        None
-    };
-    let key = sj.backstop_key();
-    let states = HashMap::new();
-    let obs = Observed {
-        now,
-        key: &key,
-        consecutive_failures: status.consecutive_failures,
-        run_count: status.run_count,
-        created: sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0),
-        blocked,
-        job_states: &states,
-    };
-    match prepare::judge(&sj.spec, &schedule, status, run, &obs, mark) {
-        Verdict::Keep { .. } | Verdict::Resume if manual_asked(sj) => {
-            Verdict::Withdraw(WithdrawReason::Superseded)
+        let blocked = if !self.clock.trusted {
+            Some(Waiting::ClockUntrusted)
+        } else if matches!(self.db, Availability::Unavailable(_))
+            && sj.purpose() == LockPurpose::Correctness
+        {
+            Some(Waiting::BackstopUnavailable)
+        } else {
+            None
+        };
+        let key = sj.backstop_key();
+        let states = HashMap::new();
+        let obs = Observed {
+            now,
+            key: &key,
+            consecutive_failures: status.consecutive_failures,
+            run_count: status.run_count,
+            created: sj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0),
+            blocked,
+            job_states: &states,
+        };
+        match prepare::judge(&sj.spec, &schedule, status, run, &obs, mark) {
+            Verdict::Keep { .. } | Verdict::Resume if manual_asked(sj) => {
+                Verdict::Withdraw(WithdrawReason::Superseded)
+            }
+            v => v,
         }
-        v => v,
     }
+
+    /// Step 3, resume (G1, G4): the one request at the instant. Its tests make it change
+    /// nothing on any Job but this one, still suspended and not withdrawn; then step 4.
+    async fn resume(&self, job: Option<&OwnedJob>) -> Result<Action> {
+        let Some(job) = job else {
+            return Ok(Action::requeue(REREAD));
+        };
+        let (ctx, sj, run) = (self.ctx, self.sj, self.run);
+        let admission = super::admission(sj);
+        match super::resume(ctx, sj, run, &job.uid, &admission, Unreleased::Tested).await? {
+            Resumed::Yes => self.promote().await,
+            // Withdrawn or resumed by another replica, or gone: its mark says which.
+            Resumed::Already | Resumed::Gone => match self.reread().await? {
+                JobMark::Released => self.promote().await,
+                JobMark::Withdrawn(reason) => self.withdraw(Some(job), reason, true).await,
+                _ => Ok(Action::requeue(REREAD)),
+            },
+        }
+    }
+
+    /// Step 4, promote (G2): the resumed run becomes an active run, and its period is decided.
+    async fn promote(&self) -> Result<Action> {
+        let (sj, run) = (self.sj, self.run);
+        failpoint::hit(failpoint::PROMOTE);
+        let status = sj.status.clone().unwrap_or_default();
+        kube_io::write_status(self.ctx, sj, promoted(status, run), Lane::Background).await?;
+        tracing::info!(sj = %sj.key(), job = %run.job_name, token = run.token, "prepared run resumed at its instant");
+        Ok(Action::await_change())
+    }
+
+    /// W1 to W5: the prepared run never runs, and its period is decided as without
+    /// preparation. `marked`: its Job is marked withdrawn already, or gone (W1 is done).
+    async fn withdraw(
+        &self,
+        job: Option<&OwnedJob>,
+        reason: WithdrawReason,
+        marked: bool,
+    ) -> Result<Action> {
+        let (ctx, sj, run) = (self.ctx, self.sj, self.run);
+        let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+        // W1 (G1): from here no resume can pass, whoever sends it, however late.
+        if !marked && let Some(job) = job {
+            let done = kube_io::withdraw_job(ctx, ns, &job.name, &job.uid, reason.name()).await?;
+            let mark = match done {
+                Marked::Withdrawn => JobMark::Withdrawn(reason),
+                Marked::Gone => JobMark::Missing,
+                // Resumed meanwhile (the resume won), or marked by another replica.
+                Marked::Not => self.reread().await?,
+            };
+            match mark {
+                JobMark::Released => return self.promote().await,
+                JobMark::Withdrawn(_) => {}
+                // Gone: it may have run if its instant may have passed (G1); the next judge
+                // says.
+                JobMark::Missing if !may_have_passed(self.clock, run) => {}
+                _ => return Ok(Action::requeue(REREAD)),
+            }
+            failpoint::hit(failpoint::WITHDRAW_MARKED);
+        }
+        let deferred = self.withdraw_claim(reason).await?;
+        failpoint::hit(failpoint::WITHDRAW_BACKSTOP);
+        // W4 (G2).
+        let status = sj.status.clone().unwrap_or_default();
+        let next = withdrawn(status, run, deferred);
+        kube_io::write_status(ctx, sj, next, Lane::Background).await?;
+        failpoint::hit(failpoint::WITHDRAW_RECORDED);
+        self.withdrawn_said(reason).await;
+        // W5: if lost, the sweep removes a withdrawn Job ([`crate::observe::unknown`]).
+        if let Some(job) = job {
+            let bg = Propagation::Background;
+            kube_io::delete_job_uid(ctx, ns, &job.name, &job.uid, bg, Lane::Background).await?;
+        }
+        // The period is decided at once, as without preparation.
+        Ok(Action::requeue(Duration::ZERO))
+    }
+
+    /// W2+W3 (G1, G3): the claim row archived, so the period may be claimed again, and the
+    /// token retired, so the fence refuses it. The backstop not answering: the claim to settle
+    /// later (`run::decided::settle`).
+    async fn withdraw_claim(&self, reason: WithdrawReason) -> Result<Option<UnsettledClaim>> {
+        let (sj, run) = (self.sj, self.run);
+        let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+        Ok(match self.db {
+            Availability::Ready(b) => {
+                self.ctx.gate.check()?;
+                let key = sj.backstop_key();
+                b.withdraw(&key, run.period.0, run.token, ns, reason.name())
+                    .await?;
+                None
+            }
+            Availability::Unavailable(_) => Some(UnsettledClaim {
+                unknown: Default::default(),
+                period: run.period.clone(),
+                token: run.token,
+            }),
+            Availability::NotConfigured => None,
+        })
+    }
+
+    /// The withdrawal's metric, log line and Event.
+    async fn withdrawn_said(&self, reason: WithdrawReason) {
+        let (sj, run) = (self.sj, self.run);
+        crate::metrics::global().run_withdrawn(sj, reason.name());
+        let note = format!(
+            "prepared run {} (token {}) for {} withdrawn: {}; its Job never ran and was deleted, token {} retired, its backstop claim withdrawn; the period is decided as the schedule says",
+            run.job_name,
+            run.token,
+            crate::naming::period_rfc3339(run.period.0),
+            reason.says(),
+            run.token,
+        );
+        tracing::info!(sj = %sj.key(), "{note}");
+        let kind = match reason.warning() {
+            true => EventType::Warning,
+            false => EventType::Normal,
+        };
+        self.ctx
+            .events
+            .publish(sj, kind, "RunWithdrawn", "WithdrawRun", note)
+            .await;
+    }
+
+    /// The Job's mark as the API server has it now.
+    async fn reread(&self) -> Result<JobMark> {
+        let job = job_of(self.ctx, self.sj, self.run, &[]).await?;
+        Ok(mark(job.as_ref()))
+    }
+}
+
+/// Whether `run`'s instant may have passed by the API server's clock (unmeasured: it may).
+fn may_have_passed(clock: &ClockState, run: &RunRef) -> bool {
+    let Some(at) = run.resume_at.as_ref().map(|t| t.0) else {
+        return false;
+    };
+    clock
+        .latest_now(Timestamp::now())
+        .is_none_or(|latest| latest >= at)
 }
 
 /// Whether a user asked for a run (trigger, backfill, rerun, repair) not handled yet.
@@ -195,39 +346,6 @@ fn manual_asked(sj: &SingletonJob) -> bool {
     [Trigger, Backfill, Rerun, Repair]
         .into_iter()
         .any(|kind| matches!(ops::pending(sj, kind), Some(Ok(_))))
-}
-
-/// Step 3, resume (G1, G4): the one request at the instant. Its tests make it change nothing on any
-/// Job but this one, still suspended and not withdrawn; then step 4.
-async fn resume(
-    ctx: &Context,
-    sj: &SingletonJob,
-    run: &RunRef,
-    job: Option<&OwnedJob>,
-    db: &Availability,
-) -> Result<Action> {
-    let Some(job) = job else {
-        return Ok(Action::requeue(REREAD));
-    };
-    let admission = super::admission(sj);
-    match super::resume(ctx, sj, run, &job.uid, &admission, Unreleased::Tested).await? {
-        Resumed::Yes => promote(ctx, sj, run).await,
-        // Withdrawn or resumed by another replica, or gone: its mark says which.
-        Resumed::Already | Resumed::Gone => match reread(ctx, sj, run).await? {
-            JobMark::Released => promote(ctx, sj, run).await,
-            JobMark::Withdrawn(reason) => withdraw(ctx, sj, run, Some(job), reason, true, db).await,
-            _ => Ok(Action::requeue(REREAD)),
-        },
-    }
-}
-
-/// Step 4, promote (G2): the resumed run becomes an active run, and its period is decided.
-async fn promote(ctx: &Context, sj: &SingletonJob, run: &RunRef) -> Result<Action> {
-    failpoint::hit(failpoint::PROMOTE);
-    let status = sj.status.clone().unwrap_or_default();
-    kube_io::write_status(ctx, sj, promoted(status, run), Lane::Background).await?;
-    tracing::info!(sj = %sj.key(), job = %run.job_name, token = run.token, "prepared run resumed at its instant");
-    Ok(Action::await_change())
 }
 
 /// Step 4's status: the run moves from `prepared` to `active`, its period is decided, and the
@@ -265,78 +383,6 @@ pub fn promoted(mut status: SingletonJobStatus, run: &RunRef) -> SingletonJobSta
     status
 }
 
-/// W1 to W5: the prepared run never runs, and its period is decided as without preparation.
-/// `marked`: its Job is marked withdrawn already, or gone (W1 is done).
-async fn withdraw(
-    ctx: &Context,
-    sj: &SingletonJob,
-    run: &RunRef,
-    job: Option<&OwnedJob>,
-    reason: WithdrawReason,
-    marked: bool,
-    db: &Availability,
-) -> Result<Action> {
-    let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
-    // W1 (G1): from here no resume can pass, whoever sends it, however late.
-    if !marked && let Some(job) = job {
-        let done = kube_io::withdraw_job(ctx, ns, &job.name, &job.uid, reason.name()).await?;
-        if done == Marked::Not {
-            // Resumed meanwhile (the resume won): promoted instead; or marked by another.
-            match reread(ctx, sj, run).await? {
-                JobMark::Released => return promote(ctx, sj, run).await,
-                JobMark::Withdrawn(_) | JobMark::Missing => {}
-                _ => return Ok(Action::requeue(REREAD)),
-            }
-        }
-        failpoint::hit(failpoint::WITHDRAW_MARKED);
-    }
-    // W2+W3 (G1, G3): the period may be claimed again, and the token is refused by the fence.
-    let deferred = match db {
-        Availability::Ready(b) => {
-            ctx.gate.check()?;
-            let key = sj.backstop_key();
-            b.withdraw(&key, run.period.0, run.token, ns, reason.name())
-                .await?;
-            None
-        }
-        Availability::Unavailable(_) => Some(UnsettledClaim {
-            unknown: Default::default(),
-            period: run.period.clone(),
-            token: run.token,
-        }),
-        Availability::NotConfigured => None,
-    };
-    failpoint::hit(failpoint::WITHDRAW_BACKSTOP);
-    // W4 (G2).
-    let status = sj.status.clone().unwrap_or_default();
-    kube_io::write_status(ctx, sj, withdrawn(status, run, deferred), Lane::Background).await?;
-    failpoint::hit(failpoint::WITHDRAW_RECORDED);
-    crate::metrics::global().run_withdrawn(sj, reason.name());
-    let note = format!(
-        "prepared run {} (token {}) for {} withdrawn: {}; its Job never ran and was deleted, token {} retired, its backstop claim withdrawn; the period is decided as the schedule says",
-        run.job_name,
-        run.token,
-        crate::naming::period_rfc3339(run.period.0),
-        reason.says(),
-        run.token,
-    );
-    tracing::info!(sj = %sj.key(), "{note}");
-    let kind = match reason.warning() {
-        true => EventType::Warning,
-        false => EventType::Normal,
-    };
-    ctx.events
-        .publish(sj, kind, "RunWithdrawn", "WithdrawRun", note)
-        .await;
-    // W5: if lost, the sweep removes a withdrawn Job ([`crate::observe::unknown`]).
-    if let Some(job) = job {
-        let bg = Propagation::Background;
-        kube_io::delete_job_uid(ctx, ns, &job.name, &job.uid, bg, Lane::Background).await?;
-    }
-    // The period is decided at once, as without preparation.
-    Ok(Action::requeue(Duration::ZERO))
-}
-
 /// Step W4's status: no prepared run, its count given back (`maxRuns` counts only runs), the
 /// claim to settle with the backstop if it did not answer. The cursor is not touched: it never
 /// passed the period.
@@ -363,12 +409,6 @@ pub fn withdrawn(
         status.unsettled_claims.push(claim);
     }
     status
-}
-
-/// The Job's mark as the API server has it now.
-async fn reread(ctx: &Context, sj: &SingletonJob, run: &RunRef) -> Result<JobMark> {
-    let job = job_of(ctx, sj, run, &[]).await?;
-    Ok(mark(job.as_ref()))
 }
 
 #[cfg(test)]

@@ -308,9 +308,15 @@ fn a_status_that_no_longer_names_the_run_withdraws_it() {
     for x in &stale {
         for now in [r - secs(60), r, r + secs(60)] {
             assert_eq!(judge_at(&s, x, now), behind, "{:?}", x.prepared);
-            // Before the basis and before the Job: a deleted Job of a stale run is stale too.
+            // A deleted Job of a stale run is stale too before its instant; from its instant
+            // on it may have been resumed and run: promoted, never run again (G1).
             let seen = Seen::default();
-            assert_eq!(judge_seen(&s, x, now, JobMark::Missing, &seen), behind);
+            let came = x.prepared.as_ref().and_then(|p| p.resume_at.as_ref());
+            let want = match came.is_some_and(|at| now >= at.0) {
+                true => Verdict::Promote,
+                false => behind,
+            };
+            assert_eq!(judge_seen(&s, x, now, JobMark::Missing, &seen), want);
         }
     }
     // Before the edit's withdrawal too.
@@ -364,12 +370,18 @@ fn a_job_gone_before_its_instant_was_deleted_and_after_it_may_have_run() {
     );
     assert_eq!(gone(r), Verdict::Promote);
     assert_eq!(gone(r + secs(3600)), Verdict::Promote);
-    // An edit still withdraws for what it is: the Job was built from the old spec.
+    // An edit withdraws for what it is before the instant; from it on, a Job gone may have run
+    // (a resume whose promote was lost, the Job finished and deleted): never run again (G1,
+    // found by the model check).
     let mut edited = s.clone();
     edited.job_template = template("busybox:2");
     assert_eq!(
-        judge_seen(&edited, &st, r, JobMark::Missing, &seen),
+        judge_seen(&edited, &st, r - secs(1), JobMark::Missing, &seen),
         withdraw(WithdrawReason::SpecChanged)
+    );
+    assert_eq!(
+        judge_seen(&edited, &st, r, JobMark::Missing, &seen),
+        Verdict::Promote
     );
 }
 
