@@ -2,13 +2,15 @@
 
 use jiff::Timestamp;
 
-use crate::api::{Outcome, RunRef, SingletonJob};
+use crate::api::{Outcome, RunRef, SingletonJob, SingletonJobStatus};
 use crate::backstop::Availability;
 use crate::context::Context;
+use crate::decide::prepare::WithdrawReason;
 use crate::decide::reason;
 use crate::job;
-use crate::kube_io::{self, Propagation};
+use crate::kube_io::{self, Marked, Propagation};
 use crate::lanes::Lane;
+use crate::naming;
 use crate::record;
 use crate::{Error, Result};
 
@@ -20,6 +22,7 @@ use crate::{Error, Result};
 ///
 /// ```text
 /// 1. Gate   : only the replica that may act                                         G4
+/// 1b.Prepared: a prepared run's Job is marked withdrawn (LockBroken): never resumed   G1
 /// 2. Token  : one above every issued token (status and backstop fence)               G3
 /// 3. Fence  : the backstop's fence rises to it and it is retired: from now on
 ///             singleton_fence refuses every older token, whatever its holder does.
@@ -42,6 +45,8 @@ pub async fn break_lock(
     ctx.gate.check()?;
     let mut status = sj.status.clone().unwrap_or_default();
     let ns = sj.metadata.namespace.clone().unwrap_or_default();
+    // 1b. A prepared run never runs once the lock is broken (G1).
+    let resumed = withdraw_prepared(ctx, &ns, &mut status).await?;
 
     // 2. Token.
     let fence = match db {
@@ -56,6 +61,7 @@ pub async fn break_lock(
     // 5 before 3 when the stuck run holds the fence row in an open transaction.
     let mut stopped: Vec<RunRef> = std::mem::take(&mut status.active);
     stopped.extend(status.pending_claim.take());
+    stopped.extend(resumed);
     if let Availability::Ready(b) = db {
         // 3. Fence.
         ctx.gate.check()?;
@@ -111,6 +117,47 @@ pub async fn break_lock(
         crate::metrics::global().run_finished(sj, Outcome::Failed);
     }
     Ok(op)
+}
+
+/// Break-lock's step 1b: a prepared run's Job is marked withdrawn (step W1 of
+/// [`super::prepared`], reason LockBroken), so no resume can pass any more; the next reconcile
+/// finishes the withdrawal (its token is fenced out by step 3 anyway). One resumed already runs:
+/// it leaves `prepared`, its period is decided, and it is returned to be stopped with the active
+/// runs.
+async fn withdraw_prepared(
+    ctx: &Context,
+    ns: &str,
+    status: &mut SingletonJobStatus,
+) -> Result<Option<RunRef>> {
+    let Some(run) = status.prepared.clone() else {
+        return Ok(None);
+    };
+    let Some(uid) = run.job_uid.as_deref() else {
+        return Ok(None);
+    };
+    let why = WithdrawReason::LockBroken.name();
+    if kube_io::withdraw_job(ctx, ns, &run.job_name, uid, why).await? != Marked::Not {
+        return Ok(None);
+    }
+    // Not marked: resumed (its release names its token), or withdrawn by another replica.
+    let released = kube_io::get_job(ctx, ns, &run.job_name, Lane::Claim)
+        .await?
+        .filter(|j| j.metadata.uid.as_deref() == Some(uid))
+        .and_then(|j| j.metadata.annotations)
+        .and_then(|a| a.get(naming::ANNOTATION_RELEASED).cloned())
+        .is_some_and(|v| v == run.token.to_string());
+    if !released {
+        return Ok(None);
+    }
+    status.prepared = None;
+    if status
+        .decided_through
+        .as_ref()
+        .is_none_or(|c| c.0 < run.period.0)
+    {
+        status.decided_through = Some(run.period.0.into());
+    }
+    Ok(Some(run))
 }
 
 /// Break-lock's step 3 when an open transaction holds the fence row: its Job is stopped (4), but a
