@@ -406,6 +406,12 @@ async fn guarded_patch(
     point: Option<&'static str>,
 ) -> Result<Patched> {
     let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    let tests: Vec<json_patch::PatchOperation> = patch
+        .0
+        .iter()
+        .filter(|op| matches!(op, json_patch::PatchOperation::Test(_)))
+        .cloned()
+        .collect();
     let pp = PatchParams::default();
     let sent = gated(ctx, lane, point, || async {
         let req = kube::core::Request::new(url)
@@ -422,6 +428,41 @@ async fn guarded_patch(
         {
             Ok(Patched::TestFailed)
         }
+        // API servers since 1.3x answer a failed `test` with a bare 422 ("the server rejected
+        // our request due to an error in our request", no cause), which a policy's or a
+        // webhook's refusal can also be: the object as it is now tells which.
+        Err(kube::Error::Api(s)) if s.code == 422 => {
+            match Box::pin(tests_hold_now(ctx, url, name, &tests, lane)).await? {
+                None => Ok(Patched::Gone),
+                Some(false) => Ok(Patched::TestFailed),
+                Some(true) => Err(kube::Error::Api(s).into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether every `test` of a refused patch holds on the object `name` as it is now (`None`: it
+/// is gone). A read: not gated.
+async fn tests_hold_now(
+    ctx: &Context,
+    url: &str,
+    name: &str,
+    tests: &[json_patch::PatchOperation],
+    lane: Lane,
+) -> Result<Option<bool>> {
+    let req = kube::core::Request::new(url)
+        .get(name, &kube::api::GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    let read = ctx
+        .lanes
+        .run(lane, || {
+            ctx.client.request::<serde_json::Value>(req.clone())
+        })
+        .await;
+    match read {
+        Ok(mut object) => Ok(Some(json_patch::patch(&mut object, tests).is_ok())),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

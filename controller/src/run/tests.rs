@@ -734,3 +734,78 @@ async fn a_job_created_running_is_deleted_and_its_period_decided() {
     );
     completed.expect("decided");
 }
+
+/// The bare 422 of a refused patch (kube-apiserver 1.37 names no cause for a failed `test`).
+fn bare_422() -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "the server rejected our request due to an error in our request",
+        "reason": "Invalid", "details": {}, "code": 422,
+    }))
+    .unwrap()
+}
+
+/// A prepared run's Job as the API server has it, marked `released`.
+fn job_marked(uid: &str, released: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "hello-1", "namespace": "ns", "uid": uid,
+            "annotations": {(crate::naming::ANNOTATION_RELEASED): released}},
+        "spec": {"suspend": true, "template": {"spec": {"containers": []}}},
+    }))
+    .unwrap()
+}
+
+/// W1's patch (G1): it tests the uid and the `released: "false"` mark before marking the Job
+/// withdrawn, so a resume (which tests the same mark) and a withdrawal never both pass. A bare
+/// 422 is told apart by the object as it is now: a mark another replica changed is a failed
+/// test; tests that still hold mean a refusal of another kind (a policy), reported as an error.
+#[tokio::test]
+async fn a_withdrawal_mark_tests_the_uid_and_the_mark_and_reads_a_bare_refusal() {
+    for (now, want) in [
+        (Some(job_marked("uid-1", "7")), "Not"),
+        (Some(job_marked("uid-2", "false")), "Not"),
+        (None, "Gone"),
+        (Some(job_marked("uid-1", "false")), "Err"),
+    ] {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let ctx = context(kube::Client::new(svc, "ns"));
+        let server = tokio::spawn(async move {
+            let (req, send) = next(&mut handle, "the withdrawal mark").await;
+            assert_eq!(req.method(), http::Method::PATCH);
+            assert_eq!(
+                req.uri().path(),
+                "/apis/batch/v1/namespaces/ns/jobs/hello-1"
+            );
+            let kind = req.headers().get(http::header::CONTENT_TYPE).cloned();
+            assert_eq!(kind.unwrap(), "application/json-patch+json");
+            let ops: serde_json::Value =
+                serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+            assert_eq!(
+                ops,
+                serde_json::json!([
+                    {"op": "test", "path": "/metadata/uid", "value": "uid-1"},
+                    {"op": "test", "path": "/metadata/annotations/singleton.dev~1released", "value": "false"},
+                    {"op": "replace", "path": "/metadata/annotations/singleton.dev~1released", "value": "withdrawn"},
+                    {"op": "add", "path": "/metadata/annotations/singleton.dev~1withdrawn", "value": "Suspended"},
+                ])
+            );
+            respond(send, 422, bare_422());
+            let (req, send) = next(&mut handle, "the read after a bare 422").await;
+            assert_eq!(req.method(), http::Method::GET);
+            match now {
+                Some(job) => respond(send, 200, job),
+                None => respond(send, 404, br#"{"kind":"Status","code":404}"#.to_vec()),
+            }
+        });
+        let marked = kube_io::withdraw_job(&ctx, "ns", "hello-1", "uid-1", "Suspended").await;
+        let got = match marked {
+            Ok(kube_io::Marked::Not) => "Not",
+            Ok(kube_io::Marked::Gone) => "Gone",
+            Ok(kube_io::Marked::Withdrawn) => "Withdrawn",
+            Err(_) => "Err",
+        };
+        assert_eq!(got, want);
+        server.await.unwrap();
+    }
+}
