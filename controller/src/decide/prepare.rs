@@ -123,7 +123,7 @@ impl WithdrawReason {
         Self::ALL.into_iter().find(|r| r.name() == s)
     }
 
-    /// What happened, for an Event: "prepared run ... withdrawn: <this>; ...".
+    /// What happened, for an Event: "prepared run ... withdrawn: `<this>`; ...".
     pub fn says(self) -> &'static str {
         match self {
             WithdrawReason::Suspended => "spec.suspend set",
