@@ -154,6 +154,13 @@ impl Settle<'_> {
     /// prepared supersedes it: withdrawn first, the manual run claimed by the next reconcile.
     fn verdict(&self, status: &SingletonJobStatus, mark: JobMark, now: Timestamp) -> Verdict {
         let (ctx, sj, run) = (self.ctx, self.sj, self.run);
+        // G1: a Job gone when its instant may have passed by the API server's clock may have
+        // been resumed by another replica, and run: promoted (and recorded as a Job gone), never
+        // withdrawn and run again, whatever was edited since. Judged by the clock's upper bound
+        // (the judge has the lower).
+        if mark == JobMark::Missing && may_have_passed(self.clock, run) {
+            return Verdict::Promote;
+        }
         let schedule = match ctx.schedule_of(sj) {
             Ok(s) => s.with_shift_floor(status.shifts_after.as_ref().map(|t| t.0)),
             // An invalid schedule: an edit since the run was prepared (its basis had a valid one).
@@ -168,12 +175,6 @@ impl Settle<'_> {
                 };
             }
         };
-        // G1: a Job gone when its instant may have passed by the API server's clock may have
-        // been resumed by another replica, and run: promoted (and recorded as a Job gone), never
-        // withdrawn and run again. Judged by the clock's upper bound (the judge has the lower).
-        if mark == JobMark::Missing && may_have_passed(self.clock, run) {
-            return Verdict::Promote;
-        }
         let blocked = if !self.clock.trusted {
             Some(Waiting::ClockUntrusted)
         } else if matches!(self.db, Availability::Unavailable(_))
