@@ -161,6 +161,72 @@
 //! Jobs' writes are accepted ([`Inv::ExternallyStarted`]); past a stop's retirement cut short
 //! before its record, the new Job runs with the retired token ([`Inv::ResumedRetired`]).
 //!
+//! # Prepared runs (issue 33, docs/design/prepared-runs.md; [`prepared`])
+//!
+//! With [`Config::prepare`], once in an execution the environment PREPAREs the next period's run
+//! ahead of its instant, when nothing is pending or active (P1) and every due period is decided:
+//! its claim row inserted and the fence advanced to a new token (with the backstop), its Job
+//! created suspended with `released: "false"` (and `resume-at`: it is a prepared Job), and one
+//! status write naming its uid in `status.prepared`, the token its, the cursor not moved. Once,
+//! while a run is prepared, a user EDITs the SingletonJob (a generation bump, the resourceVersion
+//! moves) so that the prepared period is not to be run at its instant. A period's instant is the
+//! moment it falls due. Step 1 settles a prepared run before anything but a pending claim, by the
+//! judge (`decide::prepare::judge`) on what it read: first, the Job gone once its instant has
+//! come: PROMOTE (it may have been resumed, and run), whatever changed since; the Job resumed:
+//! PROMOTE; marked withdrawn: the withdrawal from W2 on; the token not the status's, the period
+//! decided, or the edit: the withdrawal (from W2 on if the Job is gone); the Job gone (before
+//! the instant: it never ran): the withdrawal from W2 on; before the instant: nothing (Keep);
+//! after it, if a newer period is due (catchUp Latest would start that one): the withdrawal;
+//! else RESUME-PREPARED:
+//!
+//! - R: one patch testing uid, `suspend == true` and `released == "false"`, setting the release
+//!   (a failed test or a 404: re-read the Job, step R', then promote if it was resumed, go on
+//!   with the withdrawal from W2 if it is marked withdrawn, else stop);
+//! - P: PROMOTE, a CAS on the judge's resourceVersion moving it from `prepared` to `active`,
+//!   recording it Running and deciding its period (a run counts from its resume).
+//!
+//! WITHDRAW, each step atomic (an actor may pause or crash between any two): W1 the Job marked
+//! `released: withdrawn` by a patch testing uid and `released == "false"` (a failed test: W1',
+//! re-read the Job: resumed, promote instead; marked, go on; a 404, or the re-read finding the Job
+//! gone: go on before the instant; once it has come the Job may have been resumed by another
+//! replica and run, so the withdrawal stops there, back to idle, and the next judge decides: it
+//! promotes); W2+W3 one backstop transaction archiving the claim row of (period, token), so that
+//! the period may be claimed again (UNIQUE(period) counts only live rows), and retiring the token;
+//! W4 a CAS on the judge's resourceVersion clearing `prepared` (cursor unmoved); W5 the Job deleted
+//! by uid. The ordinary protocol then decides the period as without preparation: claimed again with
+//! a new token when it is the newest due, Missed when a newer one is. The sweeper knows the
+//! prepared run (by uid) and removes a withdrawn Job whose W5 was lost (`observe::unknown`).
+//! Break-lock's fence rise ([`Config::bump`]) marks the prepared Job withdrawn first (its step 1b).
+//!
+//! Invariants: [`Inv::ReleasedEarly`] (a prepared Job resumed before its instant),
+//! [`Inv::WithdrawnRan`] (a Job marked withdrawn resumed), [`Inv::LostToPreparation`] (at
+//! quiescence a period that was prepared neither ran nor was recorded, or was recorded
+//! Deduplicated with no run); G1, G3, fencing, G5 and G2 as without preparation. Broken variants:
+//! [`Broken::NoReleasedTest`], [`Broken::PreparedInActive`], [`Broken::WithdrawRecordFirst`],
+//! [`Broken::RetireBeforeMark`], and [`Broken::WithdrawGoneJob`]: the gap this model found with
+//! Jobs deleted by someone else (the pruning), now fixed in `src/` as above (a prepared Job
+//! resumed, its promote lost, finished and deleted, then withdrawn by a judge that asked about
+//! the edit before the missing Job, or by a withdrawal whose W1 got a 404, and its period run
+//! again), with each half of it alone ([`Broken::JudgeGoneJobLate`],
+//! [`Broken::MarkGoneGoesOn`]).
+//!
+//! Simplified: PREPARE is one step (steps 3 to 7 of a preparation are the protocol's own, checked
+//! above; a preparer paused between them is not modelled, nor its late create that
+//! `observe::unknown` removes), at most one run is prepared and one edit made in an execution,
+//! the edit only while a run is prepared; what the plan decides for the period after a
+//! withdrawal is modelled as catchUp Latest with the period still to run (a template edit; a
+//! suspension's Skipped is the plan's, not modelled); the freshness check, the clock's bounds
+//! and the resume queue are not modelled (reads are fresh, a paused actor's read is stale; the
+//! instant is the model's clock, so "may have passed" by the clock's upper bound, which
+//! `run::prepared` asks of a missing Job, and "has come" by its lower bound, which the judge
+//! asks, are one; an invalid schedule, whose verdict `run::prepared` gives before that question,
+//! is not modelled); `runCount`/`maxRuns`, the backstop's attempt check at W2+W3
+//! (`not_started`: no pods with prepared runs) and an unavailable backstop (the deferred
+//! `unsettledClaims`) are left out; break-lock's step 1b and its fence rise are one step, and
+//! its status write is not modelled (as before); `observe::to_resume`'s resume-at bound is not
+//! modelled (a prepared run is never in `active` before its resume; [`Broken::PreparedInActive`]
+//! takes out both lines). No pods, external resumers or earlier incarnation's claim row.
+//!
 //! # Bounds
 //!
 //! Two periods and two actors, every interleaving of them: crashes, pauses and leadership
@@ -173,8 +239,8 @@
 //! 36 million states and nine minutes of a debug build (at most 7 Jobs), against 0.7 million
 //! states and seconds with two. The fence rises at most once and one foreign row or Job appears
 //! at most once. Jobs are bounded by what the protocol creates (at most [`MAX_JOBS`], asserted;
-//! 5 are reached). The visited set holds each state in a canonical form ([`canon`]):
-//! resourceVersions as current or stale, actors in order.
+//! 5 are reached, 6 with prepared runs). The visited set holds each state in a canonical form
+//! ([`canon`]): resourceVersions as current or stale, actors in order.
 //!
 //! Pods: two per Job, the fewest with a replacement beside an older pod. Nothing of a Job whose
 //! token is fenced out (below the fence, or retired; both only rise) can pass the fence again,
@@ -189,12 +255,17 @@
 //! [`Inv::ExternallyStarted`] and [`Inv::ResumedRetired`] was checked once to hold (Forbid,
 //! 5.9 million states); those two fail, as the test of the gap above shows.
 //!
+//! Prepared runs: one preparation and one edit in an execution, Forbid and Replace, with and
+//! without the backstop, finished Jobs pruned: 0.42 to 1.21 million states a configuration,
+//! 3.05 million in all (at most 6 Jobs). Without pruning (0.16 to 0.38 million) every state is
+//! one of these: pruning only adds transitions.
+//!
 //! The broken variants ([`Broken`]) show that the checker is not vacuous: each one is caught,
 //! with a shortest trace, and each invariant catches at least one of them.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::time::{Duration, Instant};
 
 /// Periods in the model.
@@ -263,6 +334,28 @@ enum Broken {
     /// then records the decision (the sweep's order before the fix): the Job is gone while the
     /// claim that knew it may still be pending.
     DeleteBeforeRecord,
+    /// The prepared run's resume does not test `released == "false"` (only uid and `suspend`): a
+    /// resume sent after another replica's W1 marked the Job withdrawn passes.
+    NoReleasedTest,
+    /// The prepared run is kept in `active` (not `status.prepared`): step 1's repair of a lost
+    /// resume (`observe::to_resume`, without its resume-at bound) resumes it at once.
+    PreparedInActive,
+    /// The withdrawal records (W4: `prepared` cleared) before it archives the backstop claim and
+    /// retires the token (W2+W3): a claim of the period meanwhile meets the live row.
+    WithdrawRecordFirst,
+    /// The withdrawal archives the claim and retires the token (W2+W3) before it marks the Job
+    /// withdrawn (W1): a resume sent before the mark still passes, with a retired token.
+    RetireBeforeMark,
+    /// The order before the fix: the judge asks P2, the cursor and the basis before whether a
+    /// missing Job may have run (a Job gone after its instant, edited meanwhile, is withdrawn),
+    /// and a withdrawal whose W1 gets a 404, or whose re-read finds the Job gone, goes on to W2
+    /// also past the instant. A resumed Job whose promote was lost, then gone, is withdrawn and
+    /// its period run again.
+    WithdrawGoneJob,
+    /// [`Broken::WithdrawGoneJob`]'s judge alone (the withdrawal stops as fixed).
+    JudgeGoneJobLate,
+    /// [`Broken::WithdrawGoneJob`]'s withdrawal alone (the judge promotes as fixed).
+    MarkGoneGoesOn,
 }
 
 /// When the Job controller creates a replacement pod: the Job's `podReplacementPolicy`.
@@ -316,6 +409,9 @@ struct Config {
     /// a GitOps tool, a queue), or a mutating webhook makes a Job come back from create not
     /// suspended.
     external: bool,
+    /// Prepared runs (issue 33): once, a period's run is prepared ahead of its instant, and a
+    /// user's edit may come while it is (see [`prepared`]).
+    prepare: bool,
     broken: Broken,
 }
 
@@ -361,10 +457,18 @@ enum Inv {
     /// G3 (no Job carrying a retired token is started again): the controller resumed a Job
     /// whose token the backstop had retired (a stop retired it, the claim was completed anyway).
     ResumedRetired,
+    /// G4 with preparation: a prepared run's Job was resumed before its instant (its period
+    /// fell due).
+    ReleasedEarly,
+    /// G1 with preparation: a Job marked withdrawn (W1) was resumed.
+    WithdrawnRan,
+    /// G2 with preparation: at quiescence a prepared period neither ran nor was recorded, or was
+    /// recorded Deduplicated with no run of it.
+    LostToPreparation,
 }
 
 impl Inv {
-    const ALL: [Inv; 16] = [
+    const ALL: [Inv; 19] = [
         Inv::G1,
         Inv::TokenRanTwice,
         Inv::RetiredRan,
@@ -381,10 +485,13 @@ impl Inv {
         Inv::ExternallyStarted,
         Inv::ExternalAdopted,
         Inv::ResumedRetired,
+        Inv::ReleasedEarly,
+        Inv::WithdrawnRan,
+        Inv::LostToPreparation,
     ];
 
-    fn bit(self) -> u16 {
-        1 << self as u16
+    fn bit(self) -> u32 {
+        1 << self as u32
     }
 
     fn text(self) -> &'static str {
@@ -409,6 +516,11 @@ impl Inv {
             Inv::ExternallyStarted => "G1: writes of two Jobs of one period were accepted",
             Inv::ExternalAdopted => "G1: a Job someone else started recorded as the period's run",
             Inv::ResumedRetired => "G3: the controller resumed a Job whose token was retired",
+            Inv::ReleasedEarly => "G4: a prepared run's Job was resumed before its instant",
+            Inv::WithdrawnRan => "G1: a Job marked withdrawn was resumed",
+            Inv::LostToPreparation => {
+                "G2: a prepared period neither ran nor was recorded (or Deduplicated, no run)"
+            }
         }
     }
 }
@@ -468,10 +580,30 @@ enum Cov {
     RetiredClaimDecided,
     /// Step 7 found the claim's own Job (its token) started by someone else and stopped it.
     OwnJobStopped,
+    /// A prepared run's Job was resumed at its instant (the patch's tests passed).
+    PreparedResumed,
+    /// A withdrawal's record (W4) was written: `status.prepared` cleared, the cursor unmoved.
+    PreparedWithdrawn,
+    /// A Job was created for a period whose prepared run was withdrawn (claimed again, a new
+    /// token, its archived claim row no longer counting).
+    PreparedPeriodAgain,
+    /// A prepared resume's `released == "false"` test failed: the Job was marked withdrawn.
+    ResumeFoundWithdrawn,
+    /// A withdrawal's W1 test failed on a resumed Job: promoted instead.
+    MarkFoundResumed,
+    /// The sweeper removed a Job marked withdrawn (its W5 was lost).
+    WithdrawnSwept,
+    /// Break-lock's step 1b marked the prepared run's Job withdrawn.
+    LockBrokeMarked,
+    /// A prepared run whose Job was gone was promoted (after its instant: it may have run).
+    GonePromoted,
+    /// A withdrawal's W1 got a 404, or its re-read found the Job gone, past the instant: it
+    /// stopped (the next judge promotes).
+    WithdrawalFoundGone,
 }
 
 impl Cov {
-    const ALL: [Cov; 25] = [
+    const ALL: [Cov; 34] = [
         Cov::Recreated,
         Cov::Adopted,
         Cov::ForeignDeleted,
@@ -497,10 +629,19 @@ impl Cov {
         Cov::ExternalWrote,
         Cov::RetiredClaimDecided,
         Cov::OwnJobStopped,
+        Cov::PreparedResumed,
+        Cov::PreparedWithdrawn,
+        Cov::PreparedPeriodAgain,
+        Cov::ResumeFoundWithdrawn,
+        Cov::MarkFoundResumed,
+        Cov::WithdrawnSwept,
+        Cov::LockBrokeMarked,
+        Cov::GonePromoted,
+        Cov::WithdrawalFoundGone,
     ];
 
-    fn bit(self) -> u32 {
-        1 << self as u32
+    fn bit(self) -> u64 {
+        1 << self as u64
     }
 }
 
@@ -533,6 +674,8 @@ struct Status {
     pending: Option<Claim>,
     /// Uids of the active runs.
     active: u16,
+    /// `status.prepared`: the uid of the prepared run's Job (its period and token are the Job's).
+    prepared: Option<u8>,
     recorded: [Rec; PERIODS as usize],
 }
 
@@ -583,6 +726,11 @@ struct Job {
     /// Its pods (attempts), in creation order.
     pods: [Pod; MAX_PODS],
     npods: u8,
+    /// A prepared run's Job: created ahead of its period's instant (`singleton.dev/resume-at`,
+    /// observable), and ghost: it was ever `status.prepared`.
+    prepared: bool,
+    /// Marked `released: withdrawn` (W1, or break-lock's step 1b): no resume may pass.
+    withdrawn: bool,
 }
 
 impl Job {
@@ -723,9 +871,37 @@ enum Pc {
     Retire {
         retire: u16,
     },
+    /// RESUME-PREPARED: the one patch at the instant, testing uid, `suspend == true` and
+    /// `released == "false"`; `base` and `rv` are the judge's read.
+    ResumePrepared {
+        rv: u16,
+        base: Status,
+        uid: u8,
+    },
+    /// The prepared resume's tests failed, or its Job is gone: read the Job's mark.
+    ResumeReread {
+        rv: u16,
+        base: Status,
+        uid: u8,
+    },
+    /// PROMOTE: a CAS on `rv` moving the prepared run to `active`, deciding its period.
+    Promote {
+        rv: u16,
+        base: Status,
+        uid: u8,
+    },
+    /// WITHDRAW: W1 to W5 ([`prepared::WStep`]), each a step; `marked`: W1 is done (the Job is
+    /// marked withdrawn, or gone).
+    Withdraw {
+        rv: u16,
+        base: Status,
+        uid: u8,
+        step: prepared::WStep,
+        marked: bool,
+    },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct State {
     due: u8,
     leader: u8,
@@ -747,8 +923,71 @@ struct State {
     /// Ghost: tokens (bits) whose run's outcome a status write recorded.
     done: u32,
     /// Ghost: invariants (bits of [`Inv`]) a transition broke, seen only at that moment.
-    bad: u16,
+    bad: u32,
+    /// A run was prepared (at most once).
+    prepped: bool,
+    /// The user's edit since the prepared run's preparation (its basis no longer the spec's).
+    edited: bool,
     actors: [Pc; ACTORS],
+}
+
+// The visited set's hashing is most of the run time: only the Jobs created are hashed (the
+// others are all default), each packed into one word. Equal states hash alike (the derived
+// `Eq` compares every field); a field left out would only cost collisions.
+impl Hash for State {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let flags = [
+            self.bumped,
+            self.foreign,
+            self.external,
+            self.prepped,
+            self.edited,
+        ];
+        let flags = flags.iter().fold(0, |w, &f| w << 1 | u8::from(f));
+        h.write_u64(u64::from_le_bytes([
+            self.due,
+            self.leader,
+            self.njobs,
+            self.fence,
+            self.retired,
+            self.newest,
+            flags,
+            0,
+        ]));
+        h.write_u16(self.rv);
+        self.status.hash(h);
+        for job in self.jobs() {
+            h.write_u64(job.word());
+        }
+        self.rows.hash(h);
+        h.write_u64(u64::from(self.done) << 32 | u64::from(self.bad));
+        self.actors.hash(h);
+    }
+}
+
+impl Job {
+    /// Every field in one word, for [`State`]'s hash.
+    fn word(&self) -> u64 {
+        let flags = [
+            self.live,
+            self.resumed,
+            self.finished,
+            self.confirmed,
+            self.replaced,
+            self.external,
+            self.wrote,
+            self.prepared,
+            self.withdrawn,
+        ];
+        let mut w = flags.iter().fold(0, |w, &f| w << 1 | u64::from(f));
+        w = w << 8 | u64::from(self.period);
+        w = w << 8 | u64::from(self.token);
+        w = w << 8 | u64::from(self.npods);
+        for p in &self.pods {
+            w = w << 11 | (p.phase as u64) << 9 | u64::from(p.alive) << 8 | u64::from(p.begun);
+        }
+        w
+    }
 }
 
 fn initial() -> State {
@@ -761,6 +1000,7 @@ fn initial() -> State {
             decided: 0,
             pending: None,
             active: 0,
+            prepared: None,
             recorded: [Rec::None; PERIODS as usize],
         },
         jobs: [Job::default(); MAX_JOBS],
@@ -774,6 +1014,8 @@ fn initial() -> State {
         external: false,
         done: 0,
         bad: 0,
+        prepped: false,
+        edited: false,
         actors: [Pc::Idle; ACTORS],
     }
 }
@@ -802,13 +1044,15 @@ impl State {
             .position(|j| j.live && j.period == period)
     }
 
-    /// Whether `status` knows Job `uid`: the pending claim's period and token, or in `active`.
+    /// Whether `status` knows Job `uid`: the pending claim's period and token, in `active`, or
+    /// the prepared run (by uid).
     fn known(&self, status: &Status, uid: usize) -> bool {
         let j = self.jobs[uid];
         status
             .pending
             .is_some_and(|c| c.period == j.period && c.token == j.token)
             || status.active & bit(uid) != 0
+            || status.prepared == Some(uid as u8)
     }
 
     /// Live, unfinished Jobs the controller did not release (bits of their uids), as a list of
@@ -917,7 +1161,7 @@ impl State {
         true
     }
 
-    fn retire(&mut self, mask: u16, cov: &mut u32) {
+    fn retire(&mut self, mask: u16, cov: &mut u64) {
         for u in uids(mask) {
             self.retired = self.retired.max(self.jobs[u].token);
         }
@@ -933,6 +1177,13 @@ impl State {
         // Without a backstop nothing is retired (0): every claim's token is above it.
         if !j.resumed && j.token <= self.retired {
             self.bad |= Inv::ResumedRetired.bit();
+        }
+        // Its instant is when its period falls due.
+        if j.prepared && self.due <= j.period {
+            self.bad |= Inv::ReleasedEarly.bit();
+        }
+        if j.withdrawn {
+            self.bad |= Inv::WithdrawnRan.bit();
         }
         j.resumed = true;
     }
@@ -953,7 +1204,7 @@ impl State {
     }
 
     /// Creates a Job for `claim` (suspended, or running under the old protocol).
-    fn create(&mut self, cfg: &Config, claim: Claim, cov: &mut u32) -> usize {
+    fn create(&mut self, cfg: &Config, claim: Claim, cov: &mut u64) -> usize {
         let uid = self.njobs as usize;
         if self
             .jobs()
@@ -964,6 +1215,10 @@ impl State {
         }
         if self.jobs().iter().any(|j| j.token >= claim.token) {
             *cov |= Cov::CreatedOutOfOrder.bit();
+        }
+        let withdrawn = |j: &Job| j.prepared && j.withdrawn && j.period == claim.period;
+        if self.jobs().iter().any(withdrawn) {
+            *cov |= Cov::PreparedPeriodAgain.bit();
         }
         self.jobs[uid] = Job {
             period: claim.period,
@@ -1001,6 +1256,11 @@ fn plan(cfg: &Config, s: &State) -> Pc {
     if let Some(claim) = st.pending {
         // A claim left half-done: complete it with its period, token and replaced runs.
         return after_claim(cfg, s.rv, st, claim, 0);
+    }
+    // A prepared run is settled first: resumed at its instant, promoted, or withdrawn; kept
+    // (nothing else done) before its instant.
+    if let Some(uid) = st.prepared {
+        return prepared::settle(cfg, s, uid);
     }
     if cfg.broken != Broken::NoResumeRepair
         && let Some(uid) = uids(st.active).find(|&u| s.jobs[u].live && s.jobs[u].suspended())
@@ -1120,8 +1380,14 @@ macro_rules! say {
     };
 }
 
+// After `say!`, which it uses (a macro is in scope from its definition on).
+/// Prepared runs (issue 33): the judge, RESUME-PREPARED, PROMOTE, WITHDRAW and the environment's
+/// PREPARE and EDIT.
+#[path = "model/prepared.rs"]
+mod prepared;
+
 /// The steps actor `a` can take in `s` (several only when idle: a plan, or a sweep).
-fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Out) {
+fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u64, out: &mut Out) {
     let mut n = *s;
     let name = NAMES[a];
     let label;
@@ -1688,6 +1954,9 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
         }
         Pc::Sweep { uid } => {
             *cov |= Cov::Swept.bit();
+            if s.jobs[uid as usize].withdrawn {
+                *cov |= Cov::WithdrawnSwept.bit();
+            }
             n.delete(uid as usize, false);
             label = say!(on, "{name} sweeps {} by uid", j(s, uid as usize));
             n.actors[a] = Pc::Idle;
@@ -1728,6 +1997,10 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
             );
             n.actors[a] = Pc::Idle;
         }
+        Pc::ResumePrepared { .. }
+        | Pc::ResumeReread { .. }
+        | Pc::Promote { .. }
+        | Pc::Withdraw { .. } => label = prepared::step(cfg, s, a, on, cov, &mut n),
     }
     out.push((n, label));
 }
@@ -1735,7 +2008,7 @@ fn step(cfg: &Config, s: &State, a: usize, on: bool, cov: &mut u32, out: &mut Ou
 type Out = Vec<(State, String)>;
 
 /// Every transition from `s`, into `out` (labelled when `on`); `cov` collects the paths taken.
-fn successors(cfg: &Config, s: &State, on: bool, cov: &mut u32, out: &mut Out) {
+fn successors(cfg: &Config, s: &State, on: bool, cov: &mut u64, out: &mut Out) {
     out.clear();
     for (a, name) in NAMES.iter().enumerate() {
         step(cfg, s, a, on, cov, out);
@@ -1758,8 +2031,19 @@ fn successors(cfg: &Config, s: &State, on: bool, cov: &mut u32, out: &mut Out) {
     if cfg.backstop && cfg.bump && !s.bumped {
         let mut n = *s;
         n.bumped = true;
+        // Break-lock's step 1b first: a prepared run's Job is marked withdrawn (LockBroken).
+        let marked = match prepared::break_lock_mark(&mut n, cov) {
+            true => "the prepared Job is marked withdrawn (break-lock 1b), then ",
+            false => "",
+        };
         n.fence = s.status.token.max(s.fence) + 1;
-        out.push((n, say!(on, "the fence rises to {} (break-lock)", n.fence)));
+        out.push((
+            n,
+            say!(on, "{marked}the fence rises to {} (break-lock)", n.fence),
+        ));
+    }
+    if cfg.prepare {
+        prepared::environment(cfg, s, on, out);
     }
     if cfg.backstop && cfg.foreign_row && !s.foreign {
         for p in 0..PERIODS {
@@ -1959,7 +2243,11 @@ impl Pc {
             | Pc::SweepRead { rv, .. }
             | Pc::Stop { rv, .. }
             | Pc::NotSuspended { rv, .. }
-            | Pc::Write { rv, .. } => Some(rv),
+            | Pc::Write { rv, .. }
+            | Pc::ResumePrepared { rv, .. }
+            | Pc::ResumeReread { rv, .. }
+            | Pc::Promote { rv, .. }
+            | Pc::Withdraw { rv, .. } => Some(rv),
             _ => None,
         }
     }
@@ -2017,6 +2305,10 @@ fn canon(cfg: &Config, mut s: State) -> State {
             }
         }
     }
+    if s.status.prepared.is_none() {
+        // The edit matters only to the judge of a prepared run, and a run is prepared once.
+        s.edited = false;
+    }
     let leader = s.actors[s.leader as usize];
     s.actors.sort_unstable();
     s.leader = s.actors.iter().position(|pc| *pc == leader).unwrap() as u8;
@@ -2029,7 +2321,7 @@ fn fence_accepts(s: &State, token: u8) -> bool {
 }
 
 /// The invariants `s` violates (bits of [`Inv`]).
-fn violations(cfg: &Config, s: &State) -> u16 {
+fn violations(cfg: &Config, s: &State) -> u32 {
     let mut out = s.bad;
     // Runs of this SingletonJob's claims (a foreign Job, token 0, is none of them).
     let ours = |j: &&Job| j.resumed && j.token != 0;
@@ -2106,15 +2398,19 @@ fn violations(cfg: &Config, s: &State) -> u16 {
     {
         out |= Inv::G2Decided.bit();
     }
-    if quiescent(cfg, s) && (s.status.decided < PERIODS || s.status.active != 0) {
+    let quiet = quiescent(cfg, s);
+    if quiet && (s.status.decided < PERIODS || s.status.active != 0) {
         out |= Inv::G2Quiet.bit();
+    }
+    if cfg.prepare && quiet {
+        out |= prepared::lost(s);
     }
     out
 }
 
 /// [`Inv::AttemptsOverlap`] and [`Inv::TwoAttemptsWrite`], over the pods whose write the fence
 /// would accept now.
-fn attempt_violations(cfg: &Config, s: &State) -> u16 {
+fn attempt_violations(cfg: &Config, s: &State) -> u32 {
     let mut out = 0;
     let pods = || {
         s.jobs()
@@ -2183,7 +2479,7 @@ struct Report {
     elapsed: Duration,
     violation: Option<(Inv, Vec<String>)>,
     /// Bits of [`Cov`]: the protocol's paths the exploration went through.
-    coverage: u32,
+    coverage: u64,
     /// The most Jobs any state held.
     max_jobs: usize,
 }
@@ -2256,7 +2552,7 @@ fn explore(cfg: &Config, want: Option<Inv>) -> Report {
 }
 
 /// The paths of [`Cov`] about pods that state `s` shows.
-fn pod_coverage(cfg: &Config, s: &State) -> u32 {
+fn pod_coverage(cfg: &Config, s: &State) -> u64 {
     let mut out = 0;
     for (u, job) in s.jobs().iter().enumerate() {
         let here = &job.pods[..job.npods as usize];
@@ -2365,6 +2661,7 @@ fn cfg(policy: Policy, backstop: bool, prune: bool) -> Config {
         foreign_row: backstop,
         pods: None,
         external: false,
+        prepare: false,
         broken: Broken::None,
     }
 }
@@ -2397,10 +2694,23 @@ fn pods(
     }
 }
 
+/// A configuration with prepared runs (issue 33), with or without the backstop, as [`cfg`] makes
+/// it but for an earlier incarnation's claim row (a period Deduplicated against it would read as
+/// lost to preparation). With the backstop the fence rises once by itself: break-lock, whose
+/// step 1b marks the prepared Job withdrawn first; without it a foreign Job may appear. `prune`:
+/// finished Jobs that `active` does not reference may be deleted (history limits, or a user).
+fn preparing(policy: Policy, backstop: bool, prune: bool) -> Config {
+    Config {
+        prepare: true,
+        foreign_row: false,
+        ..cfg(policy, backstop, prune)
+    }
+}
+
 /// Explores `configs`, asserting that no invariant is violated and that the paths in `reached`
 /// were gone through, and those of [`BACKSTOP`] with the backstop and [`FOREIGN`] without it.
 /// Returns the paths gone through in any of them.
-fn holds(configs: &[Config], reached: &[Cov]) -> u32 {
+fn holds(configs: &[Config], reached: &[Cov]) -> u64 {
     let t = Instant::now();
     let mut total = 0;
     let mut union = 0;
@@ -2412,6 +2722,7 @@ fn holds(configs: &[Config], reached: &[Cov]) -> u32 {
         let more: &[Cov] = match (c.pods, c.backstop) {
             (Some(_), _) if c.bump => &BACKSTOP[..3],
             (Some(_), _) => &BACKSTOP[..2],
+            (None, true) if !c.foreign_row => &BACKSTOP[..3],
             (None, true) => &BACKSTOP,
             (None, false) => &FOREIGN,
         };
@@ -2609,6 +2920,57 @@ fn a_pending_claims_job_deleted_by_someone_else_is_run_again() {
     eprintln!("the deleted Job's claim run again in {:.2?}", t.elapsed());
 }
 
+/// Paths every configuration with prepared runs goes through: the prepared Job resumed at its
+/// instant, a withdrawal recorded, the period claimed again and created with a new token, a
+/// late resume refused by its `released` test, a W1 that finds the Job resumed (promoted
+/// instead), a lost W5 finished by the sweeper, a Job gone after its instant promoted, a
+/// withdrawal that finds the Job gone after its instant stopped. (With the backstop,
+/// break-lock's step 1b too.)
+const PREPARED: [Cov; 8] = [
+    Cov::PreparedResumed,
+    Cov::PreparedWithdrawn,
+    Cov::PreparedPeriodAgain,
+    Cov::ResumeFoundWithdrawn,
+    Cov::MarkFoundResumed,
+    Cov::WithdrawnSwept,
+    Cov::GonePromoted,
+    Cov::WithdrawalFoundGone,
+];
+
+/// Issue 33: a run prepared ahead of its instant (its claim, backstop row, suspended Job and
+/// `status.prepared` written, the cursor not moved) is resumed by one patch at its instant,
+/// never before ([`Inv::ReleasedEarly`]), or withdrawn (W1 to W5) and its period decided as
+/// without preparation: claimed again with a new token once its claim row is archived, never
+/// lost ([`Inv::LostToPreparation`]); a Job marked withdrawn never runs ([`Inv::WithdrawnRan`]),
+/// and G1, G3, fencing, G5 and G2 hold as without preparation. Forbid and Replace (a run is
+/// prepared only with none active, P1), with a user's edit; with the backstop (and break-lock's
+/// step 1b) and without it (a foreign Job under a period's name).
+///
+/// Finished Jobs are pruned (a user's delete, history limits): these are the configurations in
+/// which the model found issue 33's gap, fixed in `src/`. A prepared Job resumed at its instant
+/// whose promote was lost (its replica crashed, or its status write got a 409), then finished
+/// and deleted, may have run: the judge asks first whether a missing Job's instant has come and
+/// promotes it ([`Cov::GonePromoted`]), whatever changed since (the user's edit, P2, the
+/// cursor); a withdrawal judged before the resume whose W1 then gets a 404, or whose re-read
+/// finds the Job gone, stops there once the instant may have passed, and the next judge decides
+/// ([`Cov::WithdrawalFoundGone`]). Its period never runs a second time ([`Inv::G1`]), and a
+/// promoted Job that never ran would be [`Inv::G2Lost`]. The order before the fix,
+/// [`Broken::WithdrawGoneJob`], is caught by G1, and so is each half of it alone
+/// ([`Broken::JudgeGoneJobLate`], [`Broken::MarkGoneGoesOn`]). Pruning only adds transitions
+/// (nothing else in the model reads it), so these explorations hold every execution without it.
+#[test]
+fn a_prepared_run_runs_at_its_instant_or_is_withdrawn() {
+    let mut reached = EVERYWHERE.to_vec();
+    reached.extend(PREPARED);
+    for backstop in [false, true] {
+        if backstop {
+            reached.push(Cov::LockBrokeMarked);
+        }
+        let configs = [Policy::Forbid, Policy::Replace].map(|p| preparing(p, backstop, true));
+        holds(&configs, &reached);
+    }
+}
+
 /// The broken variants, each with the configuration and the invariants it is caught by: every
 /// one of them is found, with a shortest trace, and every invariant is caught by some variant.
 #[test]
@@ -2632,6 +2994,24 @@ fn broken_variants_are_caught() {
             &[I::ExternallyStarted, I::ResumedRetired],
         ),
         (B::DeleteBeforeRecord, external, &[I::ResumedRetired]),
+    ];
+    let prep = preparing(Forbid, true, false);
+    let unlocked = Config {
+        bump: false,
+        ..prep
+    };
+    let pruned = preparing(Forbid, true, true);
+    let prepared_table: &[(Broken, Config, &[Inv])] = &[
+        (B::NoReleasedTest, prep, &[I::WithdrawnRan, I::G1]),
+        // Without break-lock, the withdrawn mark is another replica's W1.
+        (B::NoReleasedTest, unlocked, &[I::WithdrawnRan]),
+        (B::PreparedInActive, prep, &[I::ReleasedEarly]),
+        (B::WithdrawRecordFirst, prep, &[I::LostToPreparation]),
+        (B::RetireBeforeMark, prep, &[I::ResumedRetired]),
+        // Issue 33's gap, before the fix: a resumed prepared Job, its promote lost, gone.
+        (B::WithdrawGoneJob, pruned, &[I::G1]),
+        (B::JudgeGoneJobLate, pruned, &[I::G1]),
+        (B::MarkGoneGoesOn, pruned, &[I::G1]),
     ];
     let table: &[(Broken, Policy, bool, bool, &[Inv])] = &[
         // Issue 16: the Job created running, re-created by a stale claimer after pruning.
@@ -2689,7 +3069,8 @@ fn broken_variants_are_caught() {
         .map(|&(broken, policy, backstop, prune, invs)| {
             (broken, cfg(policy, backstop, prune), invs)
         });
-    for (broken, c, invs) in rows.chain(pods_table.iter().copied()) {
+    let more = pods_table.iter().chain(prepared_table).copied();
+    for (broken, c, invs) in rows.chain(more) {
         let c = Config { broken, ..c };
         for &inv in invs {
             let r = explore(&c, Some(inv));
@@ -2697,6 +3078,14 @@ fn broken_variants_are_caught() {
             let (found, trace) = r.violation.expect("the broken protocol must be caught");
             assert_eq!(found, inv);
             assert!(trace.len() > 1, "{broken:?}: {inv:?} with an empty trace");
+            if matches!(
+                broken,
+                B::WithdrawGoneJob | B::JudgeGoneJobLate | B::MarkGoneGoesOn
+            ) {
+                // The gap: the prepared Job resumed at its instant, then gone (pruned).
+                assert!(trace.iter().any(|l| l.contains("resumes prepared")));
+                assert!(trace.iter().any(|l| l.ends_with("is pruned")));
+            }
             fired |= inv.bit();
         }
     }
