@@ -90,19 +90,9 @@ pub async fn break_lock(
     }
     status.active_count = 0;
     status.fencing_token = token;
-    let jobs = if stopped.is_empty() {
-        "no run was active".to_string()
-    } else {
-        let names: Vec<&str> = stopped.iter().map(|r| r.job_name.as_str()).collect();
-        format!("deleted Job(s) {}", names.join(", "))
-    };
-    let fenced = match db {
-        Availability::Ready(_) => "the backstop refuses every older token from now on",
-        _ => "without a backstop, only workloads that compare tokens themselves refuse older ones",
-    };
     op.phase = crate::api::OperationPhase::Done;
     op.token = Some(token);
-    op.message = format!("fencing token raised from {before} to {token}; {jobs}; {fenced}");
+    op.message = message(before, token, &stopped, db);
     op.updated = Some(now.into());
     status.operations.break_lock = Some(op.clone());
     kube_io::write_status(ctx, sj, status, Lane::Claim).await?;
@@ -117,6 +107,21 @@ pub async fn break_lock(
         crate::metrics::global().run_finished(sj, Outcome::Failed);
     }
     Ok(op)
+}
+
+/// Step 4's record of the break: the tokens, the Jobs stopped, what refuses older tokens now.
+fn message(before: u64, token: u64, stopped: &[RunRef], db: &Availability) -> String {
+    let jobs = if stopped.is_empty() {
+        "no run was active".to_string()
+    } else {
+        let names: Vec<&str> = stopped.iter().map(|r| r.job_name.as_str()).collect();
+        format!("deleted Job(s) {}", names.join(", "))
+    };
+    let fenced = match db {
+        Availability::Ready(_) => "the backstop refuses every older token from now on",
+        _ => "without a backstop, only workloads that compare tokens themselves refuse older ones",
+    };
+    format!("fencing token raised from {before} to {token}; {jobs}; {fenced}")
 }
 
 /// Break-lock's step 1b: a prepared run's Job is marked withdrawn (step W1 of
