@@ -132,12 +132,14 @@ async fn resumed_at_instant(s: &Scene) -> Result<()> {
     // Never before its instant: the first state the watch saw it allowed to run carries the
     // API server's time (whole seconds, rounded down: a release before `p` shows `p - 1 s` at
     // the latest) of the update that unsuspended it.
-    let first_run = s
-        .watch
-        .states(&s.uid)
-        .into_iter()
-        .find(|x| x.ran)
-        .context("the watch never saw the resumed Job allowed to run")?;
+    // The watch may deliver the update a moment after the read above saw it (a loaded machine).
+    let first_run = env
+        .wait_for(
+            "the watch to see the resumed Job allowed to run",
+            Duration::from_secs(15),
+            || async { Ok(s.watch.states(&s.uid).into_iter().find(|x| x.ran)) },
+        )
+        .await?;
     let released_at = first_run.suspend_set.clone();
     println!(
         "prepared run {} (token {}) for {}: unsuspended by {:?} (API server time), \
@@ -874,12 +876,15 @@ impl Scene {
                 },
             )
             .await?;
-        let released_at = self
-            .watch
-            .states(&uid)
-            .into_iter()
-            .find(|x| x.ran)
-            .and_then(|x| x.suspend_set);
+        // The watch may deliver the update a moment after the read above saw it.
+        let released_at = env
+            .wait_for(
+                "the watch to see the period's new Job allowed to run",
+                Duration::from_secs(15),
+                || async { Ok(self.watch.states(&uid).into_iter().find(|x| x.ran)) },
+            )
+            .await?
+            .suspend_set;
         println!(
             "{}: the period ran as token {token}, unsuspended by {released_at:?}",
             env.ns
