@@ -348,21 +348,7 @@ mod tests {
     }
 
     fn run(j: &OwnedJob) -> RunRef {
-        RunRef {
-            unknown: Default::default(),
-            late: false,
-            period: j.period.unwrap().into(),
-            token: j.token.unwrap(),
-            job_name: j.name.clone(),
-            claimed_at: None,
-            job_uid: Some(j.uid.clone()),
-            origin: None,
-            requested_by: None,
-            supersedes: None,
-            replaces: Vec::new(),
-            resume_at: None,
-            basis: None,
-        }
+        adopted(j).expect("a job with a period and a token")
     }
 
     fn status(token: u64, through: &str) -> SingletonJobStatus {

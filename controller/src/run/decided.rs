@@ -106,7 +106,7 @@ pub(super) fn decide_without_job<'a>(
 }
 
 /// The most claims `status.unsettledClaims` holds (its schema's bound).
-const MAX_UNSETTLED: usize = 100;
+pub(super) const MAX_UNSETTLED: usize = 100;
 
 /// Settles the claims left unsettled by an outage of the backstop (F10c): each one's row, if the
 /// claim did commit, is withdrawn and its token retired, then the list is cleared by a status

@@ -33,6 +33,7 @@ use jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::decided::MAX_UNSETTLED;
 use crate::api::{LockPurpose, Outcome, RunRef, SingletonJob, SingletonJobStatus, UnsettledClaim};
 use crate::backstop::Availability;
 use crate::clock::ClockState;
@@ -44,9 +45,6 @@ use crate::kube_io::{self, Marked, Propagation, Resumed, Unreleased};
 use crate::lanes::Lane;
 use crate::observe::{OwnedJob, Release};
 use crate::{Result, record};
-
-/// The most claims `status.unsettledClaims` holds (its schema's bound).
-const MAX_UNSETTLED: usize = 100;
 
 /// How soon to look again when the cache has not caught up with a Job's mark yet.
 const REREAD: Duration = Duration::from_secs(1);
