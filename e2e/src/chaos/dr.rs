@@ -1076,10 +1076,6 @@ async fn pause_primary(w: &mut DrWorld, window: Duration, inj: &mut Injected) ->
 /// The primary restarted with the failpoint, until it is stopped right after its database
 /// claim; when that was (the fault's start).
 async fn freeze_primary(w: &mut DrWorld, inj: &mut Injected) -> Result<Instant> {
-    w.west.envs = vec![(
-        "SINGLETON_FAILPOINTS".to_string(),
-        "backstop-claimed=stop".to_string(),
-    )];
     // Not while a claim is on its way: the old process may confirm it in the database (step 4b)
     // before the TERM takes effect, and a confirmed claim is never taken over, so the row would
     // wait for a takeover that must not come (CI 2026-12-06: TERM 0.2 s after a claim).
@@ -1097,6 +1093,14 @@ async fn freeze_primary(w: &mut DrWorld, inj: &mut Injected) -> Result<Instant> 
         },
     )
     .await?;
+    // Armed only now, for the restart the TERM causes: a primary restarted during the wait
+    // above (it lost its Lease on a loaded machine) would otherwise have frozen at its first
+    // claim already, with that claim pending, and the TERM sent to a stopped process would never
+    // be delivered (CI 2026-12-07: the wait for the freeze timed out).
+    w.west.envs = vec![(
+        "SINGLETON_FAILPOINTS".to_string(),
+        "backstop-claimed=stop".to_string(),
+    )];
     let before = w.west.idx;
     w.west.signal("TERM").await?;
     w.wait(

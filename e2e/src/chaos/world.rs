@@ -1599,8 +1599,9 @@ pub async fn poll_until<W: Polled, T>(
             Err(_) => last_err = Some(anyhow::anyhow!("check timed out")),
         }
         if Instant::now() > end {
+            // The reason again after the dump: a CI log keeps only its last lines.
             bail!(
-                "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
+                "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}\n(that was: timed out after {timeout:?} waiting for {what})",
                 world.dump().await
             );
         }
