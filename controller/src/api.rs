@@ -248,6 +248,18 @@ pub struct SingletonJobSpec {
     #[schemars(range(min = 0, max = 86_400))]
     pub jitter_seconds: Option<i32>,
 
+    /// Prepare each run this many seconds before its instant: its period is claimed, its Job
+    /// created suspended and confirmed ahead of time, and at the instant one request starts it
+    /// (never before the instant). Anything that changes the period's decision meanwhile (an
+    /// edit, `suspend`, a trigger) withdraws the prepared run: its Job never runs and the period
+    /// is decided as it would have been without preparation. 0: never prepared. Unset: the
+    /// controller's `--prepare-lead-seconds`. A lead longer than the time since the previous
+    /// instant is shortened to it (the previous period is decided first), and the
+    /// `Preparation` condition says so. Not used with a backstop shared by several clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub prepare_lead_seconds: Option<i64>,
+
     /// IANA time zone the schedule is read in, such as `Europe/Berlin`. Default: UTC (never the
     /// controller's local zone).
     #[serde(default, skip_serializing_if = "Option::is_none")]

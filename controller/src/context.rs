@@ -53,6 +53,9 @@ pub struct Context {
     pub resumed: Recent,
     /// Delivers the events `status.notifications` holds (`spec.notify`).
     pub notifier: Arc<Notifier>,
+    /// `--prepare-lead-seconds`: how long before their instants runs are prepared, unless a
+    /// SingletonJob says (`spec.prepareLeadSeconds`); 0: never (issue 33).
+    pub prepare_lead_seconds: u32,
 }
 
 impl Context {

@@ -22,6 +22,7 @@ pub const POINTS: &[&str] = &[
     CREATE_LANE,
     CONFIRM,
     RESUME,
+    PREPARE_CONFIRMED,
     RESUME_PREPARED,
     PROMOTE,
     WITHDRAW_MARKED,
@@ -43,6 +44,9 @@ pub const CREATE_LANE: &str = "create-lane";
 pub const CONFIRM: &str = "confirm";
 /// After the gate check, right before the resume is sent (step 8).
 pub const RESUME: &str = "resume";
+/// A preparation (issue 33): after the confirm wrote the run into `status.prepared`, before
+/// anything else (its resume comes at its instant).
+pub const PREPARE_CONFIRMED: &str = "prepare-confirmed";
 /// A prepared run ([`crate::run::prepared`]): after the gate check, right before its resume
 /// (the one request at its instant) is sent.
 pub const RESUME_PREPARED: &str = "resume-prepared";

@@ -13,10 +13,10 @@ use kube::api::ObjectMeta;
 use crate::api::{CompletionDeadlinePolicy, LockPurpose, RunRef, SingletonJob};
 use crate::decide::JobState;
 use crate::naming::{
-    ANNOTATION_RELEASED, ENV_ATTEMPT, ENV_BUSINESS_DATE, ENV_IDEMPOTENCY_KEY, ENV_JOB,
-    ENV_NEXT_PERIOD, ENV_PERIOD, ENV_PERIOD_KEY, ENV_PREVIOUS_PERIOD, ENV_TIME_ZONE, ENV_TOKEN,
-    LABEL_JOB, LABEL_KUEUE_QUEUE, LABEL_PERIOD, LABEL_TOKEN, NOT_RELEASED, idempotency_key,
-    job_label, job_name, period_label, period_rfc3339,
+    ANNOTATION_RELEASED, ANNOTATION_RESUME_AT, ENV_ATTEMPT, ENV_BUSINESS_DATE, ENV_IDEMPOTENCY_KEY,
+    ENV_JOB, ENV_NEXT_PERIOD, ENV_PERIOD, ENV_PERIOD_KEY, ENV_PREVIOUS_PERIOD, ENV_TIME_ZONE,
+    ENV_TOKEN, LABEL_JOB, LABEL_KUEUE_QUEUE, LABEL_PERIOD, LABEL_TOKEN, NOT_RELEASED,
+    idempotency_key, job_label, job_name, period_label, period_rfc3339,
 };
 use crate::schedule::Window;
 use crate::{Error, Result};
@@ -195,6 +195,13 @@ fn deadline_left(sj: &SingletonJob, period: Timestamp, now: Timestamp) -> Option
 pub fn for_run(sj: &SingletonJob, run: &RunRef, window: &Window) -> Result<Job> {
     let mut job = build(sj, run.period.0, run.token, window)?;
     job.metadata.name = Some(run.job_name.clone());
+    // A prepared run's Job says when it may run: no one resumes it before (G4).
+    if let Some(at) = &run.resume_at {
+        job.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION_RESUME_AT.into(), at.0.to_string());
+    }
     Ok(job)
 }
 

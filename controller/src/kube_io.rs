@@ -174,11 +174,11 @@ pub async fn write_status_filled(
 
 /// Creates `job` (suspended: see [`crate::run`]). The API server's answer is the caller's to
 /// sort (a 409 means a Job of that name exists).
-pub async fn create_job(ctx: &Context, job: &Job) -> Result<kube::Result<Job>> {
+pub async fn create_job(ctx: &Context, job: &Job, lane: Lane) -> Result<kube::Result<Job>> {
     let ns = job.metadata.namespace.as_deref().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     let pp = PostParams::default();
-    gated(ctx, Lane::Create, Some(failpoint::CREATE_LANE), || {
+    gated(ctx, lane, Some(failpoint::CREATE_LANE), || {
         jobs.create(&pp, job)
     })
     .await

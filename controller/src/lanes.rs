@@ -30,11 +30,14 @@ pub enum Lane {
     Create = 0,
     /// A claim: the write that starts a due run.
     Claim = 1,
+    /// Work ahead of an instant (issue 33): a period's claim, create and confirm before it is
+    /// due, after every request a due run waits for.
+    Prepare = 2,
     /// Everything nobody is waiting on: confirms, outcomes, conditions, Events, dry runs, pruning.
-    Background = 2,
+    Background = 3,
 }
 
-const LANES: usize = 3;
+const LANES: usize = 4;
 
 #[derive(Debug)]
 struct State {

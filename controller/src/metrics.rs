@@ -76,6 +76,42 @@ pub struct SourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub namespace: String,
+    pub name: String,
+    /// A [`PreparedStage`]'s name.
+    pub stage: String,
+}
+
+/// How far a prepared run got (`singleton_prepared_runs_total`); withdrawals are also counted by
+/// reason in `singleton_runs_withdrawn_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreparedStage {
+    /// Claimed, created suspended and confirmed ahead of its instant.
+    Prepared,
+    /// Resumed by the one request at its instant.
+    Resumed,
+    /// Withdrawn before it ran (its Job never ran).
+    Withdrawn,
+}
+
+impl PreparedStage {
+    pub const ALL: [PreparedStage; 3] = [
+        PreparedStage::Prepared,
+        PreparedStage::Resumed,
+        PreparedStage::Withdrawn,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PreparedStage::Prepared => "Prepared",
+            PreparedStage::Resumed => "Resumed",
+            PreparedStage::Withdrawn => "Withdrawn",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
     pub op: String,
 }
@@ -169,6 +205,7 @@ pub struct Metrics {
     pub multicluster_claims: Family<ClusterClaimLabels, Counter>,
     pub claims_deduplicated: Family<JobLabels, Counter>,
     pub runs_withdrawn: Family<ReasonLabels, Counter>,
+    pub prepared_runs: Family<StageLabels, Counter>,
     pub runs_late: Family<JobLabels, Counter>,
     pub suspended_after_failures: Family<JobLabels, Counter>,
     pub schedule_skew_seconds: Histogram,
@@ -223,6 +260,7 @@ impl Metrics {
             multicluster_claims: Family::default(),
             claims_deduplicated: Family::default(),
             runs_withdrawn: Family::default(),
+            prepared_runs: Family::default(),
             runs_late: Family::default(),
             suspended_after_failures: Family::default(),
             schedule_skew_seconds: Histogram::new(SKEW_BUCKETS),
@@ -319,6 +357,11 @@ impl Metrics {
             "runs_withdrawn",
             "Prepared runs withdrawn before their instant (their Job never ran), by reason (a WithdrawReason: Suspended, ScheduleChanged, SpecChanged, ...)",
             m.runs_withdrawn.clone(),
+        );
+        r.register(
+            "prepared_runs",
+            "Runs prepared ahead of their instant (spec.prepareLeadSeconds, --prepare-lead-seconds), by stage: Prepared (claimed, created suspended and confirmed), Resumed (started at the instant by one request), Withdrawn (never ran; by reason in singleton_runs_withdrawn_total)",
+            m.prepared_runs.clone(),
         );
         r.register(
             "runs_late",
@@ -496,6 +539,18 @@ impl Metrics {
             .inc();
     }
 
+    /// A prepared run reached `stage`.
+    pub fn prepared(&self, sj: &SingletonJob, stage: PreparedStage) {
+        let key = self.job(sj);
+        self.prepared_runs
+            .get_or_create(&StageLabels {
+                namespace: key.namespace,
+                name: key.name,
+                stage: stage.name().to_string(),
+            })
+            .inc();
+    }
+
     /// A period's outcome was recorded in status (a history entry).
     pub fn recorded(&self, sj: &SingletonJob, e: &HistoryEntry) {
         let key = self.job(sj);
@@ -669,6 +724,13 @@ impl Metrics {
                 result: result.name().to_string(),
             });
         }
+        for stage in PreparedStage::ALL {
+            self.prepared_runs.remove(&StageLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                stage: stage.name().to_string(),
+            });
+        }
         for source in ["controller", "workload"] {
             self.stale_writes_refused.remove(&SourceLabels {
                 namespace: namespace.clone(),
@@ -797,6 +859,7 @@ mod tests {
         m.multi_cluster_claim("east", "TookOver");
         m.token_issued(&a);
         m.run_withdrawn(&a, "Suspended");
+        m.prepared(&a, PreparedStage::Prepared);
         m.backstop_deferred(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
@@ -891,6 +954,7 @@ mod tests {
             ("singleton_multicluster_claims", "counter"),
             ("singleton_claims_deduplicated", "counter"),
             ("singleton_runs_withdrawn", "counter"),
+            ("singleton_prepared_runs", "counter"),
             ("singleton_runs_late", "counter"),
             ("singleton_suspended_after_failures", "counter"),
             ("singleton_schedule_skew_seconds", "histogram"),

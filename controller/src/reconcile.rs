@@ -30,6 +30,7 @@ use crate::backstop::Availability;
 use crate::clock::ClockState;
 use crate::context::Context;
 use crate::decide::ops::{self, OperationKind};
+use crate::decide::prepare::lead::{self, Next};
 use crate::decide::{self, JobState, Observed, Plan, Waiting};
 use crate::lanes::Lane;
 use crate::operate::{self, ManualGates, ManualRun, Operations};
@@ -101,10 +102,11 @@ pub async fn reconcile(sj: Arc<SingletonJob>, ctx: Arc<Context>) -> Result<Actio
 }
 
 /// Whether this copy is to be left alone; then what to do instead.
-fn guard(sj: &SingletonJob, ctx: &Context) -> Option<Action> {
+fn guard(sj: &SingletonJob, ctx: &Arc<Context>) -> Option<Action> {
     if sj.metadata.deletion_timestamp.is_some() {
-        // Owner references garbage-collect the Jobs.
+        // Owner references garbage-collect the Jobs; a prepared run's claim is withdrawn.
         ctx.forget(sj);
+        run::prepared::withdraw_deleted(ctx, sj);
         return Some(Action::await_change());
     }
     // A standby keeps its caches warm but decides nothing: everything is reconciled when the
@@ -284,8 +286,9 @@ async fn decide_and_act(
     let (manual, notes) = Box::pin(operations(sj, &mut status, &seen, &decided)).await?;
     let gave_up = settle_notifications(ctx, sj, &mut status);
     let operating = ops::in_progress(&status.operations);
+    let ahead = prepare_next(ctx, sj, &mut status, &seen, &decided, operating);
     let plan = &decided.plan;
-    let started = Box::pin(act(ctx, sj, status, plan, manual, &seen.db)).await?;
+    let started = Box::pin(act(ctx, sj, status, plan, manual, ahead, &seen.db)).await?;
     Box::pin(after(ctx, sj, &new_entries, notes, ended, started.as_ref())).await?;
     Box::pin(notifications_given_up(ctx, sj, gave_up)).await;
     Box::pin(late_and_failing(ctx, sj, plan)).await?;
@@ -308,12 +311,20 @@ async fn decide_and_act(
         ctx.backstop_health.hush(uid, asked(sj), until);
     }
     Ok(next_look(
-        plan.wake_at.map(|at| until(now, at)),
+        wake(plan, ahead).map(|at| until(now, at)),
         hold,
         holding,
         started.is_some(),
         operating,
     ))
+}
+
+/// When the plan wants to look again, or earlier when the next period's preparation may begin.
+fn wake(plan: &Plan, ahead: Next) -> Option<Timestamp> {
+    match ahead {
+        Next::At(p) => Some(plan.wake_at.map_or(p.from, |w| w.min(p.from))),
+        _ => plan.wake_at,
+    }
 }
 
 /// F9: an edit of the schedule or its excluded days moves no period decided before it. Keeps
@@ -619,6 +630,53 @@ fn seen_backstop(db: &Availability) -> BackstopSeen {
     }
 }
 
+/// Whether to prepare the next period ahead of its instant (issue 33), and the `Preparation`
+/// condition that says how this SingletonJob's runs are prepared. `status` is what this
+/// reconcile writes (the plan's records applied); `operating`: a user's operation is under way.
+fn prepare_next(
+    ctx: &Context,
+    sj: &SingletonJob,
+    status: &mut SingletonJobStatus,
+    seen: &Seen,
+    decided: &Decided,
+    operating: bool,
+) -> Next {
+    let lead = lead::base_lead(&sj.spec, ctx.prepare_lead_seconds);
+    let backstop = sj.spec.backstop.as_ref();
+    let shared = backstop.is_some_and(|b| {
+        (b.database().is_some() && !ctx.backstops.cluster().is_empty())
+            || b.standby_delay_seconds.is_some()
+    });
+    let key = sj.backstop_key();
+    let states = HashMap::new();
+    let obs = Observed {
+        now: seen.now,
+        key: &key,
+        consecutive_failures: status.consecutive_failures,
+        run_count: status.run_count,
+        created: decided.created,
+        blocked: decided.blocked,
+        job_states: &states,
+    };
+    let asked = ops::OperationKind::ALL
+        .into_iter()
+        .any(|kind| ops::pending(sj, kind).is_some());
+    let next = lead::next(&lead::Ahead {
+        spec: &sj.spec,
+        schedule: &decided.schedule,
+        status,
+        plan: &decided.plan,
+        obs: &obs,
+        lead,
+        shared,
+        operation_pending: operating || asked,
+    });
+    let generation = sj.metadata.generation;
+    let spec_lead = sj.spec.prepare_lead_seconds.is_some();
+    record::preparation(status, lead, shared, next, spec_lead, generation, seen.now);
+    next
+}
+
 /// A manual run this reconcile started: how it came about, who asked, and its claim.
 struct Started {
     origin: RunOrigin,
@@ -634,6 +692,7 @@ async fn act(
     status: SingletonJobStatus,
     plan: &Plan,
     manual: Option<ManualRun>,
+    ahead: Next,
     db: &Availability,
 ) -> Result<Option<Started>> {
     if let Some(period) = plan.start {
@@ -641,6 +700,19 @@ async fn act(
             replace: &plan.replace,
         };
         Box::pin(run::start(ctx, sj, status, period, cause, db)).await?;
+        return Ok(None);
+    }
+    // The next period, ahead of its instant: resumed at it by run::prepared (never before, G4).
+    if manual.is_none()
+        && let Next::Now(p) = ahead
+        && let Ok(schedule) = ctx.schedule_of(sj)
+    {
+        let basis = decide::prepare::basis(&sj.spec, &schedule);
+        let cause = run::Cause::Prepared {
+            resume_at: p.resume_at,
+            basis: &basis,
+        };
+        Box::pin(run::start(ctx, sj, status, p.period, cause, db)).await?;
         return Ok(None);
     }
     if let Some(manual) = manual {

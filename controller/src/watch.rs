@@ -123,6 +123,8 @@ pub struct Config {
     pub cluster_id: String,
     /// The notification targets of SingletonJobs without `spec.notify` (`--default-notify`).
     pub notify: crate::notify::Defaults,
+    /// How long before their instants runs are prepared (`--prepare-lead-seconds`; 0: never).
+    pub prepare_lead_seconds: u32,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -247,12 +249,15 @@ fn stop_signals(
 /// is seen here, by the watch, not by a reconcile; deletions missed while the watch was down are
 /// caught when it lists again (`InitDone`: everything not in the fresh cache is gone).
 fn forget_deleted(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     store: &reflector::Store<SingletonJob>,
     event: &watcher::Event<SingletonJob>,
 ) {
     match event {
-        watcher::Event::Delete(sj) => ctx.forget(sj),
+        watcher::Event::Delete(sj) => {
+            ctx.forget(sj);
+            crate::run::prepared::withdraw_deleted(ctx, sj);
+        }
         watcher::Event::InitDone => {
             let live: std::collections::HashSet<(String, String)> = store
                 .state()
@@ -374,6 +379,7 @@ fn context(
         confirming,
         resumed: Recent::default(),
         notifier,
+        prepare_lead_seconds: cfg.prepare_lead_seconds,
     })
 }
 

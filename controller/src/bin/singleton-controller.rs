@@ -77,6 +77,13 @@ struct Args {
     /// own namespace (`POD_NAMESPACE`). Default: none.
     #[arg(long, env = "SINGLETON_DEFAULT_NOTIFY", value_parser = parse_default_notify)]
     default_notify: Option<DefaultNotify>,
+    /// Prepare each run this many seconds before its instant (0 to 3600; 0: never): claimed, its
+    /// Job created suspended and confirmed ahead, then started at the instant by one request.
+    /// A SingletonJob's `spec.prepareLeadSeconds` overrides it. Not used for SingletonJobs whose
+    /// backstop is shared by several clusters.
+    #[arg(long, env = "SINGLETON_PREPARE_LEAD_SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=3600))]
+    prepare_lead_seconds: u32,
     /// Address of /healthz and /readyz (plain HTTP, no authentication).
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
@@ -147,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
         backstop_allowed_hosts: AllowedHosts::parse(&args.backstop_allowed_hosts)?,
         cluster_id: args.cluster_id,
         notify,
+        prepare_lead_seconds: args.prepare_lead_seconds,
     };
     let opts = ReplicaOptions {
         election,

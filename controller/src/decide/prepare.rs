@@ -15,6 +15,8 @@
 //! so every rule, the never-early bound (G4) above all, is tested with fixed instants and by
 //! property tests, and every replica judges the same inputs the same way.
 
+pub mod lead;
+
 use std::fmt::Write as _;
 
 use jiff::{SignedDuration, Timestamp};

@@ -15,6 +15,8 @@ pub const STATUS_CONSISTENT: &str = "StatusConsistent";
 /// True once no period will come (`endAt` passed, `maxRuns` reached, or bounds that hold no
 /// period); only for a SingletonJob with `startAt`, `endAt` or `maxRuns`.
 pub const ENDED: &str = "Ended";
+/// How runs are prepared ahead of their instants (issue 33); only while a lead is in effect.
+pub const PREPARATION: &str = "Preparation";
 
 /// Sets (or adds) a condition; returns whether anything a reader would notice changed.
 pub fn set(

@@ -3,6 +3,7 @@
 //! ([`conditions`]); and the pruning of finished Jobs by the history limits ([`prune`]).
 
 pub mod conditions;
+pub mod preparation;
 pub mod prune;
 
 use std::collections::HashMap;
@@ -21,6 +22,8 @@ use crate::decide::{JobState, Plan, Waiting, reason};
 use crate::naming;
 use crate::observe::Behind;
 use crate::schedule::Schedule;
+
+pub use preparation::preparation;
 
 /// Entries kept in `status.history`.
 pub const HISTORY_LIMIT: usize = 20;

@@ -17,12 +17,16 @@ use crate::record;
 use crate::{Error, Result};
 
 /// Step 7's status: the claim moves from `pendingClaim` to `active`, the runs it replaced to the
-/// history as Replaced, the run itself to the history as Running.
+/// history as Replaced, the run itself to the history as Running. A preparation moves to
+/// `prepared` instead ([`prepared_after_confirm`]).
 pub(super) fn status_after_confirm(
     fresh: &SingletonJob,
     claim: &RunRef,
     backstop_skipped: bool,
 ) -> SingletonJobStatus {
+    if claim.resume_at.is_some() {
+        return prepared_after_confirm(fresh, claim);
+    }
     let mut status = fresh.status.clone().unwrap_or_default();
     status.pending_claim = None;
     // The confirmed status carries its run's token (G3), also when the status was wiped between
@@ -60,6 +64,21 @@ pub(super) fn status_after_confirm(
     status
 }
 
+/// Step 7 of a preparation (issue 33): the claim moves from `pendingClaim` to `prepared`, with
+/// its Job's uid. Nothing else changes: its period is not decided and nothing runs until the
+/// resume at its instant ([`super::prepared`]); the history shows it from then (a run counts
+/// from its resume). It replaces nothing (P1: no run is active).
+fn prepared_after_confirm(fresh: &SingletonJob, claim: &RunRef) -> SingletonJobStatus {
+    let mut status = fresh.status.clone().unwrap_or_default();
+    status.pending_claim = None;
+    status.fencing_token = status.fencing_token.max(claim.token);
+    let mut run = claim.clone();
+    run.replaces.clear();
+    run.supersedes = None;
+    status.prepared = Some(run);
+    status
+}
+
 /// Steps 7 and 8: writes `status` over `fresh` (the status read in step 4); if it wins, resumes
 /// the Job `uid`. Losing it, the Job never ran: it is deleted, unless the status that won made it
 /// the period's run (another replica adopted it, and resumes it) or still holds the claim pending
@@ -74,9 +93,17 @@ async fn confirm(
 ) -> Result<()> {
     let ns = fresh.metadata.namespace.clone().unwrap_or_default();
     // `fresh` holds no status any more: the outbox was filled when `status` was made.
-    match kube_io::write_status_filled(ctx, &fresh, status, Lane::Create, Some(failpoint::CONFIRM))
-        .await
-    {
+    let lane = super::lane(&claim, Lane::Create);
+    match kube_io::write_status_filled(ctx, &fresh, status, lane, Some(failpoint::CONFIRM)).await {
+        // A preparation: resumed at its instant, never now (G4). Its SingletonJob's next
+        // reconcile (asked for when this task ends) keeps it until then.
+        Ok(_) if claim.resume_at.is_some() => {
+            ctx.own_writes.remember(&fresh, claim.token);
+            crate::metrics::global().prepared(&fresh, crate::metrics::PreparedStage::Prepared);
+            tracing::info!(job = %claim.job_name, token = claim.token, "prepared the run ahead of its instant");
+            failpoint::hit(failpoint::PREPARE_CONFIRMED);
+            Ok(())
+        }
         Ok(_) => {
             ctx.own_writes.remember(&fresh, claim.token);
             for _ in &claim.replaces {
@@ -89,11 +116,11 @@ async fn confirm(
         Err(Error::Conflict(what)) => {
             let name = fresh.metadata.name.as_deref().unwrap_or_default();
             let won = kube_io::get_sj(ctx, &ns, name).await?;
-            let adopted = won.status.as_ref().is_some_and(|s| {
-                s.active
-                    .iter()
-                    .any(|r| r.job_uid.as_deref() == Some(uid.as_str()))
-            });
+            let names = |r: &RunRef| r.job_uid.as_deref() == Some(uid.as_str());
+            let adopted = won
+                .status
+                .as_ref()
+                .is_some_and(|s| s.active.iter().any(names) || s.prepared.iter().any(names));
             // Adopted: the winner resumes it (or, if it died first, whoever acts next:
             // `observe::to_resume`). Still pending: its completer adopts it.
             if !adopted && !super::claim_pending(&won, &claim) {

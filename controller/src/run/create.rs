@@ -93,7 +93,7 @@ pub(super) async fn create(
         spec.suspend = Some(true);
     }
     for _ in 0..CREATES {
-        match kube_io::create_job(ctx, &job).await? {
+        match kube_io::create_job(ctx, &job, super::lane(claim, Lane::Create)).await? {
             Ok(created) => {
                 let uid =
                     created.metadata.uid.clone().ok_or_else(|| {

@@ -56,6 +56,13 @@
 //! lost; [`mod@break_lock`] breaks a stuck lock; [`prepared`] resumes at its instant, or
 //! withdraws, a run prepared ahead of it (issue 33).
 //!
+//! Preparation (issue 33, [`Cause::Prepared`]): with a lead set, steps 1 to 7 run ahead of the
+//! next period's instant in their own lane ([`Lane::Prepare`]): the claim leaves the cursor where
+//! it is (the period is not decided yet, G2), the Job is created suspended with
+//! `singleton.dev/resume-at`, and the confirm writes `status.prepared` instead of `active`. Step 8
+//! waits for the instant in [`prepared`], which resumes the Job then, never before (G4), or
+//! withdraws it when the period's decision changed meanwhile.
+//!
 //! Runs a user asks for (`kubectl singleton trigger|backfill`, see [`crate::decide::ops`]) take the same
 //! steps ([`Cause::Manual`]); their claim write also marks the request handled, so a request is
 //! claimed once. A rerun (`kubectl singleton rerun`, [`Cause::Rerun`]) takes them too, for a
@@ -134,6 +141,9 @@ pub async fn start(
     status.fencing_token = token;
     status.pending_claim = Some(claim.clone());
     match (cause, origin) {
+        // A prepared period is not decided yet: its cursor moves when it is resumed (design
+        // §1.3), and the judge decides it at its instant as if it had not been prepared (G2).
+        (Cause::Prepared { .. }, _) => {}
         // Only the schedule moves the schedule's cursor; a manual run is outside it.
         (Cause::Scheduled { .. }, _) => {
             status.decided_through = Some(period.into());
@@ -151,7 +161,7 @@ pub async fn start(
     if matches!(origin, None | Some(RunOrigin::Backfill)) {
         status.run_count = status.run_count.saturating_add(1);
     }
-    let claimed = write_status(ctx, sj, status, Lane::Claim)
+    let claimed = write_status(ctx, sj, status, cause.lane())
         .await
         .inspect_err(|e| crate::metrics::global().claim_failed(sj, e))?;
     tracing::info!(sj = %sj.key(), period = %naming::period_rfc3339(period), token, epoch = ctx.gate.epoch(), "claimed period");
@@ -201,8 +211,14 @@ fn new_claim(
             _ => None,
         },
         replaces: cause.replaces().iter().map(ReplacedRun::from).collect(),
-        resume_at: None,
-        basis: None,
+        resume_at: match cause {
+            Cause::Prepared { resume_at, .. } => Some(resume_at.into()),
+            _ => None,
+        },
+        basis: match cause {
+            Cause::Prepared { basis, .. } => Some(basis.to_string()),
+            _ => None,
+        },
     }
 }
 
@@ -225,14 +241,30 @@ pub enum Cause<'a> {
         supersedes: Option<u64>,
         repair: bool,
     },
+    /// The schedule's next period, prepared ahead of its instant (issue 33): claimed (the cursor
+    /// left where it is), its Job created suspended and confirmed into `status.prepared`, then
+    /// resumed at `resume_at` (never before, G4) or withdrawn by [`prepared`]. `basis` is
+    /// [`crate::decide::prepare::basis`] of what it was decided and built from.
+    Prepared {
+        resume_at: Timestamp,
+        basis: &'a str,
+    },
 }
 
 impl Cause<'_> {
     fn origin(self) -> Option<RunOrigin> {
         match self {
-            Cause::Scheduled { .. } => None,
+            Cause::Scheduled { .. } | Cause::Prepared { .. } => None,
             Cause::Manual(o) => Some(o),
             Cause::Rerun { .. } => Some(RunOrigin::Rerun),
+        }
+    }
+
+    /// The lane of the claim's write: a period due now before work ahead of time.
+    fn lane(self) -> Lane {
+        match self {
+            Cause::Prepared { .. } => Lane::Prepare,
+            _ => Lane::Claim,
         }
     }
 
@@ -240,7 +272,7 @@ impl Cause<'_> {
     pub fn operation(self) -> Option<crate::decide::ops::OperationKind> {
         use crate::decide::ops::OperationKind;
         match self {
-            Cause::Scheduled { .. } => None,
+            Cause::Scheduled { .. } | Cause::Prepared { .. } => None,
             Cause::Manual(o) => Some(OperationKind::from(o)),
             Cause::Rerun { repair: false, .. } => Some(OperationKind::Rerun),
             Cause::Rerun { repair: true, .. } => Some(OperationKind::Repair),
@@ -250,7 +282,7 @@ impl Cause<'_> {
     fn replaces(&self) -> &[RunRef] {
         match self {
             Cause::Scheduled { replace } | Cause::Rerun { replace, .. } => replace,
-            Cause::Manual(_) => &[],
+            Cause::Manual(_) | Cause::Prepared { .. } => &[],
         }
     }
 }
@@ -344,6 +376,15 @@ pub async fn complete_claim(
     crate::context::slim_sj(&mut fresh);
     confirm::spawn(ctx, fresh, status, claim, uid, admission);
     Ok(())
+}
+
+/// The lane of a request for `claim`: [`Lane::Prepare`] while it is a preparation ahead of its
+/// instant, else `due` (a preparation still in flight at its instant goes on as a due run's).
+pub(super) fn lane(claim: &RunRef, due: Lane) -> Lane {
+    match &claim.resume_at {
+        Some(at) if Timestamp::now() < at.0 => Lane::Prepare,
+        _ => due,
+    }
 }
 
 /// Whether `sj`'s status still holds `claim` as its pending claim.

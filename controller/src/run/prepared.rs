@@ -25,6 +25,10 @@
 //! through [`crate::observe::started_outside`]. Every step is idempotent: whoever acts next
 //! continues from the marks it finds (a Job marked withdrawn goes on at W2).
 
+mod deleted;
+
+pub use deleted::withdraw_deleted;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,9 +212,15 @@ impl Settle<'_> {
             return Ok(Action::requeue(REREAD));
         };
         let (ctx, sj, run) = (self.ctx, self.sj, self.run);
+        if !self.fresh().await? {
+            return Ok(Action::requeue(REREAD));
+        }
         let admission = super::admission(sj);
         match super::resume(ctx, sj, run, &job.uid, &admission, Unreleased::Tested).await? {
-            Resumed::Yes => self.promote().await,
+            Resumed::Yes => {
+                crate::metrics::global().prepared(sj, crate::metrics::PreparedStage::Resumed);
+                self.promote().await
+            }
             // Withdrawn or resumed by another replica, or gone: its mark says which.
             Resumed::Already | Resumed::Gone => match self.reread().await? {
                 JobMark::Released => self.promote().await,
@@ -218,6 +228,28 @@ impl Settle<'_> {
                 _ => Ok(Action::requeue(REREAD)),
             },
         }
+    }
+
+    /// Step 3's freshness check (design §1.2): the watch lags, and an edit or a user's request
+    /// committed before the instant must not lose to a stale cache, as it would not have without
+    /// preparation (the claim's compare-and-swap after the instant would have failed). So the
+    /// SingletonJob is read by quorum right before the resume, and the run waits (for the watch
+    /// to bring the newer copy, which the judge sees) unless it is the copy judged: the same spec
+    /// generation, no operation asked for, not being deleted.
+    async fn fresh(&self) -> Result<bool> {
+        let sj = self.sj;
+        let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+        let name = sj.metadata.name.as_deref().unwrap_or_default();
+        let now = kube_io::get_sj(self.ctx, ns, name).await?;
+        let same = now.metadata.uid == sj.metadata.uid
+            && now.metadata.generation == sj.metadata.generation
+            && now.metadata.deletion_timestamp.is_none()
+            && !manual_asked(&now)
+            && ops::pending(&now, ops::OperationKind::BreakLock).is_none();
+        if !same {
+            tracing::info!(sj = %sj.key(), job = %self.run.job_name, "the SingletonJob changed since the cached copy: the prepared run is judged again on the newer one");
+        }
+        Ok(same)
     }
 
     /// Step 4, promote (G2): the resumed run becomes an active run, and its period is decided.
@@ -303,6 +335,7 @@ impl Settle<'_> {
     async fn withdrawn_said(&self, reason: WithdrawReason) {
         let (sj, run) = (self.sj, self.run);
         crate::metrics::global().run_withdrawn(sj, reason.name());
+        crate::metrics::global().prepared(sj, crate::metrics::PreparedStage::Withdrawn);
         let note = format!(
             "prepared run {} (token {}) for {} withdrawn: {}; its Job never ran and was deleted, token {} retired, its backstop claim withdrawn; the period is decided as the schedule says",
             run.job_name,

@@ -42,6 +42,7 @@ fn context(client: kube::Client) -> Context {
         own_writes: OwnWrites::default(),
         confirming: InFlight::new().0,
         resumed: Recent::default(),
+        prepare_lead_seconds: 0,
         notifier: crate::notify::Notifier::new(
             client_for_notifier,
             Gate::always(),
@@ -307,6 +308,76 @@ async fn a_won_confirm_resumes_its_job_by_uid_and_reconciles_wait_for_both() {
     assert!(!ctx.confirming.contains(&sj));
     // Copies read before the confirm are recognised as stale.
     assert!(ctx.own_writes.predates(&sj, sj.status.as_ref().unwrap()));
+}
+
+/// A preparation's confirm (issue 33) moves its claim into `status.prepared`, not `active`: its
+/// period is not decided, no history entry is written, and no resume follows (G4: that waits
+/// for the instant, in run::prepared). The task then asks for the reconcile that keeps it.
+#[tokio::test]
+async fn a_preparation_is_confirmed_into_prepared_and_not_resumed() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (confirming, mut done) = InFlight::new();
+    let ctx = Arc::new(Context {
+        confirming,
+        ..context(kube::Client::new(svc, "ns"))
+    });
+    let (mut sj, mut claim) = claimed();
+    let resume_at = claim.period.0 + jiff::SignedDuration::from_secs(3);
+    claim.resume_at = Some(resume_at.into());
+    claim.basis = Some("fp:00/spec:00".into());
+    let before = Timestamp::from_second(1_799_999_940).unwrap();
+    let st = sj.status.as_mut().unwrap();
+    st.pending_claim = Some(claim.clone());
+    st.decided_through = Some(before.into());
+    st.run_count = 1;
+    let status = confirm::status_after_confirm(&sj, &claim, false);
+    confirm::spawn(
+        &ctx,
+        sj.clone(),
+        status,
+        claim.clone(),
+        "job-uid".into(),
+        super::Admission::Controller,
+    );
+
+    let (req, send) = next(&mut handle, "the confirm").await;
+    assert_eq!(req.method(), http::Method::PUT);
+    let body: serde_json::Value =
+        serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap()).unwrap();
+    let status = &body["status"];
+    assert!(status.get("pendingClaim").is_none(), "{body}");
+    assert!(
+        status
+            .get("active")
+            .is_none_or(|a| a.as_array().is_some_and(Vec::is_empty)),
+        "{body}"
+    );
+    assert!(
+        status
+            .get("history")
+            .is_none_or(|h| h.as_array().is_some_and(Vec::is_empty)),
+        "{body}"
+    );
+    assert_eq!(status["prepared"]["jobUid"], "job-uid");
+    assert_eq!(status["prepared"]["token"], 7);
+    assert_eq!(status["prepared"]["basis"], "fp:00/spec:00");
+    assert!(status["prepared"]["resumeAt"].is_string(), "{body}");
+    assert_eq!(
+        status["decidedThrough"],
+        serde_json::json!(before),
+        "the cursor did not move"
+    );
+    assert_eq!(status["runCount"], 1);
+    respond(send, 200, serde_json::to_vec(&body).unwrap());
+
+    // No resume: the task ends and asks for the reconcile that keeps the run until its instant.
+    assert_eq!(asked(&mut done).await, ObjectRef::from_obj(&sj));
+    assert!(!ctx.confirming.contains(&sj));
+    let more = tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request());
+    assert!(
+        more.await.is_err(),
+        "no request after a preparation's confirm"
+    );
 }
 
 /// A status wiped between a claim and its completion, the pending claim kept (a merge patch
