@@ -143,12 +143,12 @@ chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$LOGS/real.jobs"
 jobs=$LOGS/e2e.jobs
 {
   awk -F'\t' -v th="$THREADS" '
-    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" && $1 != "upgrade" && $1 != "prepared" {
+    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" && $1 != "upgrade" && $1 != "prepared" && $1 != "preparing" {
       printf "%s\t%s --test-threads=%s\n", $1, $2, th
     }
     $1 == "demo_dr" { printf "%s\t%s --nocapture\n", $1, $2 }
-    # Its tests wait for minute boundaries, not for the CPU: all eight at once.
-    $1 == "prepared" { printf "%s\t%s --test-threads=8\n", $1, $2 }' <<< "$list"
+    # Their tests wait for instants (minute boundaries, every 20 s), not for the CPU: all at once.
+    $1 == "prepared" || $1 == "preparing" { printf "%s\t%s --test-threads=8\n", $1, $2 }' <<< "$list"
   for i in $(seq 1 "$CHAOS_LANES"); do
     chaos "chaos-namespace-$i" CHAOS_SCOPE=namespace "CHAOS_SHARD=$i/$CHAOS_LANES"
   done

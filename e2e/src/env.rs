@@ -412,8 +412,9 @@ impl Env {
             if start.elapsed() > timeout {
                 self.no_foreign_controller().await?;
                 let dump = self.dump().await;
+                // The reason again after the dump: a CI log keeps only its last lines.
                 bail!(
-                    "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{dump}"
+                    "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{dump}\n(that was: timed out after {timeout:?} waiting for {what})"
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

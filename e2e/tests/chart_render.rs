@@ -940,6 +940,34 @@ fn backstop_allowed_hosts_become_one_flag_and_are_off_by_default() -> Result<()>
     Ok(())
 }
 
+/// The container's value of environment variable `name`, if set.
+fn env_value(docs: &[Value], name: &str) -> Result<Option<String>> {
+    Ok(container(docs)?["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"].as_str() == Some(name))
+        .and_then(|e| e["value"].as_str().map(str::to_string)))
+}
+
+#[test]
+fn the_prepare_lead_becomes_its_variable_off_by_default_and_out_of_range_is_refused() -> Result<()>
+{
+    let var = "SINGLETON_PREPARE_LEAD_SECONDS";
+    let defaults = env_value(&render(&[])?, var)?;
+    ensure!(
+        defaults.as_deref() == Some("0"),
+        "off by default: {defaults:?}"
+    );
+    let set = env_value(&render(&["controller.prepareLeadSeconds=30"])?, var)?;
+    ensure!(set.as_deref() == Some("30"), "{set:?}");
+    for bad in ["-1", "3601", "1.5"] {
+        let err = render_err(&[&format!("controller.prepareLeadSeconds={bad}")])?;
+        ensure!(err.contains("prepareLeadSeconds"), "{bad} accepted: {err}");
+    }
+    Ok(())
+}
+
 #[test]
 fn default_notification_targets_become_one_flag_and_a_role_for_exactly_their_secrets() -> Result<()>
 {
