@@ -51,6 +51,8 @@ pub struct Context {
     /// Job uids this process resumed lately (step 8): until the Job watch shows them resumed,
     /// the cache still says suspended, and resuming them again would cost a request each.
     pub resumed: Recent,
+    /// SingletonJobs checked by a quorum read just before a prepared run's instant.
+    pub fresh_reads: FreshReads,
     /// Delivers the events `status.notifications` holds (`spec.notify`).
     pub notifier: Arc<Notifier>,
     /// `--prepare-lead-seconds`: how long before their instants runs are prepared, unless a
@@ -173,6 +175,43 @@ impl Recent {
         lock(&self.0)
             .get(key)
             .is_some_and(|at| at.elapsed() < Self::TTL)
+    }
+}
+
+/// What a user can change that a reconcile must see at once: the spec (its generation) and the
+/// operation annotations (the cached copy keeps no others).
+pub fn asked(sj: &SingletonJob) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    sj.metadata.generation.hash(&mut h);
+    sj.metadata.annotations.hash(&mut h);
+    h.finish()
+}
+
+/// SingletonJobs read by quorum shortly before a prepared run's instant (its freshness check,
+/// [`crate::run::prepared`]), by uid and what a user can change (spec generation, operation
+/// annotations): the resume at the instant needs no second read while the cached copy is still
+/// the one checked, a moment ago.
+#[derive(Default)]
+pub struct FreshReads(Mutex<HashMap<String, (u64, Instant)>>);
+
+impl FreshReads {
+    /// How long a check holds: from shortly before the instant to just after it.
+    const TTL: Duration = Duration::from_secs(3);
+
+    /// `uid`'s cached copy, whose user-visible state hashes to `asked`, was checked just now.
+    pub fn note(&self, uid: &str, asked: u64) {
+        let now = Instant::now();
+        let mut m = lock(&self.0);
+        m.retain(|_, (_, at)| now.duration_since(*at) < Self::TTL);
+        m.insert(uid.to_string(), (asked, now));
+    }
+
+    /// Whether `uid`'s copy hashing to `asked` was checked within the last moments.
+    pub fn holds(&self, uid: &str, asked: u64) -> bool {
+        lock(&self.0)
+            .get(uid)
+            .is_some_and(|(a, at)| *a == asked && at.elapsed() < Self::TTL)
     }
 }
 

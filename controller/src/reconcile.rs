@@ -28,7 +28,7 @@ use kube::runtime::events::EventType;
 use crate::api::{HistoryEntry, LockPurpose, RunOrigin, RunRef, SingletonJob, SingletonJobStatus};
 use crate::backstop::Availability;
 use crate::clock::ClockState;
-use crate::context::Context;
+use crate::context::{Context, asked};
 use crate::decide::ops::{self, OperationKind};
 use crate::decide::prepare::lead::{self, Next};
 use crate::decide::{self, JobState, Observed, Plan, Waiting};
@@ -137,16 +137,6 @@ fn guard(sj: &SingletonJob, ctx: &Arc<Context>) -> Option<Action> {
     ctx.own_writes
         .predates(sj, &status)
         .then(Action::await_change)
-}
-
-/// What a user can change that a reconcile must see at once: the spec (its generation) and the
-/// operation annotations (the cached copy keeps no others).
-fn asked(sj: &SingletonJob) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    sj.metadata.generation.hash(&mut h);
-    sj.metadata.annotations.hash(&mut h);
-    h.finish()
 }
 
 /// What was observed, for the rest of the reconcile.

@@ -378,6 +378,7 @@ fn context(
         own_writes: OwnWrites::default(),
         confirming,
         resumed: Recent::default(),
+        fresh_reads: Default::default(),
         notifier,
         prepare_lead_seconds: cfg.prepare_lead_seconds,
     })

@@ -41,7 +41,7 @@ use super::decided::MAX_UNSETTLED;
 use crate::api::{LockPurpose, Outcome, RunRef, SingletonJob, SingletonJobStatus, UnsettledClaim};
 use crate::backstop::Availability;
 use crate::clock::ClockState;
-use crate::context::Context;
+use crate::context::{Context, asked};
 use crate::decide::prepare::{self, JobMark, Verdict, WithdrawReason};
 use crate::decide::{Observed, Waiting, ops};
 use crate::failpoint;
@@ -52,6 +52,11 @@ use crate::{Result, record};
 
 /// How soon to look again when the cache has not caught up with a Job's mark yet.
 const REREAD: Duration = Duration::from_secs(1);
+
+/// How long before its instant a prepared run's SingletonJob is read by quorum (the freshness
+/// check), so that the resume at the instant is the one request: an edit committed before that
+/// read always wins (design §1.2).
+const FRESH_AHEAD: Duration = Duration::from_millis(500);
 
 /// Settles `sj`'s prepared run, if it has one. `now` is the earliest time the API server's clock
 /// may show. Returns what the reconcile does next, or `None` when it goes on (no prepared run,
@@ -83,15 +88,7 @@ pub async fn settle(
     // 1. Judge.
     match it.verdict(status, mark, now) {
         // 2. Keep (G4): looked at again at its instant, and on any change before it.
-        Verdict::Keep { until } => {
-            ctx.clock.prepare(until);
-            // Held past its instant (an untrusted clock): looked at again shortly.
-            let wait = match until > now {
-                true => until.duration_since(now).unsigned_abs(),
-                false => REREAD,
-            };
-            Ok(Some(Action::requeue(wait.max(Duration::from_millis(1)))))
-        }
+        Verdict::Keep { until } => it.keep(until, now).await.map(Some),
         Verdict::Resume => it.resume(job.as_ref()).await.map(Some),
         Verdict::Promote => it.promote().await.map(Some),
         Verdict::Stop => Ok(None),
@@ -212,7 +209,8 @@ impl Settle<'_> {
             return Ok(Action::requeue(REREAD));
         };
         let (ctx, sj, run) = (self.ctx, self.sj, self.run);
-        if !self.fresh().await? {
+        let uid = sj.metadata.uid.as_deref().unwrap_or_default();
+        if !ctx.fresh_reads.holds(uid, asked(sj)) && !self.fresh().await? {
             return Ok(Action::requeue(REREAD));
         }
         let admission = super::admission(sj);
@@ -230,10 +228,43 @@ impl Settle<'_> {
         }
     }
 
-    /// Step 3's freshness check (design §1.2): the watch lags, and an edit or a user's request
+    /// Step 2: nothing before `until`. Shortly before the instant ([`FRESH_AHEAD`]) the
+    /// freshness check is made, so that at the instant the resume is the one request.
+    async fn keep(&self, until: Timestamp, now: Timestamp) -> Result<Action> {
+        let (ctx, sj) = (self.ctx, self.sj);
+        ctx.clock.prepare(until);
+        // Held past its instant (an untrusted clock): looked at again shortly.
+        if until <= now {
+            return Ok(Action::requeue(REREAD));
+        }
+        let left = until.duration_since(now).unsigned_abs();
+        let at_instant = self.run.resume_at.as_ref().is_some_and(|r| r.0 == until);
+        if !at_instant {
+            return Ok(Action::requeue(left.max(Duration::from_millis(1))));
+        }
+        if left > FRESH_AHEAD {
+            return Ok(Action::requeue(left - FRESH_AHEAD));
+        }
+        let uid = sj.metadata.uid.as_deref().unwrap_or_default();
+        if !ctx.fresh_reads.holds(uid, asked(sj)) {
+            if !self.fresh().await? {
+                return Ok(Action::requeue(REREAD));
+            }
+            ctx.fresh_reads.note(uid, asked(sj));
+        }
+        let left = until.duration_since(ctx.clock.fresh().await.due_now(Timestamp::now()));
+        let left = match left.is_positive() {
+            true => left.unsigned_abs(),
+            false => Duration::ZERO,
+        };
+        Ok(Action::requeue(left.max(Duration::from_millis(1))))
+    }
+
+    /// The freshness check (design §1.2): the watch lags, and an edit or a user's request
     /// committed before the instant must not lose to a stale cache, as it would not have without
     /// preparation (the claim's compare-and-swap after the instant would have failed). So the
-    /// SingletonJob is read by quorum right before the resume, and the run waits (for the watch
+    /// SingletonJob is read by quorum [`FRESH_AHEAD`] before the instant (or right before the
+    /// resume, when that was missed), and the run waits (for the watch
     /// to bring the newer copy, which the judge sees) unless it is the copy judged: the same spec
     /// generation, no operation asked for, not being deleted.
     async fn fresh(&self) -> Result<bool> {
