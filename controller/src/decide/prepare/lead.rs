@@ -52,7 +52,8 @@ pub enum NotPrepared {
     MaxRuns,
     /// No period comes.
     Ended,
-    /// The next instant is too close (under [`MIN_AHEAD`]).
+    /// The next instant is too close (under [`MIN_AHEAD`]), or comes too soon after what
+    /// preparation may not begin before (`startAt`).
     TooLate,
 }
 
@@ -167,6 +168,10 @@ pub fn next(a: &Ahead<'_>) -> Next {
     }
     let start = a.spec.start_at.as_ref().map(|t| t.0);
     let (from, clamped) = begin(a.schedule, start, period, resume_at, a.lead);
+    // No time to prepare in (`startAt` at the instant): as without preparation.
+    if resume_at.duration_since(from) < MIN_AHEAD {
+        return Next::Not(NotPrepared::TooLate);
+    }
     let prep = Preparation {
         period,
         resume_at,
