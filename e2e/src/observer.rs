@@ -24,6 +24,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Event;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use singleton::naming;
 use tokio::sync::mpsc;
 
 /// One Job as the observer saw it, by uid.
@@ -44,6 +45,20 @@ pub struct JobRecord {
     /// Seen allowed to run while its `singleton.dev/released` annotation still said `false`:
     /// someone other than the controller started it (issue 31).
     pub ran_unreleased: bool,
+    /// When it was released (allowed to run), by the API server's clock in whole seconds: the
+    /// `managedFields` time of the update that set `spec.suspend: false`, read from the first
+    /// state seen allowed to run ([`released_at`]). None: never seen released, or that state
+    /// carried no such entry.
+    pub released_at: Option<Timestamp>,
+    /// Annotation `singleton.dev/resume-at`: a prepared run's Job (issue 33), created ahead of
+    /// its instant and resumed at it.
+    pub resume_at: Option<Timestamp>,
+    /// Ever seen marked withdrawn (`singleton.dev/released: withdrawn`): the reason its
+    /// `singleton.dev/withdrawn` annotation gave (empty if none).
+    pub withdrawn: Option<String>,
+    /// The first container's command and arguments, space-joined: which template it was built
+    /// from.
+    pub command: Option<String>,
     /// Seen Complete or Failed.
     pub finished: bool,
     /// When the observer first saw it Complete or Failed (the watch's time).
@@ -98,6 +113,51 @@ pub fn allowed_to_run(job: &Job) -> bool {
             })
     });
     unsuspended || pods
+}
+
+/// When `job` was let run, by the API server's clock (whole seconds, rounded down): the time of
+/// the `managedFields` entry that owns `spec.suspend` (the main resource, not a subresource),
+/// taken from a state in which `spec.suspend` is false. Whoever cleared `spec.suspend` (the
+/// controller's resume, or someone else) owns the field from that update on, and the entry's
+/// time is that update's, until the same manager updates the Job again: read from the first
+/// state the watch sees released, it is the resume's own time. None while suspended (a Job that
+/// ran with `spec.suspend` still true has no release time) or without such an entry.
+pub fn released_at(job: &Job) -> Option<Timestamp> {
+    if job.spec.as_ref().is_some_and(|s| s.suspend == Some(true)) {
+        return None;
+    }
+    job.metadata
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .filter(|m| m.subresource.as_deref().unwrap_or_default().is_empty())
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer("/f:spec/f:suspend").is_some())
+        })
+        .filter_map(|m| Some(m.time.as_ref()?.0))
+        .max()
+}
+
+/// The first container's command and arguments, space-joined.
+fn command_of(job: &Job) -> Option<String> {
+    let c = job
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?;
+    let words: Vec<&str> = c
+        .command
+        .iter()
+        .chain(c.args.iter())
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    Some(words.join(" "))
 }
 
 fn finished(job: &Job) -> bool {
@@ -185,13 +245,16 @@ impl Observer {
         );
         for j in jobs.iter().rev().take(40).rev() {
             out += &format!(
-                "{} uid={} token={:?} ran={} finished={} created={:?} deleted={:?}{}\n",
+                "{} uid={} token={:?} ran={} finished={} created={:?} released={:?} resume_at={:?} withdrawn={:?} deleted={:?}{}\n",
                 j.name,
                 j.uid,
                 j.token,
                 j.ran,
                 j.finished,
                 j.created.map(|t| t.to_string()),
+                j.released_at.map(|t| t.to_string()),
+                j.resume_at.map(|t| t.to_string()),
+                j.withdrawn,
                 j.deleted.map(|t| t.to_string()),
                 if j.deleted_in_gap { " (in a gap)" } else { "" }
             );
@@ -277,6 +340,12 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
         ran: false,
         ran_at: None,
         ran_unreleased: false,
+        released_at: None,
+        resume_at: a
+            .get(naming::ANNOTATION_RESUME_AT)
+            .and_then(|t| t.parse().ok()),
+        withdrawn: None,
+        command: command_of(job),
         finished: false,
         finished_at: None,
         created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -287,11 +356,16 @@ fn apply(state: &Mutex<State>, tx: &mpsc::UnboundedSender<Seen>, job: &Job) {
         r.finished = true;
         r.finished_at = Some(Timestamp::now());
     }
-    r.ran_unreleased |=
-        allowed_to_run(job) && a.get("singleton.dev/released").map(String::as_str) == Some("false");
+    let released = a.get(naming::ANNOTATION_RELEASED).map(String::as_str);
+    r.ran_unreleased |= allowed_to_run(job) && released == Some(naming::NOT_RELEASED);
+    if r.withdrawn.is_none() && released == Some(naming::WITHDRAWN) {
+        let why = a.get(naming::ANNOTATION_WITHDRAWN).cloned();
+        r.withdrawn = Some(why.unwrap_or_default());
+    }
     if !r.ran && allowed_to_run(job) {
         r.ran = true;
         r.ran_at = Some(Timestamp::now());
+        r.released_at = released_at(job);
         if let (Some(sj), Some(period), Some(token)) = (r.sj.clone(), r.period, r.token) {
             let _ = tx.send(Seen::Ran {
                 uid,
@@ -347,6 +421,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::batch::v1::{JobSpec, JobStatus};
     use k8s_openapi::api::core::v1::{EventSource, ObjectReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time};
 
     fn job(suspend: Option<bool>, status: Option<JobStatus>) -> Job {
         Job {
@@ -370,6 +445,46 @@ mod tests {
             ..JobStatus::default()
         };
         assert!(allowed_to_run(&job(Some(true), Some(ran))));
+    }
+
+    fn entry(
+        manager: &str,
+        fields: serde_json::Value,
+        secs: i64,
+        sub: Option<&str>,
+    ) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            subresource: sub.map(String::from),
+            time: Some(Time(Timestamp::from_second(1_800_000_000 + secs).unwrap())),
+            ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn a_job_is_released_when_the_owner_of_spec_suspend_last_wrote_it() {
+        let mut j = job(Some(false), None);
+        let suspend = serde_json::json!({"f:spec": {"f:suspend": {}}});
+        let labels = serde_json::json!({"f:metadata": {"f:labels": {}}});
+        j.metadata.managed_fields = Some(vec![
+            entry("kube-controller-manager", labels, 9, None),
+            entry("singleton-controller", suspend.clone(), 5, None),
+            // The job controller's status writes (a subresource) say nothing of the release.
+            entry("kube-controller-manager", suspend, 7, Some("status")),
+        ]);
+        assert_eq!(
+            released_at(&j),
+            Some(Timestamp::from_second(1_800_000_005).unwrap())
+        );
+        // Still suspended: not released, whatever the entries say.
+        j.spec.as_mut().unwrap().suspend = Some(true);
+        assert_eq!(released_at(&j), None);
+        // No entry owns spec.suspend: unknown.
+        let mut bare = job(None, None);
+        bare.metadata.managed_fields = Some(vec![]);
+        assert_eq!(released_at(&bare), None);
     }
 
     fn event(uid: &str, reason: &str, component: &str) -> Event {

@@ -10,8 +10,14 @@
 //! What each must-be-zero column rests on:
 //! - Jobs per period, duplicates, same-token re-creations: Job uids from the watch and the job
 //!   controller's Events, claim rows, the workload's committed writes.
-//! - Runs without a claim, Jobs before their instant: the watch (the API server's
-//!   `creationTimestamp`) against the claims table and the schedule.
+//! - Runs without a claim, Jobs before their instant: the watch against the claims table and
+//!   the schedule. A Job counts as let run when the API server applied the update that cleared
+//!   its `spec.suspend` (the time of its `managedFields` entry, whole seconds); a Job that is no
+//!   prepared run's (no `singleton.dev/resume-at`) is also judged by its `creationTimestamp`,
+//!   since its claim follows the instant. A prepared run's Job is created ahead of its instant
+//!   by design (issue 33): only its release counts.
+//! - Withdrawn Jobs that ran: a prepared run's Job once marked withdrawn must never run, whoever
+//!   resumes it however late (the watch saw the mark and the Job allowed to run).
 //! - Lost: a due period counts as *started* only from the watch or the job controller's Events. A
 //!   period the controller *recorded* (Missed, Skipped) is the controller's own word, so it is
 //!   accepted only when the harness's own record of the fault explains it: the reason is one the
@@ -72,6 +78,62 @@ pub struct JobSeen {
     /// started by someone other than the controller (issue 31: only the controller starts a
     /// run, by a resume that sets the annotation in the same patch).
     pub unreleased: bool,
+    /// When it was let run: the API server's time (whole seconds, rounded down) of the update
+    /// that cleared `spec.suspend` ([`crate::observer::released_at`]). None: not seen released,
+    /// or known from Events only.
+    pub released: Option<Timestamp>,
+    /// Its `singleton.dev/resume-at` annotation: a prepared run's Job (issue 33), created ahead
+    /// of its instant by design and let run at it.
+    pub resume_at: Option<Timestamp>,
+    /// Ever marked withdrawn (`singleton.dev/released: withdrawn`), with the reason its
+    /// `singleton.dev/withdrawn` annotation gave: it must never run.
+    pub withdrawn: Option<String>,
+    /// Its template's first container's command and arguments (which template it was built
+    /// from).
+    pub command: Option<String>,
+}
+
+impl JobSeen {
+    /// A Job as the watch saw it, attributed to `period`.
+    pub fn watched(r: &crate::observer::JobRecord, period: Timestamp) -> JobSeen {
+        JobSeen {
+            uid: r.uid.clone(),
+            name: r.name.clone(),
+            period,
+            token: r.token,
+            ran: r.ran,
+            removed: r.deleted.is_some(),
+            events_only: false,
+            created: r.created,
+            ended: r.finished_at.or(r.deleted),
+            unreleased: r.ran_unreleased,
+            released: r.released_at,
+            resume_at: r.resume_at,
+            withdrawn: r.withdrawn.clone(),
+            command: r.command.clone(),
+        }
+    }
+
+    /// A Job the watch never saw, known from the job controller's Events only (its name and
+    /// uid; gone by the check).
+    pub fn from_events(uid: &str, name: &str, period: Timestamp, ran: bool) -> JobSeen {
+        JobSeen {
+            uid: uid.to_string(),
+            name: name.to_string(),
+            period,
+            token: None,
+            ran,
+            removed: true,
+            events_only: true,
+            created: None,
+            ended: None,
+            unreleased: false,
+            released: None,
+            resume_at: None,
+            withdrawn: None,
+            command: None,
+        }
+    }
 }
 
 /// Periods recorded with an outcome and a reason but no run, inclusive, from a `RunMissed`,
@@ -289,8 +351,13 @@ pub struct Row {
     pub lost: u64,
     /// Periods of a SingletonJob with a backstop that ran without a claim row: 0.
     pub unclaimed: u64,
-    /// Jobs that ran, created (API server's clock) before their period's instant: 0.
+    /// Jobs that ran, let run (or, if no prepared run's, created) before their period's instant
+    /// by the API server's clock: 0.
     pub early: u64,
+    /// Prepared runs' Jobs marked withdrawn (informational).
+    pub withdrawn: u64,
+    /// Of those, Jobs that ran: 0.
+    pub withdrawn_ran: u64,
     pub non_monotonic: u64,
     pub stale_accepted: u64,
     /// Held (deliberately late) writes refused by the fence.
@@ -353,7 +420,8 @@ impl Row {
             ("same-token re-creations", self.same_token),
             ("lost periods", self.lost),
             ("runs without a claim row", self.unclaimed),
-            ("Jobs created before their period's instant", self.early),
+            ("Jobs let run before their period's instant", self.early),
+            ("withdrawn Jobs that ran", self.withdrawn_ran),
             ("non-monotonic tokens", self.non_monotonic),
             ("stale writes accepted", self.stale_accepted),
             (
@@ -643,6 +711,7 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     check_claim_rows(sj, &claims_by_period, &ran_by_period, row);
     check_outside_starts(sj, row, ctx);
     check_early(sj, row);
+    check_withdrawn_ran(sj, row);
     check_token_order(sj, &claims_by_period, &ran_by_period, row, ctx);
     check_due(sj, &claims_by_period, &ran_by_period, row, ctx);
 }
@@ -825,21 +894,71 @@ fn check_outside_starts(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     }
 }
 
-/// No Job that ran was created before its instant, by the API server's clock (whole seconds,
-/// rounded down: a Job created a moment before a whole-second instant shows the second before).
+/// No Job that ran was let run before its instant, by the API server's clock (whole seconds,
+/// rounded down: a Job released or created a moment before a whole-second instant shows the
+/// second before). Judged by its release; a Job that is no prepared run's is judged by its
+/// creation too (its claim, and so its creation, follows the instant). A prepared run's Job is
+/// created ahead of its instant by design: only its release counts, and one that ran without a
+/// known release time is noted.
 fn check_early(sj: &SjObservation, row: &mut Row) {
+    let mut unknown = Vec::new();
     for j in sj.jobs.iter().filter(|j| j.ran) {
-        if let Some(c) = j.created
-            && c < j.period
-        {
+        let early = match (j.released, j.created) {
+            (Some(r), _) if r < j.period => Some(format!("released {r}")),
+            (_, Some(c)) if j.resume_at.is_none() && c < j.period => Some(format!("created {c}")),
+            (None, _) if j.resume_at.is_some() => {
+                unknown.push(j.name.clone());
+                None
+            }
+            _ => None,
+        };
+        if let Some(when) = early {
             row.early += 1;
             row.details.push(format!(
-                "{} period {} started early: Job {} created {c}",
+                "{} period {} started early: Job {} {when}",
                 sj.key,
                 j.period,
                 describe(j)
             ));
         }
+    }
+    if !unknown.is_empty() {
+        row.notes.push(format!(
+            "{}: prepared Job(s) seen running without a release time (not judged early or not): {}",
+            sj.key,
+            unknown.join(", ")
+        ));
+    }
+}
+
+/// A prepared run's Job once marked withdrawn never runs (the withdrawal's mark is the
+/// linearisation point against its resume, however late either is sent): counted, each one
+/// that ran a violation.
+fn check_withdrawn_ran(sj: &SjObservation, row: &mut Row) {
+    let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
+    for j in sj.jobs.iter() {
+        let Some(why) = j.withdrawn.as_deref() else {
+            continue;
+        };
+        row.withdrawn += 1;
+        *reasons.entry(why).or_default() += 1;
+        if j.ran {
+            row.withdrawn_ran += 1;
+            row.details.push(format!(
+                "{} period {}: Job {} ran although it was marked withdrawn ({why})",
+                sj.key,
+                j.period,
+                describe(j)
+            ));
+        }
+    }
+    if !reasons.is_empty() {
+        let parts: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
+        row.notes.push(format!(
+            "{}: prepared Job(s) withdrawn: {}",
+            sj.key,
+            parts.join(", ")
+        ));
     }
 }
 
@@ -1224,6 +1343,233 @@ fn evaluate_hung(hung: &[HungTx], row: &mut Row) {
     }
 }
 
+/// What became of the prepared run of a period the harness acted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreparedFate {
+    /// Its Job was marked withdrawn with this reason (and, like every withdrawn Job, never ran).
+    Withdrawn(&'static str),
+    /// Its Job is the one that ran: resumed at the instant, never withdrawn.
+    Resumed,
+    /// Either: a prepared Job of the period was resumed, or withdrawn (and the period decided as
+    /// without preparation).
+    ResumedOrWithdrawn,
+}
+
+/// How a period the harness acted on (an edit before its instant, a fault while it was
+/// prepared) must have been decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// No Job of it ran; recorded with this outcome and reason.
+    Recorded {
+        outcome: &'static str,
+        reason: &'static str,
+    },
+    /// No Job of it ran and no claim of it is live: the schedule no longer has it.
+    NeverRun,
+    /// Exactly one Job of it ran, built with this command (the template as edited).
+    RanWith { command: String },
+    /// Exactly one Job of it ran, let run no later than `within` after the period (by the API
+    /// server's clock; never before it is [`check_early`]'s).
+    RanWithin { within: Duration },
+}
+
+/// One period the harness acted on, and what must have become of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expected {
+    /// The SingletonJob's key ([`SjObservation::key`]).
+    pub key: String,
+    pub period: Timestamp,
+    /// A prepared Job of the period existed (the watch saw one with `singleton.dev/resume-at`),
+    /// and became this.
+    pub prepared: PreparedFate,
+    pub decision: Decision,
+}
+
+/// Judges each expected period against the observations: what is wrong, in words (empty: each
+/// was decided as expected).
+pub fn check_decisions(obs: &Observations, expected: &[Expected]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in expected {
+        let Some(sj) = obs.sjs.iter().find(|s| s.key == e.key) else {
+            out.push(format!("{}: not observed", e.key));
+            continue;
+        };
+        let what = format!("{} period {}", e.key, e.period);
+        let of_period: Vec<&JobSeen> = sj.jobs.iter().filter(|j| j.period == e.period).collect();
+        let ran: Vec<&JobSeen> = of_period.iter().copied().filter(|j| j.ran).collect();
+        check_fate(&what, e.prepared, &of_period, &ran, &mut out);
+        match &e.decision {
+            Decision::Recorded { outcome, reason } => {
+                check_recorded(&what, sj, e.period, (*outcome, *reason), &ran, &mut out)
+            }
+            Decision::NeverRun => check_never_run(&what, sj, e.period, &ran, &mut out),
+            Decision::RanWith { command } => check_ran_with(&what, command, &ran, &mut out),
+            Decision::RanWithin { within } => {
+                check_ran_within(&what, e.period, *within, &ran, &mut out)
+            }
+        }
+    }
+    out
+}
+
+/// [`Decision::Recorded`] for [`check_decisions`]: nothing of `period` ran (`ran`), and a
+/// decision covering it recorded `outcome` for `reason`.
+fn check_recorded(
+    what: &str,
+    sj: &SjObservation,
+    period: Timestamp,
+    (outcome, reason): (&str, &str),
+    ran: &[&JobSeen],
+    out: &mut Vec<String>,
+) {
+    if !ran.is_empty() {
+        out.push(format!(
+            "{what} ran ({}), expected recorded {outcome} ({reason})",
+            names(ran)
+        ));
+    }
+    let covering: Vec<&Recorded> = sj.recorded.iter().filter(|r| r.covers(period)).collect();
+    if !covering
+        .iter()
+        .any(|r| r.outcome == outcome && r.reason == reason)
+    {
+        let got: Vec<String> = covering
+            .iter()
+            .map(|r| format!("{} ({})", r.outcome, r.reason))
+            .collect();
+        out.push(format!(
+            "{what}: expected recorded {outcome} ({reason}), recorded {got:?}"
+        ));
+    }
+}
+
+/// [`Decision::NeverRun`] for [`check_decisions`]: nothing of `period` ran (`ran`), and no
+/// claim of it is live.
+fn check_never_run(
+    what: &str,
+    sj: &SjObservation,
+    period: Timestamp,
+    ran: &[&JobSeen],
+    out: &mut Vec<String>,
+) {
+    if !ran.is_empty() {
+        out.push(format!(
+            "{what} ran ({}), but the schedule no longer had it",
+            names(ran)
+        ));
+    }
+    let live: Vec<u64> = sj
+        .claims
+        .iter()
+        .filter(|c| c.period == period)
+        .map(|c| c.token)
+        .collect();
+    if !live.is_empty() {
+        out.push(format!(
+            "{what}: the schedule no longer has it, but its claim is live (tokens {live:?})"
+        ));
+    }
+}
+
+/// [`Decision::RanWith`] for [`check_decisions`]: exactly one Job ran (`ran`), with `command`.
+fn check_ran_with(what: &str, command: &str, ran: &[&JobSeen], out: &mut Vec<String>) {
+    if ran.len() != 1 {
+        out.push(format!(
+            "{what}: {} Job(s) ran ({}), expected 1",
+            ran.len(),
+            names(ran)
+        ));
+    }
+    for j in ran.iter().filter(|j| j.command.as_deref() != Some(command)) {
+        out.push(format!(
+            "{what}: Job {} ran with command {:?}, expected the edited template's {command:?}",
+            describe(j),
+            j.command
+        ));
+    }
+}
+
+/// [`Decision::RanWithin`] for [`check_decisions`]: exactly one Job ran (`ran`), let run no
+/// later than `within` after `period`.
+fn check_ran_within(
+    what: &str,
+    period: Timestamp,
+    within: Duration,
+    ran: &[&JobSeen],
+    out: &mut Vec<String>,
+) {
+    if ran.len() != 1 {
+        out.push(format!(
+            "{what}: {} Job(s) ran ({}), expected 1",
+            ran.len(),
+            names(ran)
+        ));
+    }
+    let bound = period + signed(within);
+    for j in ran {
+        match j.released {
+            Some(r) if r > bound => out.push(format!(
+                "{what}: Job {} let run at {r}, later than {} s after its instant",
+                describe(j),
+                secs(within)
+            )),
+            Some(_) => {}
+            None => out.push(format!(
+                "{what}: Job {} ran, but no release time was seen",
+                describe(j)
+            )),
+        }
+    }
+}
+
+/// The prepared Job's fate for [`check_decisions`]: `jobs` are the period's Jobs, `ran` those
+/// that ran.
+fn check_fate(
+    what: &str,
+    fate: PreparedFate,
+    jobs: &[&JobSeen],
+    ran: &[&JobSeen],
+    out: &mut Vec<String>,
+) {
+    let prepared: Vec<&JobSeen> = jobs
+        .iter()
+        .copied()
+        .filter(|j| j.resume_at.is_some())
+        .collect();
+    if prepared.is_empty() {
+        out.push(format!(
+            "{what}: no prepared Job of it was seen (none with singleton.dev/resume-at): the fault did not meet a prepared run"
+        ));
+        return;
+    }
+    let withdrawn: Vec<&str> = prepared
+        .iter()
+        .filter_map(|j| j.withdrawn.as_deref())
+        .collect();
+    let resumed = ran
+        .iter()
+        .any(|j| j.resume_at.is_some() && j.withdrawn.is_none());
+    match fate {
+        PreparedFate::Withdrawn(why) if !withdrawn.contains(&why) => out.push(format!(
+            "{what}: its prepared Job was not withdrawn with reason {why} (withdrawn: {withdrawn:?})"
+        )),
+        PreparedFate::Resumed if !resumed || !withdrawn.is_empty() => out.push(format!(
+            "{what}: its prepared Job was not the run (resumed: {resumed}, withdrawn: {withdrawn:?})"
+        )),
+        PreparedFate::ResumedOrWithdrawn if !resumed && withdrawn.is_empty() => out.push(format!(
+            "{what}: its prepared Job was neither resumed nor withdrawn"
+        )),
+        _ => {}
+    }
+}
+
+fn names(jobs: &[&JobSeen]) -> String {
+    jobs.iter()
+        .map(|j| describe(j))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Parses the note of a `RunMissed`/`RunSkipped`/`RunDeduplicated` Event into the periods it
 /// records: "period from P Missed: R" or "N periods through L from P Missed: R".
 pub fn recorded_note(note: &str) -> Option<Recorded> {
@@ -1263,8 +1609,8 @@ fn or_na(v: Option<u64>) -> String {
 /// The markdown table of `rows`, then each row's notes.
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| scenario | fault | fault shown | periods due | due in fault | runs started | recorded (reason) | pending | Jobs per period (max) | duplicates | same-token re-creations | lost | runs without a claim | Jobs before their instant | non-monotonic tokens | writes accepted | stale writes accepted | stale writes refused | fresh writes refused | writes unavailable | attempts that committed per period (max) | overlapping committed attempts | suspended, removed unrun | failover (s) |\n\
-         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| scenario | fault | fault shown | periods due | due in fault | runs started | recorded (reason) | pending | Jobs per period (max) | duplicates | same-token re-creations | lost | runs without a claim | Jobs before their instant | non-monotonic tokens | writes accepted | stale writes accepted | stale writes refused | fresh writes refused | writes unavailable | attempts that committed per period (max) | overlapping committed attempts | suspended, removed unrun | withdrawn Jobs that ran | failover (s) |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for r in rows {
         let failover = if r.failovers.is_empty() {
@@ -1300,6 +1646,7 @@ pub fn table(rows: &[Row]) -> String {
             or_na(r.attempts_max),
             or_na(r.attempts_overlapping),
             r.unrun_removed.to_string(),
+            r.withdrawn_ran.to_string(),
             failover,
         ];
         out += &format!("| {} |\n", cells.join(" | "));
@@ -1336,6 +1683,10 @@ mod tests {
             created: Some(period),
             ended: Some(period + SignedDuration::from_secs(1)),
             unreleased: false,
+            released: Some(period),
+            resume_at: None,
+            withdrawn: None,
+            command: None,
         }
     }
 
@@ -1515,6 +1866,7 @@ mod tests {
             created: None,
             ended: None,
             unreleased: false,
+            released: None,
             ..job(t(8), 0, "uid-from-events")
         });
         obs.events_only = vec!["a-1800000008 (uid uid-from-events)".into()];
@@ -1611,6 +1963,197 @@ mod tests {
         unrun.created = Some(t(6) - SignedDuration::from_secs(40));
         obs.sjs[0].jobs.push(unrun);
         assert_eq!(eval(&obs).early, 0);
+    }
+
+    #[test]
+    fn a_prepared_job_is_judged_by_its_release_not_its_creation() {
+        // Created 6 s ahead by design, released at its instant: not early.
+        let mut obs = healthy();
+        let j = &mut obs.sjs[0].jobs[3];
+        j.created = Some(t(6) - SignedDuration::from_secs(6));
+        j.resume_at = Some(t(6));
+        let row = eval(&obs);
+        assert_eq!(row.early, 0, "{:?}", row.details);
+        assert!(passes(&row), "{:?}", row.violations(expect()));
+        // Released the second before its instant (the whole-second time shows it): early.
+        obs.sjs[0].jobs[3].released = Some(t(6) - SignedDuration::from_secs(1));
+        let row = eval(&obs);
+        assert_eq!(row.early, 1);
+        fails_with(&row, expect(), "released 2027-01-15T08:00:05Z");
+        // Released on time but not prepared and created early: still early (its claim came
+        // before the instant).
+        let mut obs = healthy();
+        obs.sjs[0].jobs[3].created = Some(t(5));
+        fails_with(&eval(&obs), expect(), "created 2027-01-15T08:00:05Z");
+        // A prepared Job seen running with no release time: noted, not judged.
+        let mut obs = healthy();
+        let j = &mut obs.sjs[0].jobs[3];
+        j.created = Some(t(0));
+        j.resume_at = Some(t(6));
+        j.released = None;
+        let row = eval(&obs);
+        assert_eq!(row.early, 0);
+        assert!(
+            row.notes
+                .iter()
+                .any(|n| n.contains("without a release time")),
+            "{:?}",
+            row.notes
+        );
+    }
+
+    #[test]
+    fn a_withdrawn_job_that_ran_fails() {
+        let mut obs = healthy();
+        // A prepared Job of t(6) withdrawn and never run, the period then run by another Job.
+        let mut gone = job(t(6), 4, "uid-withdrawn");
+        gone.ran = false;
+        gone.resume_at = Some(t(6));
+        gone.withdrawn = Some("Suspended".into());
+        obs.sjs[0].jobs.push(gone);
+        let row = eval(&obs);
+        assert_eq!((row.withdrawn, row.withdrawn_ran), (1, 0));
+        assert!(passes(&row), "{:?}", row.violations(expect()));
+        assert!(
+            row.notes.iter().any(|n| n.contains("1 Suspended")),
+            "{:?}",
+            row.notes
+        );
+        // The withdrawn Job ran after all.
+        obs.sjs[0].jobs.last_mut().unwrap().ran = true;
+        let row = eval(&obs);
+        assert_eq!(row.withdrawn_ran, 1);
+        fails_with(&row, expect(), "1 withdrawn Jobs that ran");
+        fails_with(&row, expect(), "uid-withdrawn");
+    }
+
+    #[test]
+    fn each_acted_on_period_is_decided_as_expected() {
+        let key = "ns/a".to_string();
+        let prepared = |p: Timestamp, uid: &str, why: Option<&str>, ran: bool| JobSeen {
+            ran,
+            resume_at: Some(p),
+            withdrawn: why.map(String::from),
+            command: Some("old".into()),
+            ..job(p, 50, uid)
+        };
+        let base = || {
+            let mut obs = healthy();
+            // t(4): suspended before its instant, its prepared Job withdrawn, recorded Skipped.
+            without(&mut obs, t(4));
+            let sj = &mut obs.sjs[0];
+            sj.jobs.push(prepared(t(4), "p4", Some("Suspended"), false));
+            sj.recorded.push(recorded(t(4), "Skipped", "Suspended"));
+            // t(6): the template edited; its prepared Job withdrawn, the run has the new one.
+            sj.jobs
+                .push(prepared(t(6), "p6", Some("SpecChanged"), false));
+            for j in sj.jobs.iter_mut().filter(|j| j.period == t(6) && j.ran) {
+                j.command = Some("new".into());
+            }
+            // t(8): resumed at its instant (released 1 s after).
+            for j in sj.jobs.iter_mut().filter(|j| j.period == t(8)) {
+                j.resume_at = Some(t(8));
+                j.released = Some(t(9));
+            }
+            // t(11): not the schedule's any more: withdrawn, never run, its claim archived.
+            sj.jobs
+                .push(prepared(t(11), "p11", Some("ScheduleChanged"), false));
+            obs
+        };
+        let expected = vec![
+            Expected {
+                key: key.clone(),
+                period: t(4),
+                prepared: PreparedFate::Withdrawn("Suspended"),
+                decision: Decision::Recorded {
+                    outcome: "Skipped",
+                    reason: "Suspended",
+                },
+            },
+            Expected {
+                key: key.clone(),
+                period: t(6),
+                prepared: PreparedFate::Withdrawn("SpecChanged"),
+                decision: Decision::RanWith {
+                    command: "new".into(),
+                },
+            },
+            Expected {
+                key: key.clone(),
+                period: t(8),
+                prepared: PreparedFate::Resumed,
+                decision: Decision::RanWithin {
+                    within: Duration::from_secs(2),
+                },
+            },
+            Expected {
+                key: key.clone(),
+                period: t(11),
+                prepared: PreparedFate::Withdrawn("ScheduleChanged"),
+                decision: Decision::NeverRun,
+            },
+        ];
+        assert_eq!(check_decisions(&base(), &expected), Vec::<String>::new());
+        let fails = |obs: &Observations, what: &str| {
+            let v = check_decisions(obs, &expected);
+            assert!(
+                v.iter().any(|d| d.contains(what)),
+                "expected {what:?} in {v:?}"
+            );
+        };
+        // The suspended period ran anyway (its prepared Job resumed by a stale leader).
+        let mut obs = base();
+        obs.sjs[0]
+            .jobs
+            .iter_mut()
+            .filter(|j| j.uid == "p4")
+            .for_each(|j| j.ran = true);
+        fails(&obs, "ran (a-1800000004 (uid p4");
+        // Recorded with another reason.
+        let mut obs = base();
+        obs.sjs[0].recorded.retain(|r| r.first != t(4));
+        obs.sjs[0]
+            .recorded
+            .push(recorded(t(4), "Missed", "DeadlineExceeded"));
+        fails(
+            &obs,
+            "expected recorded Skipped (Suspended), recorded [\"Missed (DeadlineExceeded)\"]",
+        );
+        // The old template ran.
+        let mut obs = base();
+        for j in obs.sjs[0]
+            .jobs
+            .iter_mut()
+            .filter(|j| j.period == t(6) && j.ran)
+        {
+            j.command = Some("old".into());
+        }
+        fails(&obs, "expected the edited template's");
+        // Released too late, or with no release time.
+        let mut obs = base();
+        for j in obs.sjs[0].jobs.iter_mut().filter(|j| j.period == t(8)) {
+            j.released = Some(t(11));
+        }
+        fails(&obs, "later than 2.0 s after its instant");
+        // The dropped instant's claim left live.
+        let mut obs = base();
+        obs.sjs[0].claims.push(Claim {
+            period: t(11),
+            token: 50,
+        });
+        fails(&obs, "its claim is live (tokens [50])");
+        // No prepared Job at all: the edit met nothing prepared.
+        let mut obs = base();
+        obs.sjs[0].jobs.retain(|j| j.uid != "p11");
+        fails(&obs, "no prepared Job of it was seen");
+        // Withdrawn for another reason.
+        let mut obs = base();
+        obs.sjs[0]
+            .jobs
+            .iter_mut()
+            .filter(|j| j.uid == "p6")
+            .for_each(|j| j.withdrawn = Some("Superseded".into()));
+        fails(&obs, "was not withdrawn with reason SpecChanged");
     }
 
     #[test]
@@ -2148,12 +2691,13 @@ mod tests {
             "| fresh writes refused |",
             "| writes unavailable |",
             "| attempts that committed per period (max) | overlapping committed attempts |",
+            "| withdrawn Jobs that ran |",
         ] {
             assert!(text.contains(col), "{col} missing in {text}");
         }
         assert!(
             text.contains(
-                "| test | 4.0 s | yes | 6 | 3 | 6 | 0 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 6 | 0 | 0 | 0 | 0 | n/a | n/a | 0 | 3.40 |"
+                "| test | 4.0 s | yes | 6 | 3 | 6 | 0 | 0 | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 6 | 0 | 0 | 0 | 0 | n/a | n/a | 0 | 0 | 3.40 |"
             ),
             "{text}"
         );

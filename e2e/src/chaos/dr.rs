@@ -626,18 +626,7 @@ fn watched_jobs(side: &Side) -> BTreeMap<String, ClusterJob> {
         let (Some(SJ), Some(period)) = (r.sj.as_deref(), r.period) else {
             continue;
         };
-        let job = JobSeen {
-            uid: r.uid.clone(),
-            name: r.name.clone(),
-            period,
-            token: r.token,
-            ran: r.ran,
-            removed: r.deleted.is_some(),
-            events_only: false,
-            created: r.created,
-            ended: r.finished_at.or(r.deleted),
-            unreleased: r.ran_unreleased,
-        };
+        let job = JobSeen::watched(&r, period);
         jobs.insert(
             r.uid.clone(),
             ClusterJob {
@@ -667,18 +656,7 @@ fn add_jobs_from_events(
         };
         obs.events_only
             .push(format!("{} in {} (uid {uid})", ej.name, side.id));
-        let job = JobSeen {
-            uid: uid.clone(),
-            name: ej.name.clone(),
-            period,
-            token: None,
-            ran: ej.ran,
-            removed: true,
-            events_only: true,
-            created: None,
-            ended: None,
-            unreleased: false,
-        };
+        let job = JobSeen::from_events(&uid, &ej.name, period, ej.ran);
         jobs.insert(
             uid,
             ClusterJob {
@@ -1248,6 +1226,10 @@ mod tests {
                 created: Some(t(0) + SignedDuration::from_millis(created_ms)),
                 ended: None,
                 unreleased: false,
+                released: None,
+                resume_at: None,
+                withdrawn: None,
+                command: None,
             },
         }
     }

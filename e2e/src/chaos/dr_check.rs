@@ -330,6 +330,10 @@ mod tests {
                 created: Some(period + jiff::SignedDuration::from_millis(300)),
                 ended: Some(period + jiff::SignedDuration::from_millis(1300)),
                 unreleased: false,
+                released: None,
+                resume_at: None,
+                withdrawn: None,
+                command: None,
             },
         }
     }

@@ -11,6 +11,7 @@ pub mod dr_check;
 pub mod evidence;
 pub mod mariadb;
 pub mod outside;
+pub mod prepared;
 pub mod real;
 pub mod real_pods;
 pub mod world;
@@ -241,6 +242,16 @@ pub enum Fault {
     /// others this tree: the Lease handed back and forth between the releases, as in a rolling
     /// upgrade and a rollback.
     MixedVersions,
+    /// Prepared runs (issue 33, [`prepared`]): the leader stopped right before sending a
+    /// prepared run's resume, that resume held in the network, the leader stopped past its Lease
+    /// and the next prepared run's instant; the first run's SingletonJob suspended meanwhile, its
+    /// withdrawal caught right after the Job's mark, and the late resume delivered then.
+    PreparedLeaderSigstop,
+    /// Prepared runs: the leader SIGKILLed while a run is prepared, 4 s before its instant.
+    PreparedLeaderSigkill,
+    /// Prepared runs: `suspend`, the schedule and the template edited 1.0 s before prepared
+    /// runs' instants, the leader's watches 2 s behind.
+    EditBeforeInstant,
 }
 
 /// What a scenario shares with others while it runs ([`Fault::scope`]).
@@ -292,15 +303,20 @@ pub const SCENARIOS: &[Fault] = &[
     Fault::RealNodeDrain,
     Fault::RealKubeletPartition,
     // In this order the namespace-only ones split into CHAOS_SHARD=1/3, 2/3 and 3/3 of about
-    // 1.5 to 2 min each (hack/e2e.sh starts them as lanes free up): leader-sigstop, clock-ahead,
-    // replace-pause, queue-resumer, mixed-versions; leader-sigkill, clock-behind,
-    // replace-hung-tx, the two MariaDB rows; rolling-sigterm, partition, status-wipe,
-    // db-cut-at-completion (54 s alone). Mind the shards' lengths when adding a row.
+    // 2 to 2.5 min each (hack/e2e.sh starts them as lanes free up): leader-sigstop, clock-ahead,
+    // replace-pause, queue-resumer, mixed-versions, prepared-leader-sigstop; leader-sigkill,
+    // clock-behind, replace-hung-tx, the two MariaDB rows, prepared-leader-sigkill;
+    // rolling-sigterm, partition, status-wipe, db-cut-at-completion (51 s alone),
+    // edit-before-instant. Mind the shards' lengths when adding a row.
     Fault::QueueResumer,
     Fault::LeaderSigstopMariadb,
     Fault::DbCutAtCompletion,
     Fault::MixedVersions,
     Fault::ReplacePauseMariadb,
+    // Last, one to each shard (3/3, 1/3, 2/3), about 30 s each: the prepared rows.
+    Fault::EditBeforeInstant,
+    Fault::PreparedLeaderSigstop,
+    Fault::PreparedLeaderSigkill,
 ];
 
 impl Fault {
@@ -333,6 +349,9 @@ impl Fault {
             Fault::QueueResumer => "queue-resumer",
             Fault::DbCutAtCompletion => "db-cut-at-completion",
             Fault::MixedVersions => "mixed-versions",
+            Fault::PreparedLeaderSigstop => "prepared-leader-sigstop",
+            Fault::PreparedLeaderSigkill => "prepared-leader-sigkill",
+            Fault::EditBeforeInstant => "edit-before-instant",
         }
     }
 
@@ -372,6 +391,15 @@ impl Fault {
         }
     }
 
+    /// Whether the scenario is one of the prepared-run rows ([`prepared`]), which run their own
+    /// course.
+    pub fn prepared(self) -> bool {
+        matches!(
+            self,
+            Fault::PreparedLeaderSigstop | Fault::PreparedLeaderSigkill | Fault::EditBeforeInstant
+        )
+    }
+
     /// Whether the scenario runs on the real node's pods ([`real`]) rather than local replicas.
     pub fn on_real_node(self) -> bool {
         matches!(
@@ -396,6 +424,9 @@ impl Fault {
         }
         if self.on_real_node() {
             return real::expect(self, mode);
+        }
+        if self.prepared() {
+            return prepared::expect(self, mode);
         }
         if self.base() != self {
             return self.base().expect(mode);
@@ -516,25 +547,11 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     if fault.on_real_node() {
         return real::run(fault, mode).await;
     }
+    if fault.prepared() {
+        return prepared::run(fault, mode).await;
+    }
     let began = Instant::now();
-    let proxied = (fault == Fault::Partition).then_some(0);
-    let name = format!("chaos-{}", fault.name());
-    let mut w = match fault {
-        Fault::DbCutAtCompletion => World::start_with_db_link(&name, fault.sjs()).await?,
-        Fault::MixedVersions => {
-            World::start_mixed(&name, fault.sjs(), &previous_release()?, &[OLDER_SLOT]).await?
-        }
-        _ if fault.db() != Db::Postgres => World::start_on(&name, fault.sjs(), fault.db()).await?,
-        _ => World::start(&name, fault.sjs(), proxied).await?,
-    };
-    w.wait_leader(None, Instant::now(), Duration::from_secs(60))
-        .await?;
-    w.wait(
-        "a first run of every SingletonJob",
-        Duration::from_secs(60),
-        |w| Box::pin(async move { Ok(w.recovered_since(Timestamp::MIN).await?.then_some(())) }),
-    )
-    .await?;
+    let mut w = start_world(fault).await?;
     let from = Timestamp::now();
     w.run_for(mode.steady()).await?;
 
@@ -584,6 +601,30 @@ pub async fn run_scenario(fault: Fault, mode: Mode) -> Result<Outcome> {
     row.notes.extend(inj.notes);
     row.details.extend(unrecovered);
     finish(&w, row, expect, began).await
+}
+
+/// The world of one of [`run_scenario`]'s rows, started as its fault needs it, once it has a
+/// leader and every SingletonJob has run a first time.
+async fn start_world(fault: Fault) -> Result<World> {
+    let proxied = (fault == Fault::Partition).then_some(0);
+    let name = format!("chaos-{}", fault.name());
+    let mut w = match fault {
+        Fault::DbCutAtCompletion => World::start_with_db_link(&name, fault.sjs()).await?,
+        Fault::MixedVersions => {
+            World::start_mixed(&name, fault.sjs(), &previous_release()?, &[OLDER_SLOT]).await?
+        }
+        _ if fault.db() != Db::Postgres => World::start_on(&name, fault.sjs(), fault.db()).await?,
+        _ => World::start(&name, fault.sjs(), proxied).await?,
+    };
+    w.wait_leader(None, Instant::now(), Duration::from_secs(60))
+        .await?;
+    w.wait(
+        "a first run of every SingletonJob",
+        Duration::from_secs(60),
+        |w| Box::pin(async move { Ok(w.recovered_since(Timestamp::MIN).await?.then_some(())) }),
+    )
+    .await?;
+    Ok(w)
 }
 
 /// The evidence the workload itself gives of a row's fault: writes held past a newer run (the
@@ -958,6 +999,9 @@ async fn inject(w: &mut World, fault: Fault, mode: Mode) -> Result<Injected> {
         Fault::QueueResumer => return outside::queue_resumer(w, window).await,
         Fault::DbCutAtCompletion => return outside::db_cut_at_completion(w, window).await,
         Fault::BurstPause => anyhow::bail!("burst-pause runs its own course (run_burst)"),
+        Fault::PreparedLeaderSigstop | Fault::PreparedLeaderSigkill | Fault::EditBeforeInstant => {
+            anyhow::bail!("{} runs its own course (prepared::run)", fault.name())
+        }
         Fault::RealLeaderFreeze
         | Fault::RealContainerKill
         | Fault::RealPodDelete

@@ -133,6 +133,16 @@ pub fn default_sjs() -> Vec<SjDef> {
     ]
 }
 
+/// What [`World::empty_armed`] starts its replicas with.
+#[derive(Clone, Debug, Default)]
+pub struct Armed {
+    /// Per replica slot: environment of its processes (a missing slot: none).
+    pub envs: Vec<Vec<(String, String)>>,
+    /// Replica 0 reaches the API server through a shaping proxy ([`World::proxy`],
+    /// [`Proxy::start_shaping`]): its watches can be delayed, its requests held.
+    pub shaped: bool,
+}
+
 /// A replica slot: the controller process currently filling it, and how to start it.
 struct Slot {
     idx: usize,
@@ -261,7 +271,7 @@ impl World {
     /// [`World::start`] with the backstop (and so the workload's fence and writes) in `db`.
     pub async fn start_on(name: &str, sjs: Vec<SjDef>, db: Db) -> Result<World> {
         let bins = vec![controller_bin(); REPLICAS];
-        let mut world = World::with_builds(name, None, false, bins, db).await?;
+        let mut world = World::with_builds(name, None, false, bins, db, Armed::default()).await?;
         world.add_sjs(sjs).await?;
         Ok(world)
     }
@@ -280,7 +290,8 @@ impl World {
                 false => controller_bin(),
             })
             .collect();
-        let mut world = World::with_builds(name, None, false, bins, Db::Postgres).await?;
+        let setup = Armed::default();
+        let mut world = World::with_builds(name, None, false, bins, Db::Postgres, setup).await?;
         world.add_sjs(sjs).await?;
         Ok(world)
     }
@@ -294,17 +305,28 @@ impl World {
     /// Secret points through a proxy of the test's.
     pub async fn empty(name: &str, proxied: Option<usize>, db_link: bool) -> Result<World> {
         let bins = vec![controller_bin(); REPLICAS];
-        World::with_builds(name, proxied, db_link, bins, Db::Postgres).await
+        World::with_builds(name, proxied, db_link, bins, Db::Postgres, Armed::default()).await
+    }
+
+    /// [`World::empty`], replica `s` started (and restarted) with the environment `armed.envs[s]`
+    /// (a test build's failpoints, `SINGLETON_FAILPOINTS`); with `armed.shaped`, replica 0
+    /// reaches the API server through a proxy that can delay what the server pushes to it (its
+    /// watches: [`Proxy::delay_pushed`]) and hold what it sends ([`Proxy::hold_requests`]).
+    pub async fn empty_armed(name: &str, armed: Armed) -> Result<World> {
+        let bins = vec![controller_bin(); REPLICAS];
+        let proxied = armed.shaped.then_some(0);
+        World::with_builds(name, proxied, false, bins, Db::Postgres, armed).await
     }
 
     /// [`World::empty`], replica `s` running the controller build `bins[s]`, the backstop in
-    /// `db` (a link to cut only to PostgreSQL).
+    /// `db` (a link to cut only to PostgreSQL), and `armed` ([`World::empty_armed`]).
     async fn with_builds(
         name: &str,
         proxied: Option<usize>,
         db_link: bool,
         bins: Vec<PathBuf>,
         db: Db,
+        armed: Armed,
     ) -> Result<World> {
         let env = Env::new(name).await?;
         let prefix = table_prefix(&env);
@@ -317,7 +339,7 @@ impl World {
             }
         };
         let proxy = match proxied {
-            Some(_) => Some(apiserver_proxy().await?),
+            Some(_) => Some(apiserver_proxy(armed.shaped).await?),
             None => None,
         };
         let (tx, rx) = mpsc::unbounded_channel();
@@ -346,7 +368,7 @@ impl World {
             })
             .await?;
         for (slot, bin) in bins.into_iter().enumerate() {
-            let mut envs = Vec::new();
+            let mut envs = armed.envs.get(slot).cloned().unwrap_or_default();
             if Some(slot) == world.proxy_slot
                 && let Some(p) = &world.proxy
             {
@@ -703,6 +725,14 @@ impl World {
         }
     }
 
+    /// Later processes of `slot` start without failpoints (`SINGLETON_FAILPOINTS`): its
+    /// restarts after a fault are plain replicas.
+    pub fn disarm(&mut self, slot: usize) {
+        self.slots[slot]
+            .envs
+            .retain(|(k, _)| k != "SINGLETON_FAILPOINTS");
+    }
+
     /// The process id (index) now filling `slot`.
     pub fn process(&self, slot: usize) -> usize {
         self.slots[slot].idx
@@ -986,18 +1016,7 @@ fn watched_jobs(records: &[JobRecord]) -> (BTreeMap<String, (String, JobSeen)>, 
             unattributed.push(format!("{} (uid {})", r.name, r.uid));
             continue;
         };
-        let seen = JobSeen {
-            uid: r.uid.clone(),
-            name: r.name.clone(),
-            period,
-            token: r.token,
-            ran: r.ran,
-            removed: r.deleted.is_some(),
-            events_only: false,
-            created: r.created,
-            ended: r.finished_at.or(r.deleted),
-            unreleased: r.ran_unreleased,
-        };
+        let seen = JobSeen::watched(r, period);
         jobs.insert(r.uid.clone(), (sj, seen));
     }
     (jobs, unattributed)
@@ -1023,19 +1042,8 @@ fn add_event_jobs(
                     continue;
                 }
                 events_only.push(format!("{} (uid {uid})", ej.name));
-                let seen = JobSeen {
-                    uid: uid.clone(),
-                    name: ej.name.clone(),
-                    period,
-                    token: None,
-                    ran: ej.ran,
-                    // The Events outlive it; the list of the watch did not have it.
-                    removed: true,
-                    events_only: true,
-                    created: None,
-                    ended: None,
-                    unreleased: false,
-                };
+                // The Events outlive it; the list of the watch did not have it.
+                let seen = JobSeen::from_events(&uid, &ej.name, period, ej.ran);
                 jobs.insert(uid, (sj.to_string(), seen));
             }
         }
@@ -1162,15 +1170,20 @@ fn wiped(status: Option<&serde_json::Value>) -> bool {
         && empty("active")
 }
 
-/// A proxy on loopback to the API server of the current kubeconfig.
-async fn apiserver_proxy() -> Result<Proxy> {
+/// A proxy on loopback to the API server of the current kubeconfig (`shaped`:
+/// [`Proxy::start_shaping`]).
+async fn apiserver_proxy(shaped: bool) -> Result<Proxy> {
     let server = api_server()?;
     let port: u16 = server
         .rsplit(':')
         .next()
         .and_then(|p| p.trim_end_matches('/').parse().ok())
         .with_context(|| format!("no port in API server URL {server}"))?;
-    Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    match shaped {
+        true => Proxy::start_shaping(target).await,
+        false => Proxy::start(target).await,
+    }
 }
 
 fn kubeconfig_path() -> Result<PathBuf> {
