@@ -139,7 +139,7 @@ impl Proxy {
         self.stalled.store(false, Ordering::SeqCst);
     }
 
-    /// Delays what the server pushes on each connection (bytes that come more than [`PUSH_GAP`]
+    /// Delays what the server pushes on each connection (bytes that come more than `PUSH_GAP`
     /// after the client last wrote: watch events) by `delay`, in order; None: no delay. Answers
     /// to requests pass at once. Only for a proxy made with [`Proxy::start_shaping`].
     pub fn delay_pushed(&self, delay: Option<Duration>) {

@@ -1369,7 +1369,7 @@ pub enum Decision {
     /// Exactly one Job of it ran, built with this command (the template as edited).
     RanWith { command: String },
     /// Exactly one Job of it ran, let run no later than `within` after the period (by the API
-    /// server's clock; never before it is [`check_early`]'s).
+    /// server's clock; never before it is `check_early`'s).
     RanWithin { within: Duration },
 }
 
