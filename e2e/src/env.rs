@@ -50,6 +50,21 @@ pub const FAST_ELECTION: &[&str] = &[
     "0.5",
 ];
 
+/// Leader-election flags for tests whose subject is what a leader does, not how fast a failover
+/// is, and that need the leader they chose to keep its Lease while the whole suite loads the 2
+/// cores: lease 10 s, renew deadline 8 s, retry 0.5 s. With [`FAST_ELECTION`]'s 3 s deadline a
+/// leader lost its Lease 4 s after taking it in 3 of tests/prepared.rs's rows and in
+/// tests/upgrade.rs (CI, 2026-12-07). A killed leader's successor takes over about 10 s later.
+pub const STEADY_ELECTION: &[&str] = &[
+    "--leader-elect",
+    "--lease-duration-seconds",
+    "10",
+    "--renew-deadline-seconds",
+    "8",
+    "--retry-period-seconds",
+    "0.5",
+];
+
 /// Environment that makes a process's wall clock run `offset` (e.g. "+40s") off, by preloading
 /// Debian's libfaketime (installed by `make up`). Monotonic time stays real, as with a skewed
 /// NTP-less clock.

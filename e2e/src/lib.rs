@@ -35,8 +35,8 @@ pub use commands::{
     yaml_docs,
 };
 pub use env::{
-    Controller, Env, FAST_ELECTION, RUN_LABEL, clock_offset_under, controller_bin, ensure,
-    events_with_reason, skewed_clock,
+    Controller, Env, FAST_ELECTION, RUN_LABEL, STEADY_ELECTION, clock_offset_under, controller_bin,
+    ensure, events_with_reason, skewed_clock,
 };
 pub use http::{HttpResponse, health_addr_in, http_get, https_get, metric, metrics_addr_in};
 pub use manifest::{DEPTH, never_scheduled, once_at, periods, poisoned, sj_yaml, token_of};

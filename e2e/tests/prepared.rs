@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
 use e2e::observer::{allowed_to_run, job_controller_runs};
-use e2e::{Env, FAST_ELECTION, ensure, events_with_reason, sj_yaml};
+use e2e::{Env, STEADY_ELECTION, ensure, events_with_reason, sj_yaml};
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
@@ -291,7 +291,7 @@ async fn late_resume_refused(s: &Scene) -> Result<()> {
         || async { Ok(env.controller_stopped(0).then_some(())) },
     )
     .await?;
-    // Both before replica 1 leads (replica 0's Lease runs 4 s from its last renewal): a new
+    // Both before replica 1 leads (replica 0's Lease runs 10 s from its last renewal): a new
     // leader finding the instant passed and nothing changed resumes the run itself.
     s.hold_job().await?;
     s.suspend().await?;
@@ -451,7 +451,7 @@ async fn a_withdrawal_cut_short_after_its_mark_is_finished_by_the_next_leader() 
             || async { Ok(env.controller_exited(0).then_some(())) },
         )
         .await?;
-        // Cut short: the Job marked, the status not yet cleared (replica 1 leads 4 s later at
+        // Cut short: the Job marked, the status not yet cleared (replica 1 leads 10 s later at
         // the earliest).
         let job = env.jobs().get_opt(&s.job).await?;
         let mark = job
@@ -590,7 +590,7 @@ impl Scene {
             }
             if let Some(c) = crafted? {
                 if count > 1 {
-                    // The pause (under a second) is shorter than the renew deadline (3 s).
+                    // The pause (under a second) is shorter than the renew deadline (8 s).
                     let lead = leader(&env).await?;
                     ensure(
                         &env,
@@ -1081,7 +1081,7 @@ async fn start_replicas(env: &mut Env, replicas: Replicas) -> Result<usize> {
         }
         Replicas::Two { point, action } => (point, action),
     };
-    let elect = [FAST_ELECTION, &["--lease-name", LEASE]].concat();
+    let elect = [STEADY_ELECTION, &["--lease-name", LEASE]].concat();
     let mut armed = vec![(
         "SINGLETON_FAILPOINTS".to_string(),
         format!("{point}={action}"),

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
 use e2e::observer::{allowed_to_run, job_controller_runs};
-use e2e::{Env, FAST_ELECTION, ensure, events_with_reason, metric, sj_yaml};
+use e2e::{Env, STEADY_ELECTION, ensure, events_with_reason, metric, sj_yaml};
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::Job;
@@ -1209,7 +1209,7 @@ async fn start_replicas(env: &mut Env, replicas: Replicas) -> Result<usize> {
         }
         Replicas::Two { point, action } => (point, action),
     };
-    let elect = [FAST_ELECTION, &["--lease-name", LEASE]].concat();
+    let elect = [STEADY_ELECTION, &["--lease-name", LEASE]].concat();
     let armed = [(
         "SINGLETON_FAILPOINTS".to_string(),
         format!("{point}={action}"),

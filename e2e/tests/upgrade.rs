@@ -44,7 +44,7 @@ use anyhow::{Context as _, Result, bail};
 use e2e::chaos::check::AttemptVerdict;
 use e2e::sim_pods::SimulatedPods;
 use e2e::{
-    Env, FAST_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm,
+    Env, STEADY_ELECTION, backstop_secret, backstop_spec, chart_dir, database_url, ensure, helm,
     kubectl, pg, run_ok, sj_yaml, table_prefix,
 };
 use jiff::{SignedDuration, Timestamp};
@@ -58,8 +58,8 @@ const RELEASE: &str = "sc-upgrade";
 const LEASE_NAME: &str = RELEASE;
 /// SingletonJobs in the burst, all due at every instant of [`SCHEDULE`].
 const BURST: usize = 12;
-/// Every five seconds: a burst falls due in every phase, and a handover (a four-second Lease)
-/// spans at most one or two instants.
+/// Every five seconds: a burst falls due in every phase, and a handover (a ten-second Lease when
+/// the leader is killed or frozen) spans two or three instants.
 const SCHEDULE: &str = "*/5 * * * * *";
 const EVERY: i64 = 5;
 const CRDS: [&str; 2] = [
@@ -91,7 +91,7 @@ fn older(var: &str, name: &str) -> Result<PathBuf> {
 }
 
 fn elect() -> Vec<&'static str> {
-    [FAST_ELECTION, &["--lease-name", LEASE_NAME]].concat()
+    [STEADY_ELECTION, &["--lease-name", LEASE_NAME]].concat()
 }
 
 /// Runs helm against the test's cluster, in its namespace; its output.
