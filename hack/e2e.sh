@@ -9,7 +9,7 @@
 #   - the two-cluster tests, then the two-cluster chaos scenarios (CHAOS_SCOPE=second-cluster):
 #     both use the second control plane of e2e/src/multicluster.rs;
 #   - in a queue that E2E_LANES lanes take from (and the two lanes above once their own jobs
-#     are done), longest first (by their times in the last run, kept in target/e2e-times.tsv,
+#     are done), and E2E_TAIL_LANES lanes from its other end (the shortest first), longest first (by their times in the last run, kept in target/e2e-times.tsv,
 #     or else e2e/lane-times.tsv; unknown ones first): the other e2e test binaries, each with
 #     E2E_THREADS threads; the chaos scenarios that touch only their own namespace
 #     (CHAOS_SCOPE=namespace, split into CHAOS_LANES processes); demo_dr (two control planes and a
@@ -31,8 +31,12 @@
 # with its row in `make test`'s table (hack/timed.sh). The chaos tables go to $CHAOS_REPORT, one
 # per process. Exits non-zero when anything failed, after everything ran.
 #
-# Env: E2E_LANES (2), E2E_THREADS (4), CHAOS_LANES (3), CHAOS_REPORT (target/chaos/short.md),
-#      CARGO_TARGET_DIR.
+# The tail lane (2026-12-07) adds a fifth process at a time that is always one of the short
+# binaries (mostly waiting on instants), so the suite's throughput grows without a fifth heavy
+# process (the chaos rows, the own control planes, the real nodes) beside the four.
+#
+# Env: E2E_LANES (2), E2E_TAIL_LANES (1), E2E_THREADS (4), CHAOS_LANES (3), CHAOS_REPORT
+#      (target/chaos/short.md), CARGO_TARGET_DIR.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LOG_TAG=e2e
@@ -40,6 +44,7 @@ LOG_TAG=e2e
 . "$REPO/hack/lib.sh"
 
 LANES=${E2E_LANES:-2}
+TAIL_LANES=${E2E_TAIL_LANES:-1}
 THREADS=${E2E_THREADS:-4}
 CHAOS_LANES=${CHAOS_LANES:-3}
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
@@ -84,17 +89,24 @@ run() {
   cat "$log"
 }
 
-# take <queue>: prints the queue's first job (name<TAB>command...) and removes it, under a lock
-# (several lanes take from one queue); fails when the queue is empty.
+# take <queue> [tail]: prints the queue's first job (name<TAB>command...), or its last with
+# `tail`, and removes it, under a lock (several lanes take from one queue); fails when the queue is
+# empty.
 take() {
-  flock "$1.lock" bash -c 'IFS= read -r line < "$1" && [ -n "$line" ] && sed -i 1d "$1" && printf "%s\n" "$line"' \
-    take "$1"
+  if [ "${2:-}" = tail ]; then
+    flock "$1.lock" bash -c 'line=$(tail -n 1 "$1") && [ -n "$line" ] && sed -i "\$d" "$1" && printf "%s\n" "$line"' \
+      take "$1"
+  else
+    flock "$1.lock" bash -c 'IFS= read -r line < "$1" && [ -n "$line" ] && sed -i 1d "$1" && printf "%s\n" "$line"' \
+      take "$1"
+  fi
 }
 
-# lane [job file]: runs its own jobs (a line each: name<TAB>command...) one after the other, then
-# takes jobs from the shared queue ($jobs) until it is empty. So a lane whose own jobs end early
-# (the two-cluster tests' at about 5 min, the real nodes' at about 7) takes from the others'
-# work instead of idling, and no more processes run at once than at the start.
+# lane [job file] [tail]: runs its own jobs (a line each: name<TAB>command...) one after the
+# other, then takes jobs from the shared queue ($jobs) until it is empty: from its head (the
+# longest), or from its tail (the shortest) with `tail`. So a lane whose own jobs end early (the
+# two-cluster tests' at about 5 min, the real nodes' at about 7) takes from the others' work
+# instead of idling, and no more processes run at once than at the start.
 lane() {
   local name cmd line
   if [ -n "${1:-}" ]; then
@@ -103,7 +115,7 @@ lane() {
       run "$name" "$LOGS/$name.log" $cmd
     done < "$1"
   fi
-  while line=$(take "$jobs"); do
+  while line=$(take "$jobs" "${2:-}"); do
     IFS=$'\t' read -r name cmd <<< "$line"
     # shellcheck disable=SC2086 # cmd is words written by this script
     run "$name" "$LOGS/$name.log" $cmd
@@ -166,10 +178,11 @@ jobs=$LOGS/e2e.jobs
   BEGIN { while ((getline l < times) > 0) { split(l, f, "\t"); t[f[1]] = f[2] } }
   { printf "%s\t%s\n", ($1 in t ? t[$1] : 1e9), $0 }
 ' | sort -t$'\t' -k1,1gr | cut -f2- > "$jobs"
-log "side by side: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios; and $(wc -l < "$jobs") test binaries and chaos processes, $LANES lanes (and the first two once done) taking from the queue, $THREADS threads each"
+log "side by side: the real nodes' chaos scenarios; the two-cluster tests, then their chaos scenarios; and $(wc -l < "$jobs") test binaries and chaos processes, $LANES lanes (and the first two once done) taking from the queue's head and $TAIL_LANES from its tail, $THREADS threads each"
 lane "$LOGS/real.jobs" &
 lane "$LOGS/second.jobs" &
 for _ in $(seq 1 "$LANES"); do lane & done
+for _ in $(seq 1 "$TAIL_LANES"); do lane "" tail & done
 wait
 collect
 # Keep each binary's and chaos process's own time for the next run's order.
