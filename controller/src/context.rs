@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -53,6 +54,10 @@ pub struct Context {
     pub resumed: Recent,
     /// SingletonJobs checked by a quorum read just before a prepared run's instant.
     pub fresh_reads: FreshReads,
+    /// The period whose preparation was refused (its Job's name taken, the Job rejected, the
+    /// backstop's claim held), per SingletonJob uid: it is not prepared again, and runs at its
+    /// instant as without preparation ([`crate::run::decided`]).
+    pub refused: Mutex<HashMap<String, Timestamp>>,
     /// Delivers the events `status.notifications` holds (`spec.notify`).
     pub notifier: Arc<Notifier>,
     /// `--prepare-lead-seconds`: how long before their instants runs are prepared, unless a
@@ -82,6 +87,19 @@ impl Context {
         crate::decide::schedule(&sj.spec, &calendars)
     }
 
+    /// Remembers that `period`'s preparation was refused: it is not prepared again.
+    pub fn refuse_preparation(&self, sj: &SingletonJob, period: Timestamp) {
+        if let Some(uid) = &sj.metadata.uid {
+            lock(&self.refused).insert(uid.clone(), period);
+        }
+    }
+
+    /// The period whose preparation was refused last, if any.
+    pub fn refused_preparation(&self, sj: &SingletonJob) -> Option<Timestamp> {
+        let uid = sj.metadata.uid.as_ref()?;
+        lock(&self.refused).get(uid).copied()
+    }
+
     /// Forgets a deleted SingletonJob: its metric series, its backstop connection and what this
     /// process remembered of it.
     pub fn forget(&self, sj: &SingletonJob) {
@@ -92,6 +110,7 @@ impl Context {
         lock(&self.rejections_seen).remove(&sj.key());
         if let Some(uid) = &sj.metadata.uid {
             self.backstop_health.forget(uid);
+            lock(&self.refused).remove(uid);
         }
     }
 }

@@ -660,6 +660,7 @@ fn prepare_next(
         lead,
         shared,
         operation_pending: operating || asked,
+        refused: ctx.refused_preparation(sj),
     });
     let generation = sj.metadata.generation;
     let spec_lead = sj.spec.prepare_lead_seconds.is_some();

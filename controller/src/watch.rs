@@ -379,6 +379,7 @@ fn context(
         confirming,
         resumed: Recent::default(),
         fresh_reads: Default::default(),
+        refused: Default::default(),
         notifier,
         prepare_lead_seconds: cfg.prepare_lead_seconds,
     })

@@ -81,11 +81,16 @@ pub enum WithdrawReason {
     /// The status no longer names the run's token, or has decided its period: it was wiped or
     /// restored, or an older release led meanwhile.
     StatusBehind,
+    /// The preparation itself was refused before its Job was confirmed: the Job's name was
+    /// taken (a deleted SingletonJob's Job not yet collected), the API server rejected the Job,
+    /// or the backstop held the period's claim. Nothing is decided: the period runs at its
+    /// instant as without preparation.
+    Refused,
 }
 
 impl WithdrawReason {
     /// Every reason, in declaration order (metrics initialise a series per reason).
-    pub const ALL: [WithdrawReason; 13] = [
+    pub const ALL: [WithdrawReason; 14] = [
         WithdrawReason::Suspended,
         WithdrawReason::ScheduleChanged,
         WithdrawReason::SpecChanged,
@@ -99,6 +104,7 @@ impl WithdrawReason {
         WithdrawReason::DeadlineExceeded,
         WithdrawReason::JobDeleted,
         WithdrawReason::StatusBehind,
+        WithdrawReason::Refused,
     ];
 
     /// The metric label, Event reason and Job annotation value: the variant's name.
@@ -117,6 +123,7 @@ impl WithdrawReason {
             WithdrawReason::DeadlineExceeded => "DeadlineExceeded",
             WithdrawReason::JobDeleted => "JobDeleted",
             WithdrawReason::StatusBehind => "StatusBehind",
+            WithdrawReason::Refused => "Refused",
         }
     }
 
@@ -147,6 +154,7 @@ impl WithdrawReason {
             WithdrawReason::StatusBehind => {
                 "the status no longer names its token or has decided its period (wiped, restored, or written by an older release)"
             }
+            WithdrawReason::Refused => "its preparation was refused before its Job was confirmed",
         }
     }
 
@@ -159,6 +167,7 @@ impl WithdrawReason {
                 | WithdrawReason::JobDeleted
                 | WithdrawReason::StatusBehind
                 | WithdrawReason::DeadlineExceeded
+                | WithdrawReason::Refused
         )
     }
 }

@@ -9,6 +9,7 @@ use crate::Result;
 use crate::api::{LockPurpose, Outcome, RunRef, SingletonJob};
 use crate::backstop::Backstop;
 use crate::context::Context;
+use crate::decide::prepare::WithdrawReason;
 use crate::kube_io;
 use crate::lanes::Lane;
 use crate::record;
@@ -75,6 +76,14 @@ pub(super) fn decide_without_job<'a>(
 ) -> BoxFuture<'a, Result<()>> {
     // Boxed: a rare path, kept out of its callers' futures (docs/performance.md).
     Box::pin(async move {
+        // A preparation decides nothing before its instant (issue 33, G2): refused, it gives the
+        // period back, and the period is decided at its instant as without preparation. Recorded
+        // here with the cursor left before the period, the next reconcile would prepare it again
+        // and record it again (a deleted SingletonJob's Job, its name taken until collected, gave
+        // six entries for one period). A Job of it that may have run is decided now (G1).
+        if claim.resume_at.is_some() && !d.started {
+            return give_back(ctx, sj, claim, d, retire_in).await;
+        }
         if let Some(b) = retire_in {
             ctx.gate.check()?;
             if d.started {
@@ -93,6 +102,13 @@ pub(super) fn decide_without_job<'a>(
                 token: claim.token,
             });
         }
+        if claim.resume_at.is_some() {
+            let through = status.decided_through.as_ref().map(|t| t.0);
+            if through.is_none_or(|t| t < claim.period.0) {
+                status.decided_through = Some(claim.period.0.into());
+                status.last_schedule_time = Some(claim.period.0.into());
+            }
+        }
         let mut entry = record::decided_entry(claim, d.outcome, d.reason, Timestamp::now());
         entry.cluster = d.cluster;
         record::push_history(&mut status, entry.clone());
@@ -103,6 +119,70 @@ pub(super) fn decide_without_job<'a>(
             .await;
         Ok(())
     })
+}
+
+/// A refused preparation (see [`decide_without_job`]): its backstop claim withdrawn (the row, if
+/// the claim reached the backstop, archived with the reason `Refused`; its token retired), the
+/// pending claim cleared and its `runCount` given back, no history entry; the period is not
+/// prepared again ([`Context::refuse_preparation`]) and runs at its instant as without
+/// preparation.
+async fn give_back(
+    ctx: &Context,
+    sj: &SingletonJob,
+    claim: &RunRef,
+    d: Decision,
+    withdraw_in: Option<&Backstop>,
+) -> Result<()> {
+    let reason = WithdrawReason::Refused;
+    if let Some(b) = withdraw_in {
+        ctx.gate.check()?;
+        let ns = sj.metadata.namespace.as_deref().unwrap_or_default();
+        let key = sj.backstop_key();
+        match b
+            .withdraw(&key, claim.period.0, claim.token, ns, reason.name())
+            .await
+        {
+            Ok(()) => {}
+            // An attempt of the token registered: a Job of it ran, and this decision is stale.
+            Err(e @ crate::Error::RunStarted { .. }) => return Err(e),
+            Err(e) if sj.purpose() == LockPurpose::Efficiency => {
+                tracing::warn!(sj = %sj.key(), token = claim.token, error = %e, "could not withdraw a refused preparation's backstop claim; Efficiency: giving the period back anyway");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut status = sj.status.clone().unwrap_or_default();
+    if status
+        .pending_claim
+        .as_ref()
+        .is_some_and(|p| p.token == claim.token)
+    {
+        status.pending_claim = None;
+        status.run_count = status.run_count.saturating_sub(1);
+    }
+    if d.unsettled && status.unsettled_claims.len() < MAX_UNSETTLED {
+        status.unsettled_claims.push(crate::api::UnsettledClaim {
+            unknown: Default::default(),
+            period: claim.period.clone(),
+            token: claim.token,
+        });
+    }
+    kube_io::write_status(ctx, sj, status, Lane::Background).await?;
+    ctx.refuse_preparation(sj, claim.period.0);
+    crate::metrics::global().run_withdrawn(sj, reason.name());
+    crate::metrics::global().prepared(sj, crate::metrics::PreparedStage::Withdrawn);
+    let note = format!(
+        "the run of period {} (token {}) was being prepared ahead of its instant and was withdrawn: {}; nothing is decided, token {} is retired, and the period runs at its instant as without preparation",
+        crate::naming::period_rfc3339(claim.period.0),
+        claim.token,
+        d.note,
+        claim.token,
+    );
+    tracing::info!(sj = %sj.key(), reason = d.reason, "{note}");
+    ctx.events
+        .publish(sj, EventType::Warning, "RunWithdrawn", "WithdrawRun", note)
+        .await;
+    Ok(())
 }
 
 /// The most claims `status.unsettledClaims` holds (its schema's bound).

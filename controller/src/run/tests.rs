@@ -43,6 +43,7 @@ fn context(client: kube::Client) -> Context {
         confirming: InFlight::new().0,
         resumed: Recent::default(),
         fresh_reads: Default::default(),
+        refused: Default::default(),
         prepare_lead_seconds: 0,
         notifier: crate::notify::Notifier::new(
             client_for_notifier,

@@ -55,11 +55,14 @@ pub enum NotPrepared {
     /// The next instant is too close (under [`MIN_AHEAD`]), or comes too soon after what
     /// preparation may not begin before (`startAt`).
     TooLate,
+    /// This period's preparation was refused (its Job's name taken, the Job rejected, the
+    /// backstop's claim held): it runs at its instant as without preparation.
+    Refused,
 }
 
 impl NotPrepared {
     /// Every reason, in declaration order.
-    pub const ALL: [NotPrepared; 9] = [
+    pub const ALL: [NotPrepared; 10] = [
         NotPrepared::Off,
         NotPrepared::Shared,
         NotPrepared::RunActive,
@@ -69,6 +72,7 @@ impl NotPrepared {
         NotPrepared::MaxRuns,
         NotPrepared::Ended,
         NotPrepared::TooLate,
+        NotPrepared::Refused,
     ];
 
     /// The metric label and condition reason: the variant's name.
@@ -83,6 +87,7 @@ impl NotPrepared {
             NotPrepared::MaxRuns => "MaxRuns",
             NotPrepared::Ended => "Ended",
             NotPrepared::TooLate => "TooLate",
+            NotPrepared::Refused => "Refused",
         }
     }
 }
@@ -145,6 +150,8 @@ pub struct Ahead<'a> {
     pub shared: bool,
     /// A user's operation (trigger, backfill, rerun, break-lock) is pending.
     pub operation_pending: bool,
+    /// The period whose preparation was refused (never prepared again).
+    pub refused: Option<Timestamp>,
 }
 
 /// Whether to prepare the next period now, later, or not at all.
@@ -161,6 +168,9 @@ pub fn next(a: &Ahead<'_>) -> Next {
     let Some(period) = a.schedule.next_after(cursor.max(a.obs.created)) else {
         return Next::Not(NotPrepared::Ended);
     };
+    if a.refused == Some(period) {
+        return Next::Not(NotPrepared::Refused);
+    }
     let window = a.spec.jitter_window();
     let resume_at = period + crate::schedule::jitter(a.obs.key, period, window);
     if resume_at.duration_since(now) < MIN_AHEAD {

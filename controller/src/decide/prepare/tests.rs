@@ -214,6 +214,7 @@ fn warnings_are_what_went_wrong_not_what_was_asked() {
             WithdrawReason::DeadlineExceeded,
             WithdrawReason::JobDeleted,
             WithdrawReason::StatusBehind,
+            WithdrawReason::Refused,
         ]
     );
 }

@@ -88,6 +88,8 @@ struct Around {
     states: HashMap<String, JobState>,
     shared: bool,
     operation_pending: bool,
+    /// The period whose preparation was refused.
+    refused: Option<Timestamp>,
 }
 
 /// What one reconcile at `now` decides: its plan, the status it writes, and [`next`].
@@ -146,6 +148,7 @@ fn next_with(
         lead,
         shared: around.shared,
         operation_pending: around.operation_pending,
+        refused: around.refused,
     })
 }
 
@@ -268,7 +271,7 @@ fn every_reason_is_named_as_its_variant() {
     names.sort_unstable();
     names.dedup();
     assert_eq!(names.len(), NotPrepared::ALL.len(), "names are distinct");
-    assert_eq!(NotPrepared::ALL.len(), 9);
+    assert_eq!(NotPrepared::ALL.len(), 10);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,6 +316,30 @@ fn prepared_later_before_the_lead_and_now_within_it() {
     assert_eq!(
         next_at(&s, &st, ts("2027-01-01T00:14:58Z"), 1),
         Next::At(one)
+    );
+}
+
+#[test]
+fn a_period_whose_preparation_was_refused_is_not_prepared_again_but_the_next_one_is() {
+    let (s, st) = five_minutes();
+    let refused = Around {
+        refused: Some(ts("2027-01-01T00:15:00Z")),
+        ..Default::default()
+    };
+    let at = |now: &str| ask(&s, &st, ts(now), secs(120), &refused).next;
+    assert_eq!(at("2027-01-01T00:14:00Z"), not(NotPrepared::Refused));
+    assert_eq!(at("2027-01-01T00:10:00Z"), not(NotPrepared::Refused));
+    // Decided through 00:15 (it ran at its instant): 00:20 is prepared as usual.
+    let later = decided(&s, ts("2027-01-01T00:15:00Z"));
+    let p = prep(
+        "2027-01-01T00:20:00Z",
+        "2027-01-01T00:20:00Z",
+        "2027-01-01T00:18:00Z",
+        None,
+    );
+    assert_eq!(
+        ask(&s, &later, ts("2027-01-01T00:19:00Z"), secs(120), &refused).next,
+        Next::Now(p)
     );
 }
 
