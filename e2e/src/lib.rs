@@ -17,6 +17,7 @@ mod manifest;
 mod markdown;
 pub mod multicluster;
 pub mod ports;
+pub mod prepared_runs;
 mod proxy;
 pub mod real_node;
 pub mod receiver;

@@ -23,8 +23,9 @@
 //! whether it was allowed to run, the API server's time of the update that set `spec.suspend`),
 //! so a Job marked and deleted within a moment is still judged, and printed on failure.
 //!
-//! The failpoint rows (design §4 and §6) run two replicas with leader election (the flags
-//! tests/failpoints.rs uses): replica 0 leads with one point armed
+//! The failpoint rows (design §4 and §6) run two replicas with leader election
+//! (`e2e::STEADY_ELECTION`: a 10 s lease, an 8 s renew deadline, so that the leader keeps its
+//! Lease while the suite loads the machine): replica 0 leads with one point armed
 //! (`SINGLETON_FAILPOINTS=<point>=stop|abort`, the e2e build's `--features failpoints`), replica 1
 //! stands by and finishes what replica 0 left: a paused old leader's late resume meeting a
 //! withdrawn Job (`resume-prepared`), a withdrawal cut short after its mark (`withdraw-marked`),
@@ -32,29 +33,30 @@
 //! at `resume-prepared` so that its late resume is certainly sent (see that test).
 //!
 //! Each test waits for a minute boundary: run them side by side (hack/e2e.sh passes
-//! `--test-threads=4`): four wait for one boundary, the other four for the next; so the binary
-//! takes about two minutes and a half.
+//! `--test-threads=8`, to tests/preparing.rs too): all eight wait for one boundary, so the binary
+//! takes about 80 s.
+//!
+//! The harness (the controllers, the readers, the Job watch) is shared with tests/preparing.rs:
+//! `e2e::prepared_runs`.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
-use e2e::observer::{allowed_to_run, job_controller_runs};
-use e2e::{Env, STEADY_ELECTION, ensure, events_with_reason, sj_yaml};
-use futures::StreamExt;
+use e2e::prepared_runs::{
+    JobWatch, Replicas, SJ, annotation, explained, held_back, hold_job, leader, logged,
+    marked_withdrawn, never_allowed_to_run, no_pod, period_of, release_job, released_job,
+    start_replicas, status, until,
+};
+use e2e::{Env, ensure, events_with_reason, sj_yaml};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::watcher;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::json;
 use singleton::api::{RunRef, SingletonJob, SingletonJobStatus};
 use singleton::failpoint;
 use singleton::naming::{self, ANNOTATION_RELEASED, ANNOTATION_RESUME_AT, ANNOTATION_WITHDRAWN};
 
-/// The SingletonJob of every test (each in its own namespace).
-const SJ: &str = "prep";
 /// The field manager of what this test writes as the preparing release.
 const MANAGER: &str = "e2e-prepared";
 /// How long before its instant the run is prepared, at least.
@@ -62,29 +64,6 @@ const LEAD: SignedDuration = SignedDuration::from_secs(25);
 /// The SingletonJob: every minute, no jitter, Forbid, no backstop.
 fn spec_yaml() -> String {
     sj_yaml(SJ, "* * * * *", "  concurrencyPolicy: Forbid\n")
-}
-/// The Lease of the failpoint rows' two replicas.
-const LEASE: &str = "singleton-controller";
-/// A finalizer of this test's, holding a withdrawn Job past the controller's delete (W5).
-const HOLD: &str = "e2e.singleton.dev/hold";
-
-/// The controllers of a test.
-#[derive(Clone, Copy, Debug)]
-enum Replicas {
-    /// One, without leader election.
-    One,
-    /// One, without leader election (its gate always open), with the failpoint `point` armed
-    /// (`action`: `stop` or `abort`).
-    OneArmed {
-        point: &'static str,
-        action: &'static str,
-    },
-    /// Two with leader election: replica 0 leads with the failpoint `point` armed (`action`:
-    /// `stop` or `abort`), replica 1 stands by.
-    Two {
-        point: &'static str,
-        action: &'static str,
-    },
 }
 
 // ---- The tests ----
@@ -109,26 +88,7 @@ async fn resumed_at_instant(s: &Scene) -> Result<()> {
         || s.still_prepared(),
     )
     .await?;
-    let token = s.token.to_string();
-    let job = env
-        .wait_for(
-            "the prepared Job resumed: unsuspended, released with its token",
-            until(s.p) + Duration::from_secs(30),
-            || async {
-                let job = env.jobs().get_opt(&s.job).await?;
-                Ok(job.filter(|j| {
-                    annotation(j, ANNOTATION_RELEASED) == Some(token.as_str())
-                        && j.spec.as_ref().and_then(|x| x.suspend) == Some(false)
-                }))
-            },
-        )
-        .await?;
-    ensure(
-        env,
-        job.uid().as_deref() == Some(s.uid.as_str()),
-        ("the resumed Job is the prepared one", job.uid(), &s.uid),
-    )
-    .await?;
+    let job = released_job(env, &s.job, &s.uid, s.token, s.p, "resumed").await?;
     // Never before its instant: the first state the watch saw it allowed to run carries the
     // API server's time (whole seconds, rounded down: a release before `p` shows `p - 1 s` at
     // the latest) of the update that unsuspended it.
@@ -187,13 +147,9 @@ async fn resumed_at_instant(s: &Scene) -> Result<()> {
         || async { Ok(s.jobs_of_p().await? == BTreeSet::from([s.uid.clone()])) },
     )
     .await?;
-    let seen = s.watch.uids_of(s.p);
-    ensure(
-        env,
-        seen == BTreeSet::from([s.uid.clone()]),
-        ("one Job ever seen for the period", &seen),
-    )
-    .await
+    s.watch
+        .only_seen(env, s.p, &[&s.uid], "one Job ever seen for the period")
+        .await
 }
 
 /// A suspend set before the instant withdraws the prepared run (reason Suspended): its Job
@@ -569,7 +525,7 @@ impl Scene {
     async fn prepare(name: &str, with_status: bool, replicas: Replicas) -> Result<Scene> {
         let mut env = Env::new(name).await?;
         let count = start_replicas(&mut env, replicas).await?;
-        let watch = JobWatch::start(env.client.clone(), &env.ns).await?;
+        let watch = JobWatch::start(env.client.clone(), &env.ns, Some(MANAGER)).await?;
         env.create_sj(&spec_yaml()).await?;
         for _ in 0..3 {
             env.wait_for(
@@ -635,9 +591,7 @@ impl Scene {
             return Ok(false);
         };
         let st = status(&self.env).await?;
-        Ok(job.uid().as_deref() == Some(self.uid.as_str())
-            && job.spec.as_ref().and_then(|x| x.suspend) == Some(true)
-            && annotation(&job, ANNOTATION_RELEASED) == Some(naming::NOT_RELEASED)
+        Ok(held_back(&job, &self.uid)
             && st
                 .prepared
                 .as_ref()
@@ -693,38 +647,15 @@ impl Scene {
             .await
     }
 
-    /// Holds the prepared Job (this test's finalizer [`HOLD`]): deleted, it stays until
+    /// Holds the prepared Job (the finalizer [`e2e::prepared_runs::HOLD`]): deleted, it stays until
     /// [`Scene::release_hold`].
     async fn hold_job(&self) -> Result<()> {
-        let hold = json!({ "metadata": { "uid": self.uid, "finalizers": [HOLD] } });
-        let pp = PatchParams {
-            field_manager: Some(MANAGER.into()),
-            ..PatchParams::default()
-        };
-        self.env
-            .jobs()
-            .patch(&self.job, &pp, &Patch::Merge(&hold))
-            .await?;
-        Ok(())
+        hold_job(&self.env, &self.job, &self.uid, MANAGER).await
     }
 
     /// Lets the prepared Job go (no finalizer); nothing to do when it is gone.
     async fn release_hold(&self) -> Result<()> {
-        let free = json!({ "metadata": { "uid": self.uid, "finalizers": null } });
-        let pp = PatchParams {
-            field_manager: Some(MANAGER.into()),
-            ..PatchParams::default()
-        };
-        match self
-            .env
-            .jobs()
-            .patch(&self.job, &pp, &Patch::Merge(&free))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        release_job(&self.env, &self.job, &self.uid, MANAGER).await
     }
 
     /// The controller keeps the prepared run for a moment (it is not withdrawn on sight).
@@ -759,17 +690,7 @@ impl Scene {
             })
             .await?;
         let states = self.watch.states(&self.uid);
-        let marks: BTreeSet<(Option<String>, Option<String>)> = states
-            .iter()
-            .filter(|x| x.withdrawn.is_some())
-            .map(|x| (x.released.clone(), x.withdrawn.clone()))
-            .collect();
-        ensure(
-            env,
-            marks == BTreeSet::from([(Some(naming::WITHDRAWN.into()), Some(reason.into()))]),
-            ("the Job marked withdrawn with the reason", reason, &marks),
-        )
-        .await?;
+        marked_withdrawn(env, &states, reason).await?;
         let marked_at = states.iter().find(|x| x.withdrawn.is_some()).map(|x| x.at);
         ensure(
             env,
@@ -782,24 +703,8 @@ impl Scene {
             ),
         )
         .await?;
-        let ran: Vec<&Seen> = states.iter().filter(|x| x.ran).collect();
-        ensure(
-            env,
-            ran.is_empty(),
-            ("the withdrawn Job never allowed to run", &ran),
-        )
-        .await?;
-        let all = env.events().list(&ListParams::default()).await?.items;
-        let pods = job_controller_runs(&all).remove(&self.uid);
-        ensure(
-            env,
-            pods.as_ref().is_none_or(|j| !j.ran),
-            (
-                "no pod for the withdrawn Job (job controller Events)",
-                &pods,
-            ),
-        )
-        .await?;
+        never_allowed_to_run(env, &states).await?;
+        no_pod(env, &self.uid).await?;
         let kind = if warning { "Warning" } else { "Normal" };
         let named: Vec<_> = events
             .iter()
@@ -846,13 +751,14 @@ impl Scene {
                 || async { Ok(self.jobs_of_p().await?.is_empty()) },
             )
             .await?;
-        let seen = self.watch.uids_of(self.p);
-        ensure(
-            &self.env,
-            seen == BTreeSet::from([self.uid.clone()]),
-            ("no Job of the period seen but the withdrawn one", &seen),
-        )
-        .await
+        self.watch
+            .only_seen(
+                &self.env,
+                self.p,
+                &[&self.uid],
+                "no Job of the period seen but the withdrawn one",
+            )
+            .await
     }
 
     /// After the withdrawal, the period is decided as without preparation: at its instant (never
@@ -898,16 +804,14 @@ impl Scene {
             ),
         )
         .await?;
-        let seen = self.watch.uids_of(self.p);
-        ensure(
-            env,
-            seen == BTreeSet::from([self.uid.clone(), uid]),
-            (
+        self.watch
+            .only_seen(
+                env,
+                self.p,
+                &[&self.uid, &uid],
                 "the withdrawn Job and the run's, no other, for the period",
-                &seen,
-            ),
-        )
-        .await
+            )
+            .await
     }
 
     /// The uids of the Jobs of the prepared period that exist now.
@@ -925,41 +829,18 @@ impl Scene {
     /// `result`, with what a failure needs besides [`Env`]'s dump: every state of every Job
     /// the watch saw (annotations included) and the controller's log lines about prepared runs.
     async fn explained(&self, result: Result<()>) -> Result<()> {
-        let Err(e) = result else {
-            return Ok(());
-        };
-        let mut logs = String::new();
-        for idx in 0..self.replicas {
-            let log = self.env.controller_log(idx);
-            let lines: Vec<&str> = log
-                .lines()
-                .filter(|l| {
-                    let l = l.to_ascii_lowercase();
-                    l.contains("prepared")
-                        || l.contains("withdr")
-                        || l.contains("error")
-                        || l.contains("warn")
-                })
-                .collect();
-            logs += &format!(
-                "---- controller {idx}'s log, lines about prepared runs, errors and warnings \
-                 ({} of {})\n{}\n",
-                lines.len(),
-                log.lines().count(),
-                lines.join("\n")
-            );
-        }
-        Err(anyhow!(
-            "{e:#}\n---- prepared: {} (token {}, uid {}) for {}, status before: runCount {} \
-             fencingToken {}\n{}{logs}",
+        let run = format!(
+            "---- prepared: {} (token {}, uid {}) for {}, status before: runCount {} \
+             fencingToken {}\n",
             self.job,
             self.token,
             self.uid,
             self.p,
             self.before.run_count,
             self.before.fencing_token,
-            self.watch.summary(),
-        ))
+        );
+        let about = ["prepared", "withdr", "error", "warn"];
+        explained(result, &self.env, self.replicas, &self.watch, &about, &run)
     }
 }
 
@@ -1059,257 +940,4 @@ async fn craft(env: &Env, with_status: bool) -> Result<Option<Crafted>> {
         uid,
         before,
     }))
-}
-
-// ---- Small readers ----
-
-/// Starts the controllers of `replicas`; returns how many. With [`Replicas::Two`], once
-/// replica 0 leads, replica 1 (nothing armed) stands by.
-async fn start_replicas(env: &mut Env, replicas: Replicas) -> Result<usize> {
-    let (point, action) = match replicas {
-        Replicas::One => {
-            env.start_controller(&[]).await?;
-            return Ok(1);
-        }
-        Replicas::OneArmed { point, action } => {
-            let armed = [(
-                "SINGLETON_FAILPOINTS".to_string(),
-                format!("{point}={action}"),
-            )];
-            env.start_controller_with_env(&armed, &[]).await?;
-            return Ok(1);
-        }
-        Replicas::Two { point, action } => (point, action),
-    };
-    let elect = [STEADY_ELECTION, &["--lease-name", LEASE]].concat();
-    let mut armed = vec![(
-        "SINGLETON_FAILPOINTS".to_string(),
-        format!("{point}={action}"),
-    )];
-    if action == "stop" {
-        // One worker thread. Continued (SIGCONT) past its Lease, the replica's election loop
-        // finds its renew deadline passed and aborts the reconciles in flight, which drops
-        // the request it froze before unless that is out already: a race. With one worker
-        // the reconcile, running when it froze, mostly goes on first (its request got out in
-        // 6 of 8 runs, against 1 of 4 with two workers; see the next row for no race).
-        armed.push(("TOKIO_WORKER_THREADS".to_string(), "1".to_string()));
-    }
-    env.start_controller_with_env(&armed, &elect).await?;
-    let e = &*env;
-    e.wait_for("replica 0 to lead", Duration::from_secs(30), || async {
-        Ok((leader(e).await? == Some(0)).then_some(()))
-    })
-    .await?;
-    env.start_controller(&elect).await?;
-    Ok(2)
-}
-
-/// The replica (`e2e-<idx>`) the Lease names.
-async fn leader(env: &Env) -> Result<Option<usize>> {
-    env.lease_holder(LEASE).await
-}
-
-/// Whether controller `idx` logged a line containing every one of `all`.
-fn logged(env: &Env, idx: usize, all: &[&str]) -> bool {
-    env.controller_log(idx)
-        .lines()
-        .any(|l| all.iter().all(|x| l.contains(x)))
-}
-
-/// The SingletonJob's status now.
-async fn status(env: &Env) -> Result<SingletonJobStatus> {
-    Ok(env.get_sj(SJ).await?.status.unwrap_or_default())
-}
-
-fn annotation<'a>(job: &'a Job, key: &str) -> Option<&'a str> {
-    job.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
-}
-
-fn period_of(job: &Job) -> Option<Timestamp> {
-    annotation(job, naming::LABEL_PERIOD)?.parse().ok()
-}
-
-/// How long until `t` (zero once past).
-fn until(t: Timestamp) -> Duration {
-    Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO)
-}
-
-/// Who last set the Job's `spec.suspend` besides this test, and when, by the API server's
-/// clock (whole seconds): its managedFields entry that owns the field.
-fn suspend_set_by(job: &Job) -> Option<(String, Timestamp)> {
-    job.metadata.managed_fields.as_ref()?.iter().find_map(|m| {
-        let manager = m.manager.clone().unwrap_or_default();
-        let owns = m
-            .fields_v1
-            .as_ref()
-            .is_some_and(|f| f.0.pointer("/f:spec/f:suspend").is_some());
-        if manager == MANAGER || !owns {
-            return None;
-        }
-        Some((manager, m.time.as_ref()?.0))
-    })
-}
-
-// ---- The watch of the namespace's Jobs ----
-
-/// One state of a Job, as the watch saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    /// When the watch saw it (this process's clock).
-    at: Timestamp,
-    uid: String,
-    name: String,
-    period: Option<Timestamp>,
-    token: Option<u64>,
-    suspend: Option<bool>,
-    /// Allowed to run pods ([`allowed_to_run`]).
-    ran: bool,
-    released: Option<String>,
-    withdrawn: Option<String>,
-    resume_at: Option<String>,
-    /// [`suspend_set_by`].
-    suspend_set: Option<(String, Timestamp)>,
-    start_time: Option<Timestamp>,
-    deleting: bool,
-    /// Its deletion event.
-    deleted: bool,
-}
-
-impl Seen {
-    fn of(job: &Job, deleted: bool) -> Option<Seen> {
-        let get = |k: &str| annotation(job, k).map(String::from);
-        Some(Seen {
-            at: Timestamp::now(),
-            uid: job.uid()?,
-            name: job.name_any(),
-            period: period_of(job),
-            token: get(naming::LABEL_TOKEN).and_then(|t| t.parse().ok()),
-            suspend: job.spec.as_ref().and_then(|s| s.suspend),
-            ran: allowed_to_run(job),
-            released: get(ANNOTATION_RELEASED),
-            withdrawn: get(ANNOTATION_WITHDRAWN),
-            resume_at: get(ANNOTATION_RESUME_AT),
-            suspend_set: suspend_set_by(job),
-            start_time: job
-                .status
-                .as_ref()
-                .and_then(|s| s.start_time.as_ref())
-                .map(|t| t.0),
-            deleting: job.metadata.deletion_timestamp.is_some(),
-            deleted,
-        })
-    }
-}
-
-/// Every state of every Job of the namespace, in the order seen.
-struct JobWatch {
-    states: Arc<Mutex<Vec<Seen>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl JobWatch {
-    /// Watches the Jobs of `ns`; returns once the first list is in.
-    async fn start(client: kube::Client, ns: &str) -> Result<JobWatch> {
-        let states = Arc::new(Mutex::new(Vec::new()));
-        let (synced_tx, synced) = tokio::sync::oneshot::channel();
-        let api: Api<Job> = Api::namespaced(client, ns);
-        let task = tokio::spawn(watch_jobs(api, states.clone(), synced_tx));
-        tokio::time::timeout(Duration::from_secs(30), synced)
-            .await
-            .context("the Job watch did not sync within 30 s")??;
-        Ok(JobWatch { states, task })
-    }
-
-    fn all(&self) -> Vec<Seen> {
-        self.states
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// The states of the Job `uid`, in the order seen.
-    fn states(&self, uid: &str) -> Vec<Seen> {
-        self.all().into_iter().filter(|x| x.uid == uid).collect()
-    }
-
-    /// The uids of every Job seen for period `p`.
-    fn uids_of(&self, p: Timestamp) -> BTreeSet<String> {
-        self.all()
-            .into_iter()
-            .filter(|x| x.period == Some(p))
-            .map(|x| x.uid)
-            .collect()
-    }
-
-    /// Every state seen (the last 80), for a failure report.
-    fn summary(&self) -> String {
-        let all = self.all();
-        let mut out = format!(
-            "---- Job watch: {} states of {} Jobs (the last 80)\n",
-            all.len(),
-            all.iter().map(|x| &x.uid).collect::<BTreeSet<_>>().len()
-        );
-        for x in all.iter().skip(all.len().saturating_sub(80)) {
-            out += &format!(
-                "{} {} uid={} period={:?} token={:?} suspend={:?} ran={} released={:?} \
-                 withdrawn={:?} resume-at={:?} suspend-set-by={:?} startTime={:?}{}{}\n",
-                x.at,
-                x.name,
-                x.uid,
-                x.period.map(|t| t.to_string()),
-                x.token,
-                x.suspend,
-                x.ran,
-                x.released,
-                x.withdrawn,
-                x.resume_at,
-                x.suspend_set.as_ref().map(|(m, t)| format!("{m}@{t}")),
-                x.start_time.map(|t| t.to_string()),
-                if x.deleting { " deleting" } else { "" },
-                if x.deleted { " DELETED" } else { "" },
-            );
-        }
-        out
-    }
-}
-
-impl Drop for JobWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn watch_jobs(
-    api: Api<Job>,
-    states: Arc<Mutex<Vec<Seen>>>,
-    synced: tokio::sync::oneshot::Sender<()>,
-) {
-    let mut synced = Some(synced);
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    let record = |job: &Job, deleted: bool| {
-        if let Some(x) = Seen::of(job, deleted) {
-            states
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(x);
-        }
-    };
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(watcher::Event::InitApply(job) | watcher::Event::Apply(job)) => record(&job, false),
-            Ok(watcher::Event::Delete(job)) => record(&job, true),
-            Ok(watcher::Event::InitDone) => {
-                if let Some(tx) = synced.take() {
-                    let _ = tx.send(());
-                }
-            }
-            Ok(watcher::Event::Init) => {}
-            // Retried by the watcher; a pause keeps an error from spinning.
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
 }
