@@ -26,6 +26,10 @@ use crate::schedule::{DayRules, Schedule, ScheduleError};
 use crate::sync::lock;
 use crate::{Error, Result};
 
+mod due;
+
+pub use due::Due;
+
 /// Shared by every reconcile.
 pub struct Context {
     pub client: Client,
@@ -63,6 +67,11 @@ pub struct Context {
     /// `--prepare-lead-seconds`: how long before their instants runs are prepared, unless a
     /// SingletonJob says (`spec.prepareLeadSeconds`); 0: never (issue 33).
     pub prepare_lead_seconds: u32,
+    /// `--prepare-max-lead-seconds`: how far the adaptive lead may raise that lead for a burst.
+    pub prepare_max_lead_seconds: u32,
+    /// Which SingletonJobs prepare their next run for each instant: the size of a burst, for
+    /// the adaptive lead.
+    pub due: Due,
 }
 
 impl Context {
@@ -108,6 +117,7 @@ impl Context {
         self.backstops.forget(&sj.key());
         self.notifier.forget(sj);
         lock(&self.rejections_seen).remove(&sj.key());
+        self.due.leave(&ObjectRef::from_obj(sj));
         if let Some(uid) = &sj.metadata.uid {
             self.backstop_health.forget(uid);
             lock(&self.refused).remove(uid);

@@ -206,6 +206,7 @@ pub struct Metrics {
     pub claims_deduplicated: Family<JobLabels, Counter>,
     pub runs_withdrawn: Family<ReasonLabels, Counter>,
     pub prepared_runs: Family<StageLabels, Counter>,
+    pub prepare_lead_seconds: Gauge,
     pub runs_late: Family<JobLabels, Counter>,
     pub suspended_after_failures: Family<JobLabels, Counter>,
     pub schedule_skew_seconds: Histogram,
@@ -261,6 +262,7 @@ impl Metrics {
             claims_deduplicated: Family::default(),
             runs_withdrawn: Family::default(),
             prepared_runs: Family::default(),
+            prepare_lead_seconds: Gauge::default(),
             runs_late: Family::default(),
             suspended_after_failures: Family::default(),
             schedule_skew_seconds: Histogram::new(SKEW_BUCKETS),
@@ -362,6 +364,12 @@ impl Metrics {
             "prepared_runs",
             "Runs prepared ahead of their instant (spec.prepareLeadSeconds, --prepare-lead-seconds), by stage: Prepared (claimed, created suspended and confirmed), Resumed (started at the instant by one request), Withdrawn (never ran; by reason in singleton_runs_withdrawn_total)",
             m.prepared_runs.clone(),
+        );
+        r.register_with_unit(
+            "prepare_lead",
+            "The largest lead last computed for an upcoming instant: the base lead (spec.prepareLeadSeconds, --prepare-lead-seconds) raised for a burst of runs due at one instant, at most --prepare-max-lead-seconds",
+            s.clone(),
+            m.prepare_lead_seconds.clone(),
         );
         r.register(
             "runs_late",
@@ -549,6 +557,11 @@ impl Metrics {
                 stage: stage.name().to_string(),
             })
             .inc();
+    }
+
+    /// The largest lead last computed for an upcoming instant (whole seconds).
+    pub fn prepare_lead(&self, lead: SignedDuration) {
+        self.prepare_lead_seconds.set(lead.as_secs());
     }
 
     /// A period's outcome was recorded in status (a history entry).
@@ -860,6 +873,7 @@ mod tests {
         m.token_issued(&a);
         m.run_withdrawn(&a, "Suspended");
         m.prepared(&a, PreparedStage::Prepared);
+        m.prepare_lead(SignedDuration::from_secs(57));
         m.backstop_deferred(&a);
         m.claim_failed(&a, &Error::Conflict("x".into()));
         let period: Timestamp = "2027-01-01T00:00:00Z".parse().unwrap();
@@ -955,6 +969,7 @@ mod tests {
             ("singleton_claims_deduplicated", "counter"),
             ("singleton_runs_withdrawn", "counter"),
             ("singleton_prepared_runs", "counter"),
+            ("singleton_prepare_lead_seconds", "gauge"),
             ("singleton_runs_late", "counter"),
             ("singleton_suspended_after_failures", "counter"),
             ("singleton_schedule_skew_seconds", "histogram"),
@@ -994,6 +1009,7 @@ mod tests {
             r#"singleton_backstop_errors_total{op="read_fence",kind="BackstopUnavailable"} 1"#,
             r#"singleton_backstop_operation_seconds_count{op="read_fence"} 1"#,
             "singleton_clock_offset_seconds -0.25\n",
+            "singleton_prepare_lead_seconds 57\n",
             "singleton_schedule_skew_seconds_count 1\n",
             "singleton_reconcile_duration_seconds_count 1\n",
             r#"singleton_reconcile_errors_total{kind="NotLeader"} 1"#,

@@ -24,6 +24,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 
 use crate::api::{HistoryEntry, LockPurpose, RunOrigin, RunRef, SingletonJob, SingletonJobStatus};
 use crate::backstop::Availability;
@@ -309,7 +310,8 @@ async fn decide_and_act(
     ))
 }
 
-/// When the plan wants to look again, or earlier when the next period's preparation may begin.
+/// When the plan wants to look again, or earlier when the next period's preparation may begin
+/// (`ahead` is decided with the adaptive lead: a burst's preparation begins earlier).
 fn wake(plan: &Plan, ahead: Next) -> Option<Timestamp> {
     match ahead {
         Next::At(p) => Some(plan.wake_at.map_or(p.from, |w| w.min(p.from))),
@@ -623,6 +625,11 @@ fn seen_backstop(db: &Availability) -> BackstopSeen {
 /// Whether to prepare the next period ahead of its instant (issue 33), and the `Preparation`
 /// condition that says how this SingletonJob's runs are prepared. `status` is what this
 /// reconcile writes (the plan's records applied); `operating`: a user's operation is under way.
+///
+/// Decided with the base lead first; a burst due at the same instant may raise the lead
+/// ([`adapt`]). The condition says the base lead and its clamp only: the adaptive lead moves
+/// with every SingletonJob of a burst, and a status write each time would cost the API server
+/// the very requests the burst needs.
 fn prepare_next(
     ctx: &Context,
     sj: &SingletonJob,
@@ -651,7 +658,7 @@ fn prepare_next(
     let asked = ops::OperationKind::ALL
         .into_iter()
         .any(|kind| ops::pending(sj, kind).is_some());
-    let next = lead::next(&lead::Ahead {
+    let ahead = lead::Ahead {
         spec: &sj.spec,
         schedule: &decided.schedule,
         status,
@@ -661,10 +668,66 @@ fn prepare_next(
         shared,
         operation_pending: operating || asked,
         refused: ctx.refused_preparation(sj),
-    });
+    };
+    let base = lead::next(&ahead);
+    let next = adapt(ctx, sj, &ahead, base);
     let generation = sj.metadata.generation;
     let spec_lead = sj.spec.prepare_lead_seconds.is_some();
-    record::preparation(status, lead, shared, next, spec_lead, generation, seen.now);
+    record::preparation(status, lead, shared, base, spec_lead, generation, seen.now);
+    next
+}
+
+/// The next period's preparation with the adaptive lead (design §2.3): the SingletonJob is
+/// registered as due at its next period's instant (`ctx.due`), and when the runs due then need
+/// longer than its base lead at the rate the API server sustains, it is decided again with the
+/// longer lead. `base` is [`lead::next`] with the base lead.
+fn adapt(ctx: &Context, sj: &SingletonJob, a: &lead::Ahead<'_>, base: Next) -> Next {
+    let me = ObjectRef::from_obj(sj);
+    let instant = match base {
+        Next::At(p) | Next::Now(p) => p.period,
+        // A run prepared or being prepared still counts in its instant's burst until then.
+        Next::Not(_) => match a
+            .status
+            .prepared
+            .as_ref()
+            .or(a.status.pending_claim.as_ref())
+        {
+            Some(run) if run.resume_at.is_some() => run.period.0,
+            _ => {
+                ctx.due.leave(&me);
+                let largest = ctx.due.largest_lead(a.obs.now);
+                crate::metrics::global().prepare_lead(largest);
+                return base;
+            }
+        },
+    };
+    let requests = match sj.spec.backstop {
+        Some(_) => lead::REQUESTS_PER_PREPARATION_WITH_BACKSTOP,
+        None => lead::REQUESTS_PER_PREPARATION,
+    };
+    let now = a.obs.now;
+    let (due, per_run) = ctx.due.enter(&me, instant, requests, now);
+    let rate = ctx.lanes.sustained_rate();
+    let max = SignedDuration::from_secs(ctx.prepare_max_lead_seconds.into());
+    let burst = lead::burst_lead(max, due, per_run, rate);
+    let adaptive = lead::adaptive_lead(a.lead, max, due, per_run, rate);
+    let next = match base {
+        Next::At(_) if adaptive > a.lead => match lead::next(&lead::Ahead {
+            lead: adaptive,
+            ..*a
+        }) {
+            // Not with the longer lead (the plan asked at the instant would not start it): at
+            // the base lead's start it is looked at again, as without a burst.
+            Next::Not(_) => base,
+            longer => longer,
+        },
+        _ => base,
+    };
+    // Kept at the base lead, it is still taken as waiting with the adaptive one: woken for it,
+    // it would only decide the same again.
+    let waits = matches!(next, Next::At(_)).then_some(adaptive);
+    ctx.due.led(&me, burst, adaptive, waits, now);
+    crate::metrics::global().prepare_lead(ctx.due.largest_lead(now));
     next
 }
 

@@ -54,6 +54,8 @@ pub async fn run_replica(
     opts: ReplicaOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    // Contradicting settings are refused at start-up, before anything is served or watched.
+    cfg.validate()?;
     endpoints::metrics::serve(client.clone(), opts.metrics).await?;
     let Some(election) = opts.election else {
         // Single-replica mode: this process always acts.

@@ -1,7 +1,7 @@
 //! The watches and the wiring: the reflectors over SingletonJobs and their Jobs (with what their
 //! caches keep), the Controller that runs [`crate::reconcile`] for each change, the reconciles
-//! asked for when the gate opens, the clock's verdict changes, a confirm ends or a notification's
-//! delivery has news, the error policy, and the shutdown.
+//! asked for when the gate opens, the clock's verdict changes, a confirm ends, a notification's
+//! delivery has news or a burst's lead grows, the error policy, and the shutdown.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use crate::api::{SingletonCalendar, SingletonJob};
 use crate::backstop::health::Health;
 use crate::backstop::{AllowedHosts, BackstopCache};
 use crate::clock::Clock;
-use crate::context::{Context, InFlight, OwnWrites, Recent};
+use crate::context::{Context, Due, InFlight, OwnWrites, Recent};
 use crate::events::Events;
 use crate::gate::Gate;
 use crate::lanes::Lanes;
@@ -125,6 +125,28 @@ pub struct Config {
     pub notify: crate::notify::Defaults,
     /// How long before their instants runs are prepared (`--prepare-lead-seconds`; 0: never).
     pub prepare_lead_seconds: u32,
+    /// How far a burst may raise that lead (`--prepare-max-lead-seconds`; not below it).
+    pub prepare_max_lead_seconds: u32,
+}
+
+impl Config {
+    /// Refuses settings that contradict each other (clap checks each flag's own range).
+    pub fn validate(&self) -> Result<()> {
+        check_prepare_leads(self.prepare_lead_seconds, self.prepare_max_lead_seconds)
+    }
+}
+
+/// The adaptive lead may only raise the base lead: a cap below it would make the flags say two
+/// things at once.
+fn check_prepare_leads(lead: u32, max: u32) -> Result<()> {
+    if max < lead {
+        return Err(Error::Config(format!(
+            "--prepare-max-lead-seconds ({max}) is below --prepare-lead-seconds ({lead}): the \
+             longest lead a burst may get cannot be shorter than every run's lead; raise the \
+             first or lower the second"
+        )));
+    }
+    Ok(())
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -156,16 +178,7 @@ pub async fn run(
         WatchStream::from_changes(clock_rx).map(|_| ()),
         gate.opened(),
     );
-    let (confirming, confirmed_runs) = InFlight::new();
-    let (notifier, notified) = Notifier::new(client.clone(), gate.clone(), cfg.notify.clone());
-    let ctx = context(
-        client,
-        &cfg,
-        gate,
-        clock,
-        (jobs, calendars),
-        (confirming, notifier),
-    );
+    let (ctx, asked) = context(client, &cfg, gate, clock, (jobs, calendars));
     let by_calendar = sj_reader.clone();
     let (forget_ctx, store) = (ctx.clone(), sj_reader.clone());
     let sj_stream = retrying(
@@ -189,7 +202,7 @@ pub async fn run(
             naming_calendar(&by_calendar, &cal)
         })
         .reconcile_all_on(reconcile_all)
-        .reconcile_on(futures::stream::select(confirmed_runs, notified))
+        .reconcile_on(asked)
         .graceful_shutdown_on(async move {
             // The controller wants a Sync future; a watch receiver is one.
             let _ = stop_rx.changed().await;
@@ -268,6 +281,7 @@ fn forget_deleted(
                 })
                 .collect();
             crate::metrics::global().forget_all_but(&live);
+            ctx.due.keep_only(&live);
         }
         _ => {}
     }
@@ -347,15 +361,24 @@ async fn apis(
     Ok((sjs, cals, jobs))
 }
 
-/// The context every reconcile shares; the memory give-back starts with it.
+/// The context every reconcile shares, and the SingletonJobs it asks to reconcile: a confirm
+/// done, a notification's news, and those whose preparation must begin earlier because the lead
+/// of their burst grew ([`Due`]). The memory give-back starts with it.
 fn context(
     client: Client,
     cfg: &Config,
     gate: Gate,
     clock: Arc<Clock>,
     (jobs, calendars): (reflector::Store<Job>, reflector::Store<SingletonCalendar>),
-    (confirming, notifier): (InFlight, Arc<Notifier>),
-) -> Arc<Context> {
+) -> (
+    Arc<Context>,
+    impl futures::Stream<Item = ObjectRef<SingletonJob>> + Send + 'static,
+) {
+    let (confirming, confirmed_runs) = InFlight::new();
+    let (notifier, notified) = Notifier::new(client.clone(), gate.clone(), cfg.notify.clone());
+    let (due, lead_grew) = Due::new();
+    let asked =
+        futures::stream::select(futures::stream::select(confirmed_runs, notified), lead_grew);
     let reporter = Reporter {
         controller: cfg.reporter.clone(),
         instance: cfg.instance.clone(),
@@ -363,7 +386,7 @@ fn context(
     let lanes = Lanes::new(crate::lanes::IN_FLIGHT);
     crate::memory::limit_arenas();
     tokio::spawn(crate::memory::give_back_after_bursts(lanes.clone()));
-    Arc::new(Context {
+    let ctx = Arc::new(Context {
         client: client.clone(),
         events: Events::new(client, reporter, lanes.clone()),
         lanes,
@@ -382,7 +405,10 @@ fn context(
         refused: Default::default(),
         notifier,
         prepare_lead_seconds: cfg.prepare_lead_seconds,
-    })
+        prepare_max_lead_seconds: cfg.prepare_max_lead_seconds,
+        due,
+    });
+    (ctx, asked)
 }
 
 #[cfg(test)]
@@ -391,6 +417,20 @@ mod tests {
     use kube::client::Body;
 
     use super::*;
+
+    #[test]
+    fn a_max_lead_below_the_lead_is_refused_naming_both_flags() {
+        assert!(check_prepare_leads(0, 600).is_ok());
+        assert!(check_prepare_leads(30, 30).is_ok());
+        assert!(check_prepare_leads(900, 3600).is_ok());
+        assert!(check_prepare_leads(0, 0).is_ok());
+        let err = check_prepare_leads(60, 30).unwrap_err().to_string();
+        assert!(
+            err.contains("--prepare-max-lead-seconds (30)")
+                && err.contains("--prepare-lead-seconds (60)"),
+            "{err}"
+        );
+    }
 
     /// The first request of each of the controller's watches: its list, with `limit` at
     /// [`LIST_PAGE`] (review N5: kube's default of 500 buffered a page of up to 500 large

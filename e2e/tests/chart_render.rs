@@ -969,6 +969,39 @@ fn the_prepare_lead_becomes_its_variable_off_by_default_and_out_of_range_is_refu
 }
 
 #[test]
+fn the_prepare_max_lead_becomes_its_variable_600_by_default_and_never_below_the_lead() -> Result<()>
+{
+    let var = "SINGLETON_PREPARE_MAX_LEAD_SECONDS";
+    let defaults = env_value(&render(&[])?, var)?;
+    ensure!(defaults.as_deref() == Some("600"), "{defaults:?}");
+    let set = env_value(
+        &render(&[
+            "controller.prepareLeadSeconds=30",
+            "controller.prepareMaxLeadSeconds=30",
+        ])?,
+        var,
+    )?;
+    ensure!(set.as_deref() == Some("30"), "{set:?}");
+    for bad in ["-1", "3601", "1.5"] {
+        let err = render_err(&[&format!("controller.prepareMaxLeadSeconds={bad}")])?;
+        ensure!(
+            err.contains("prepareMaxLeadSeconds"),
+            "{bad} accepted: {err}"
+        );
+    }
+    // Below the lead the controller refuses to start: refused at render already.
+    let err = render_err(&[
+        "controller.prepareLeadSeconds=900",
+        "controller.prepareMaxLeadSeconds=600",
+    ])?;
+    ensure!(
+        err.contains("prepareMaxLeadSeconds (600)") && err.contains("prepareLeadSeconds (900)"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
 fn default_notification_targets_become_one_flag_and_a_role_for_exactly_their_secrets() -> Result<()>
 {
     let docs = render(&[])?;

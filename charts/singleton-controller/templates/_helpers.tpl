@@ -78,4 +78,8 @@ The controller watches one namespace or all of them; values.schema.json also cap
 {{- if and $le.enabled (le (float64 $le.renewDeadlineSeconds) (mulf 1.2 $le.retryPeriodSeconds)) }}
 {{- fail "leaderElection.renewDeadlineSeconds must be greater than 1.2 x retryPeriodSeconds" }}
 {{- end }}
+{{- $c := .Values.controller }}
+{{- if lt (int $c.prepareMaxLeadSeconds) (int $c.prepareLeadSeconds) }}
+{{- fail (printf "controller.prepareMaxLeadSeconds (%d) must not be below controller.prepareLeadSeconds (%d): the controller would refuse to start" (int $c.prepareMaxLeadSeconds) (int $c.prepareLeadSeconds)) }}
+{{- end }}
 {{- end }}

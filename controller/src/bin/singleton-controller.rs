@@ -84,6 +84,12 @@ struct Args {
     #[arg(long, env = "SINGLETON_PREPARE_LEAD_SECONDS", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=3600))]
     prepare_lead_seconds: u32,
+    /// The longest lead a burst of runs due at one instant may get (0 to 3600, not below
+    /// --prepare-lead-seconds): the lead is raised to prepare them all in time at the rate the
+    /// API server sustains; a SingletonJob's own longer lead is kept.
+    #[arg(long, env = "SINGLETON_PREPARE_MAX_LEAD_SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u32).range(0..=3600))]
+    prepare_max_lead_seconds: u32,
     /// Address of /healthz and /readyz (plain HTTP, no authentication).
     #[arg(long, env = "SINGLETON_HEALTH_ADDR", default_value = "0.0.0.0:8080")]
     health_addr: std::net::SocketAddr,
@@ -155,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
         cluster_id: args.cluster_id,
         notify,
         prepare_lead_seconds: args.prepare_lead_seconds,
+        prepare_max_lead_seconds: args.prepare_max_lead_seconds,
     };
     let opts = ReplicaOptions {
         election,

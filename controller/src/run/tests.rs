@@ -45,6 +45,8 @@ fn context(client: kube::Client) -> Context {
         fresh_reads: Default::default(),
         refused: Default::default(),
         prepare_lead_seconds: 0,
+        prepare_max_lead_seconds: 600,
+        due: crate::context::Due::new().0,
         notifier: crate::notify::Notifier::new(
             client_for_notifier,
             Gate::always(),

@@ -30,6 +30,60 @@ pub fn base_lead(spec: &SingletonJobSpec, flag: u32) -> SignedDuration {
     SignedDuration::from_secs(secs)
 }
 
+/// API requests one preparation costs: the claim's status write, the create and the confirm.
+pub const REQUESTS_PER_PREPARATION: f64 = 3.0;
+
+/// With a backstop, one more: the re-read after its claim (`complete_claim`).
+pub const REQUESTS_PER_PREPARATION_WITH_BACKSTOP: f64 = 4.0;
+
+/// The rate assumed before the API server was ever seen saturated, in requests per second: low,
+/// so an unmeasured burst is prepared early rather than late.
+pub const UNMEASURED_RATE: f64 = 100.0;
+
+/// How much longer than the work itself a burst is given: its requests share the API server
+/// with everything else the controller sends meanwhile.
+const MARGIN: f64 = 1.5;
+
+/// The lead a burst asks for, whatever the base (design §2.3): `ceil(1.5 · W · N / R)` for
+/// `due` runs (`N`) of `requests_per_run` requests each (`W`) at `rate` requests per second
+/// (`R`, [`UNMEASURED_RATE`] when None), at most `max`.
+pub fn burst_lead(
+    max: SignedDuration,
+    due: usize,
+    requests_per_run: f64,
+    rate: Option<f64>,
+) -> SignedDuration {
+    let max = max.max(SignedDuration::ZERO);
+    // `f64::max` drops a NaN: a nonsense count or rate cannot make the lead shorter than 0.
+    let work = MARGIN * requests_per_run.max(0.0) * due as f64;
+    if work <= 0.0 {
+        return SignedDuration::ZERO;
+    }
+    let secs = work / rate.unwrap_or(UNMEASURED_RATE).max(0.0);
+    // A rate of 0 (saturated seconds that completed nothing: the API server stalled) gives the
+    // longest lead.
+    if secs >= max.as_secs_f64() {
+        return max;
+    }
+    SignedDuration::from_secs(secs.ceil() as i64)
+}
+
+/// The lead for one SingletonJob of a burst (design §2.3): its `base` ([`base_lead`]) raised
+/// to [`burst_lead`] when the burst needs longer, never lowered (a base above `max` is kept),
+/// and 0 when the base is 0: the adaptive lead never turns preparation on.
+pub fn adaptive_lead(
+    base: SignedDuration,
+    max: SignedDuration,
+    due: usize,
+    requests_per_run: f64,
+    rate: Option<f64>,
+) -> SignedDuration {
+    if base <= SignedDuration::ZERO {
+        return base;
+    }
+    base.max(burst_lead(max, due, requests_per_run, rate))
+}
+
 /// Why the next period is not prepared. Names are metric labels and condition reasons.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NotPrepared {
@@ -267,3 +321,6 @@ fn begin(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod adaptive_tests;
