@@ -137,8 +137,8 @@ impl Config {
 }
 
 /// The adaptive lead may only raise the base lead: a cap below it would make the flags say two
-/// things at once.
-fn check_prepare_leads(lead: u32, max: u32) -> Result<()> {
+/// things at once. Checked at start-up, before anything connects.
+pub fn check_prepare_leads(lead: u32, max: u32) -> Result<()> {
     if max < lead {
         return Err(Error::Config(format!(
             "--prepare-max-lead-seconds ({max}) is below --prepare-lead-seconds ({lead}): the \

@@ -142,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
     } else {
         None
     };
+    watch::check_prepare_leads(args.prepare_lead_seconds, args.prepare_max_lead_seconds)?;
     let clock = singleton::clock::Samples::new(jiff::SignedDuration::from_secs(
         args.max_clock_skew_seconds.into(),
     ));
