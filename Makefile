@@ -53,7 +53,7 @@ help:
 	echo 'make demo-stop  stop the demo controller (helm uninstall; make down stops everything)'
 	echo 'make demo-dr  disaster recovery: two clusters (west primary, east standby) sharing one PostgreSQL, west'"'"'s API server stopped mid-demo, east carrying on; ends with a verdict (~2 min; own ports, runs beside make up; stops what it started, DEMO_DR_KEEP=1 keeps it)'
 	echo 'make demo-dr-stop  stop what make demo-dr DEMO_DR_KEEP=1 left running'
-	echo 'make bench    SingletonJob against CronJob on its own local cluster (~25 min; BENCH=quick ~8 min): bench/results/'
+	echo 'make bench    SingletonJob against CronJob on its own local cluster (~35 min; BENCH=quick ~11 min): bench/results/'
 
 tools:
 	hack/build-tools.sh

@@ -7,9 +7,14 @@
 # A cluster already running on these ports is used only if it was started by this script's flags;
 # otherwise the bench refuses (stop it with `make down`, or move the bench with SINGLETON_*_PORT).
 #
-# Env: BENCH=full|quick (default full, ~25 min; quick ~8 min, for iterating), BENCH_ONLY (some of
+# Env: BENCH=full|quick (default full, ~35 min; quick ~11 min, for iterating), BENCH_ONLY (some of
 #      raw,idle,seconds,burst,failover,scale,scale-sj,scale-cj), BENCH_OUT (default
-#      bench/results), BENCH_KEEP_CLUSTER=1 leaves a cluster this script started running,
+#      bench/results; give a quick run another directory, so the committed full run stays),
+#      BENCH_REPEAT=k runs every burst row k times in one run (SingletonJob with and without
+#      prepared runs, and CronJob; the 10,000 burst of a full run once) and reports the median
+#      run with the min and max of the k p99s, the spread against which "no figure worse than
+#      the committed run" is judged (default 1; each repeat adds ~13 min to a full run, ~9 to
+#      a quick one), BENCH_KEEP_CLUSTER=1 leaves a cluster this script started running,
 #      BENCH_CONTROLLER_BIN runs another controller command (a profiler's wrapper, which must pass
 #      signals on; the default is the release build), and the SINGLETON_*_PORT variables of
 #      hack/cluster.sh.

@@ -6,7 +6,12 @@
 //! SingletonJob's from its resume (created suspended, it runs once its claim is confirmed), and
 //! so does every request count. Skew is that instant minus the scheduled instant, read from the
 //! Job's name (`<name>-<unix seconds>` for a SingletonJob, `<name>-<unix minutes>` for a CronJob).
+//!
+//! The SingletonJob side runs with runs prepared ahead of their instant ([`PREPARE_LEAD`], issue
+//! 33) and, beside it in the same run, as before them (lead 0): its Jobs are then created up to
+//! the lead before the instant, and still count from their resume.
 mod audit;
+mod burst;
 mod plot;
 mod procs;
 mod report;
@@ -21,10 +26,11 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use serde_json::{Value, json};
 use singleton::api::SingletonJob;
+use singleton::naming::{ANNOTATION_RELEASED, NOT_RELEASED};
 
 use audit::{Audit, CRONJOB_USER, SINGLETON_USER};
 
@@ -34,6 +40,8 @@ struct Sizes {
     idle_minutes: i64,
     seconds_window: u64,
     bursts: Vec<usize>,
+    /// A burst with the lead only (SingletonJob; CronJob's client needs over 8 min for it).
+    big_burst: Option<usize>,
     failover_rounds: usize,
     footprint: usize,
     rest_window: u64,
@@ -47,6 +55,7 @@ impl Sizes {
                 idle_minutes: 2,
                 seconds_window: 20,
                 bursts: vec![100, 300],
+                big_burst: None,
                 failover_rounds: 1,
                 footprint: 2_000,
                 rest_window: 30,
@@ -57,6 +66,7 @@ impl Sizes {
                 idle_minutes: 6,
                 seconds_window: 60,
                 bursts: vec![100, 1_000],
+                big_burst: Some(10_000),
                 failover_rounds: 2,
                 footprint: 10_000,
                 rest_window: 60,
@@ -74,6 +84,8 @@ struct Bench {
     work: PathBuf,
     run: String,
     sizes: Sizes,
+    /// BENCH_REPEAT: how many times the bursts run, for the spread of their figures.
+    repeat: usize,
     res: serde_json::Map<String, Value>,
     /// Skew samples for the plot: (workload, controller, ms).
     series: Vec<(String, &'static str, Vec<f64>)>,
@@ -81,6 +93,12 @@ struct Bench {
 
 const SJ: &str = "SingletonJob";
 const CJ: &str = "CronJob";
+/// The SingletonJob side without preparation, beside the one with it.
+const SJ0: &str = "SingletonJob lead 0";
+
+/// `--prepare-lead-seconds` of the controller under test (docs/design/prepared-runs.md's default
+/// once preparation is on); [`SJ0`] runs with 0.
+const PREPARE_LEAD: i64 = 30;
 
 fn env_path(name: &str) -> anyhow::Result<PathBuf> {
     std::env::var_os(name)
@@ -117,6 +135,7 @@ impl Bench {
             work: env_path("BENCH_WORK")?,
             run: format!("b{}", Timestamp::now().as_second() % 100_000),
             sizes: Sizes::new(quick),
+            repeat: repeat()?,
             res: serde_json::Map::new(),
             series: Vec::new(),
         })
@@ -136,6 +155,9 @@ impl Bench {
             "kcm_rss_start_kib".into(),
             json!(procs::rss_kib(self.kcm_pid)),
         );
+        self.res
+            .insert("prepare_lead_seconds".into(), json!(PREPARE_LEAD));
+        self.res.insert("repeat".into(), json!(self.repeat));
     }
 
     /// Every workload, or those BENCH_ONLY names, one after the other.
@@ -157,11 +179,7 @@ impl Bench {
             self.seconds().await?;
         }
         if on("burst") {
-            for n in self.sizes.bursts.clone() {
-                step(&format!("burst of {n}"));
-                self.burst(n, SJ).await?;
-                self.burst(n, CJ).await?;
-            }
+            self.bursts().await?;
         }
         if on("failover") {
             step("failover");
@@ -196,6 +214,17 @@ impl Bench {
             out.display()
         );
         Ok(())
+    }
+}
+
+/// BENCH_REPEAT (default 1): runs of each burst.
+fn repeat() -> anyhow::Result<usize> {
+    match std::env::var("BENCH_REPEAT") {
+        Err(_) => Ok(1),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(k) if k >= 1 => Ok(k),
+            _ => bail!("BENCH_REPEAT={v:?}: a whole number of runs, 1 or more"),
+        },
     }
 }
 
@@ -321,6 +350,75 @@ async fn claim_then_create(
     Ok(())
 }
 
+/// The patch bound `P`: the Jobs `raw-<i>` (suspended, not released) patched as a prepared
+/// run's resume patches its Job, 64 in flight, but with `suspend` left true so that no pod starts:
+/// at the instant that patch is a prepared run's one request. Then a patch's round trip at rest:
+/// 50 of them one after the other.
+async fn raw_patches(api: &Api<Job>) -> anyhow::Result<Value> {
+    let jobs: Vec<(String, String)> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|j| Some((j.metadata.name?, j.metadata.uid?)))
+        .filter(|(name, _)| name.starts_with("raw-"))
+        .collect();
+    let t0 = std::time::Instant::now();
+    futures::stream::iter(&jobs)
+        .map(|(name, uid)| resume_like(api, name, uid, NOT_RELEASED, "1"))
+        .buffer_unordered(64)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    let secs = t0.elapsed().as_secs_f64();
+    let rate = jobs.len() as f64 / secs;
+    eprintln!(
+        "bench:   {} patches in {secs:.2} s: {rate:.0} patches/s",
+        jobs.len()
+    );
+    // At rest: the Job controller has noted the patches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut round_trips = Vec::new();
+    for (name, uid) in jobs.iter().take(50) {
+        let t = std::time::Instant::now();
+        resume_like(api, name, uid, "1", "2").await?;
+        round_trips.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let rt = stats::summary(&round_trips);
+    eprintln!(
+        "bench:   a patch's round trip at rest: p50 {} ms",
+        rt["p50_ms"]
+    );
+    Ok(
+        json!({"patches": jobs.len(), "patch_seconds": secs, "patches_per_second": rate,
+              "patch_round_trip": rt}),
+    )
+}
+
+/// The controller's resume of a prepared run (kube_io::resume_job: tests of the uid, of
+/// `suspend` and of the released mark, then the mark set), with `suspend` replaced by true.
+async fn resume_like(
+    api: &Api<Job>,
+    name: &str,
+    uid: &str,
+    was: &str,
+    token: &str,
+) -> anyhow::Result<()> {
+    let released = format!(
+        "/metadata/annotations/{}",
+        ANNOTATION_RELEASED.replace('~', "~0").replace('/', "~1")
+    );
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/spec/suspend", "value": true},
+        {"op": "test", "path": released, "value": was},
+        {"op": "replace", "path": released, "value": token},
+        {"op": "replace", "path": "/spec/suspend", "value": true},
+    ]))?;
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(ops))
+        .await?;
+    Ok(())
+}
+
 /// A controller process under test.
 struct Controller {
     child: tokio::process::Child,
@@ -369,11 +467,14 @@ impl Bench {
 
     /// One replica that always acts, like the cluster's kube-controller-manager
     /// (--leader-elect=false): neither side pays for leader election outside the failover test.
-    async fn single_controller(&self, tag: &str) -> anyhow::Result<Controller> {
+    /// It prepares runs `lead` seconds ahead (0: never).
+    async fn single_controller(&self, tag: &str, lead: i64) -> anyhow::Result<Controller> {
         let c = self.spawn_controller(
             tag,
             &[
                 "--leader-elect=false".into(),
+                // Always said, so that a change of the flag's default changes no row.
+                format!("--prepare-lead-seconds={lead}"),
                 "--health-addr=127.0.0.1:62081".into(),
                 // The bench reads no metrics: a free loopback port, no TLS to set up.
                 "--metrics-addr=127.0.0.1:0".into(),
@@ -385,14 +486,16 @@ impl Bench {
     }
 
     /// What acts for `kind`, with its pid and API user: for SingletonJob a fresh single
-    /// controller (returned, for the caller to stop), for CronJob the cluster's running KCM.
+    /// controller preparing runs `lead` seconds ahead (returned, for the caller to stop), for
+    /// CronJob the cluster's running KCM.
     async fn actor(
         &self,
         kind: &str,
         tag: &str,
+        lead: i64,
     ) -> anyhow::Result<(Option<Controller>, u32, &'static str)> {
         if kind == SJ {
-            let c = self.single_controller(tag).await?;
+            let c = self.single_controller(tag, lead).await?;
             let pid = c.pid;
             Ok((Some(c), pid, SINGLETON_USER))
         } else {
@@ -446,6 +549,19 @@ impl Bench {
         n: usize,
         deadline: Timestamp,
     ) -> anyhow::Result<Vec<(String, Timestamp)>> {
+        self.wait_starts(mark, user, ns, deadline, |seen| seen.len() >= n)
+            .await
+    }
+
+    /// [`Bench::wait_creates`] until `enough` says so of the starts seen.
+    async fn wait_starts(
+        &self,
+        mark: u64,
+        user: &str,
+        ns: &str,
+        deadline: Timestamp,
+        enough: impl Fn(&std::collections::BTreeMap<String, Timestamp>) -> bool,
+    ) -> anyhow::Result<Vec<(String, Timestamp)>> {
         let mut offset = mark;
         let mut seen = std::collections::BTreeMap::new();
         loop {
@@ -453,7 +569,7 @@ impl Bench {
             for (name, at) in audit::job_starts(&reqs, user, ns) {
                 seen.entry(name.to_string()).or_insert(at);
             }
-            if seen.len() >= n || Timestamp::now() > deadline {
+            if enough(&seen) || Timestamp::now() > deadline {
                 return Ok(std::mem::take(&mut seen).into_iter().collect());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -467,7 +583,9 @@ impl Bench {
         let jobs = (0..n)
             .map(|i| {
                 let mut t = job_template();
-                t["metadata"] = json!({"name": format!("raw-{i}")});
+                // Marked not released, as the controller creates them: the patch bound's tests.
+                t["metadata"] = json!({"name": format!("raw-{i}"),
+                                       "annotations": {ANNOTATION_RELEASED: NOT_RELEASED}});
                 // Suspended: the Job controller creates no pods, so only the create is measured.
                 t["spec"]["suspend"] = json!(true);
                 serde_json::from_value::<Job>(t)
@@ -499,39 +617,44 @@ impl Bench {
         let floor_secs = t0.elapsed().as_secs_f64();
         let floor_rate = n as f64 / floor_secs;
         eprintln!("bench:   {n} claims + creates in {floor_secs:.2} s: {floor_rate:.0} runs/s");
-        self.res.insert(
-            "raw".into(),
-            json!({"jobs": n, "concurrency": 64, "seconds": secs, "jobs_per_second": rate,
-                   "claim_create_seconds": floor_secs, "claim_create_per_second": floor_rate}),
-        );
+        let mut raw = json!({"jobs": n, "concurrency": 64, "seconds": secs, "jobs_per_second": rate,
+                   "claim_create_seconds": floor_secs, "claim_create_per_second": floor_rate});
+        if let (Some(raw), Value::Object(p)) = (raw.as_object_mut(), raw_patches(&api).await?) {
+            raw.extend(p);
+        }
+        self.res.insert("raw".into(), raw);
         self.cleanup(&ns).await
     }
 
-    /// One SingletonJob and one CronJob, each every other minute: SingletonJob on even minutes,
-    /// CronJob on odd ones, so they alternate and never share a minute.
+    /// Two SingletonJobs and one CronJob, each every other minute: the SingletonJobs on even
+    /// minutes (one at :00, prepared [`PREPARE_LEAD`] ahead; one at :30 with
+    /// `prepareLeadSeconds: 0`, as before preparation), the CronJob on odd ones, so that no two
+    /// share an instant or a preparation.
     async fn idle(&mut self) -> anyhow::Result<()> {
         let ns = self.namespace("idle").await?;
-        let ctl = self.single_controller("idle").await?;
+        let ctl = self.single_controller("idle", PREPARE_LEAD).await?;
         let mark = self.audit.mark();
         let from = Timestamp::now();
-        Api::<SingletonJob>::namespaced(self.client.clone(), &ns)
-            .create(
-                &PostParams::default(),
-                &singleton_job("idle", "*/2 * * * *", "Forbid")?,
-            )
+        let sjs = Api::<SingletonJob>::namespaced(self.client.clone(), &ns);
+        let pp = PostParams::default();
+        sjs.create(&pp, &singleton_job("idle", "*/2 * * * *", "Forbid")?)
             .await?;
+        let mut lead0 = singleton_job("idle0", "30 */2 * * * *", "Forbid")?;
+        lead0.spec.prepare_lead_seconds = Some(0);
+        sjs.create(&pp, &lead0).await?;
         Api::<CronJob>::namespaced(self.client.clone(), &ns)
-            .create(
-                &PostParams::default(),
-                &cron_job("idle", "1-59/2 * * * *", "Forbid")?,
-            )
+            .create(&pp, &cron_job("idle", "1-59/2 * * * *", "Forbid")?)
             .await?;
         let each = (self.sizes.idle_minutes / 2) as usize;
         let deadline = minute_after(SignedDuration::from_secs(5))?
             + SignedDuration::from_mins(self.sizes.idle_minutes + 1);
         let sj = self
-            .wait_creates(mark, SINGLETON_USER, &ns, each, deadline)
+            .wait_starts(mark, SINGLETON_USER, &ns, deadline, |seen| {
+                let lead0 = seen.keys().filter(|n| is_idle0(n)).count();
+                lead0 >= each && seen.len() - lead0 >= each
+            })
             .await?;
+        let (sj0, sj): (Vec<_>, Vec<_>) = sj.into_iter().partition(|(n, _)| is_idle0(n));
         let cj = self
             .wait_creates(mark, CRONJOB_USER, &ns, each, deadline)
             .await?;
@@ -539,20 +662,38 @@ impl Bench {
         tokio::time::sleep(Duration::from_secs(20)).await;
         let to = Timestamp::now();
         let reqs = self.audit.since(mark)?;
+        let minutes = to.duration_since(from).as_secs_f64() / 60.0;
         let mut out = serde_json::Map::new();
-        for (kind, user, jobs) in [(SJ, SINGLETON_USER, &sj), (CJ, CRONJOB_USER, &cj)] {
+        // The controller's requests are those of both SingletonJobs: per run of either, and per
+        // minute per object, as CronJob's for its one object.
+        let sides = [
+            (
+                SJ,
+                SJ,
+                SINGLETON_USER,
+                &sj,
+                PREPARE_LEAD,
+                sj.len() + sj0.len(),
+                2.0,
+            ),
+            (SJ0, SJ, SINGLETON_USER, &sj0, 0, 0, 0.0),
+            (CJ, CJ, CRONJOB_USER, &cj, 0, cj.len(), 1.0),
+        ];
+        for (key, kind, user, jobs, lead, runs, objects) in sides {
             let skews = skews(jobs, kind);
-            let minutes = to.duration_since(from).as_secs_f64() / 60.0;
-            out.insert(
-                kind.into(),
-                json!({
-                    "skew": stats::summary(&skews),
-                    "requests_per_minute": audit::count(&reqs, user, from, to) as f64 / minutes,
-                    "requests_per_run": audit::count(&reqs, user, from, to) as f64 / jobs.len().max(1) as f64,
-                    "requests": audit::breakdown(&reqs, user, from, to),
-                }),
-            );
-            self.series.push(("idle".into(), kind_name(kind), skews));
+            let mut side = json!({"skew": stats::summary(&skews)});
+            if kind == SJ {
+                side["prepare_lead_seconds"] = json!(lead);
+            }
+            if runs > 0 {
+                let count = audit::count(&reqs, user, from, to) as f64;
+                side["objects"] = json!(objects);
+                side["requests_per_minute"] = json!(count / minutes / objects);
+                side["requests_per_run"] = json!(count / runs as f64);
+                side["requests"] = json!(audit::breakdown(&reqs, user, from, to));
+            }
+            out.insert(key.into(), side);
+            self.series.push(("idle".into(), key, skews));
         }
         self.res.insert("idle".into(), Value::Object(out));
         ctl.stop().await?;
@@ -562,7 +703,8 @@ impl Bench {
     /// A SingletonJob every second (CronJob has no seconds field).
     async fn seconds(&mut self) -> anyhow::Result<()> {
         let ns = self.namespace("secs").await?;
-        let ctl = self.single_controller("seconds").await?;
+        // A window under a second is never prepared: the lead changes nothing here.
+        let ctl = self.single_controller("seconds", PREPARE_LEAD).await?;
         let mark = self.audit.mark();
         Api::<SingletonJob>::namespaced(self.client.clone(), &ns)
             .create(
@@ -580,85 +722,6 @@ impl Bench {
         self.res
             .insert("seconds".into(), json!({"skew": stats::summary(&skews)}));
         self.series.push(("every second".into(), SJ, skews));
-        self.cleanup(&ns).await
-    }
-
-    /// `n` objects due in the same minute. Also the footprint at `n` idle objects (measured just
-    /// before they fall due) and during the burst, and the requests per run.
-    async fn burst(&mut self, n: usize, kind: &'static str) -> anyhow::Result<()> {
-        let tag = format!("burst{n}-{}", if kind == SJ { "sj" } else { "cj" });
-        let ns = self.namespace(&tag).await?;
-        let (ctl, pid, user) = self.actor(kind, &tag).await?;
-        let lead = SignedDuration::from_secs(25 + (n as i64) / 25);
-        let due = minute_after(lead)?;
-        let schedule = daily_at(due);
-        let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
-        if kind == SJ {
-            let objs = names
-                .iter()
-                .map(|nm| singleton_job(nm, &schedule, "Forbid"))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            create_all(&Api::namespaced(self.client.clone(), &ns), objs, 32).await?;
-        } else {
-            let objs = names
-                .iter()
-                .map(|nm| cron_job(nm, &schedule, "Forbid"))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            create_all(&Api::namespaced(self.client.clone(), &ns), objs, 32).await?;
-        }
-        // Idle footprint with n objects: settled, just before they fall due.
-        let before = due - SignedDuration::from_secs(3);
-        let max = before.duration_since(Timestamp::now()).unsigned_abs();
-        procs::settle(pid, max).await;
-        let idle_rss = procs::rss_kib(pid);
-        sleep_until(due - SignedDuration::from_secs(2)).await;
-        let mark = self.audit.mark();
-        let from = Timestamp::now();
-        let cpu0 = procs::cpu_secs(pid);
-        let peak = procs::PeakRss::start(pid);
-        let deadline = due + SignedDuration::from_secs(120 + (n as i64) / 2);
-        let jobs = self.wait_creates(mark, user, &ns, n, deadline).await?;
-        let last = jobs.iter().map(|j| j.1).max().unwrap_or(due);
-        // What starting the runs costs: until 2 s after the last Job (its confirm, its Event).
-        // Completions trickle in for minutes behind the Job controller's own client-side rate
-        // limit (20 requests/s), for both sides; the idle workload counts them.
-        let to = last + SignedDuration::from_secs(2);
-        sleep_until(to).await;
-        let cpu = procs::cpu_secs(pid) - cpu0;
-        let peak_rss = peak.peak_kib();
-        drop(peak);
-        let reqs = self.audit.since(mark)?;
-        let skews = skews(&jobs, kind);
-        let requests = audit::count(&reqs, user, from, to);
-        let out = json!({
-            "n": n,
-            "jobs_created": jobs.len(),
-            "skew": stats::summary(&skews),
-            "last_ms": ms(last.duration_since(due)),
-            "rss_idle_kib": idle_rss,
-            "rss_peak_kib": peak_rss,
-            "cpu_seconds": cpu,
-            "requests": requests,
-            "requests_per_run": requests as f64 / n as f64,
-            "request_breakdown": audit::breakdown(&reqs, user, from, to),
-        });
-        eprintln!(
-            "bench:   {kind}: {} of {n} Jobs, p99 {:.0} ms, last {:.0} ms",
-            jobs.len(),
-            out["skew"]["p99_ms"].as_f64().unwrap_or(f64::NAN),
-            ms(last.duration_since(due))
-        );
-        self.res
-            .entry(format!("burst{n}"))
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .context("burst entry")?
-            .insert(kind.into(), out);
-        self.series
-            .push((format!("burst {n}"), kind_name(kind), skews));
-        if let Some(c) = ctl {
-            c.stop().await?;
-        }
         self.cleanup(&ns).await
     }
 
@@ -812,7 +875,7 @@ impl Bench {
         }
         // The controller starts with the objects in place (a restart at scale); the KCM has
         // watched them arrive.
-        let (ctl, pid, user) = self.actor(kind, &tag).await?;
+        let (ctl, pid, user) = self.actor(kind, &tag, PREPARE_LEAD).await?;
         let t0 = std::time::Instant::now();
         procs::settle(pid, Duration::from_secs(300)).await;
         let settle_s = t0.elapsed().as_secs_f64();
@@ -861,8 +924,9 @@ fn failover_args(ns: &str, i: usize) -> Vec<String> {
     ]
 }
 
-fn kind_name(kind: &str) -> &'static str {
-    if kind == SJ { SJ } else { CJ }
+/// A Job of the idle workload's SingletonJob without preparation (`idle0-<unix seconds>`).
+fn is_idle0(job: &str) -> bool {
+    job.starts_with("idle0-")
 }
 
 fn skews(jobs: &[(String, Timestamp)], kind: &str) -> Vec<f64> {

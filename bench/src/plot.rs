@@ -1,6 +1,7 @@
 //! skew.png: the skew distributions (empirical CDF, log-scaled milliseconds), one panel per
-//! workload, both controllers in each. Text needs a TrueType font, loaded at run time
-//! (BENCH_FONT, else DejaVu Sans where Debian puts it); without one the plot has no labels.
+//! workload, both controllers in each (SingletonJob with and without preparation). Text needs a
+//! TrueType font, loaded at run time (BENCH_FONT, else DejaVu Sans where Debian puts it); without
+//! one the plot has no labels.
 use std::path::Path;
 
 use plotters::prelude::*;
@@ -22,6 +23,15 @@ fn load_font() -> bool {
     // register_font wants 'static bytes: one font, leaked once for the process.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+}
+
+/// SingletonJob blue (without preparation green), CronJob red.
+fn color(kind: &str) -> RGBColor {
+    match kind {
+        "SingletonJob" => BLUE,
+        "SingletonJob lead 0" => GREEN,
+        _ => RED,
+    }
 }
 
 pub fn skew(path: &Path, series: &[(String, &'static str, Vec<f64>)]) -> anyhow::Result<()> {
@@ -69,7 +79,7 @@ pub fn skew(path: &Path, series: &[(String, &'static str, Vec<f64>)]) -> anyhow:
         }
         mesh.draw()?;
         for (_, kind, v) in &mine {
-            let color = if *kind == "SingletonJob" { BLUE } else { RED };
+            let color = color(kind);
             let mut s = v.clone();
             s.sort_by(f64::total_cmp);
             let n = s.len() as f64;

@@ -25,9 +25,47 @@ pub fn summary(sample: &[f64]) -> Value {
     })
 }
 
+/// The fastest p99 a burst of `n` runs can have when each needs one request of a kind the API
+/// server serves at `rate` per second: the time `0.99·n` of them take, in ms.
+pub fn bound_ms(n: usize, rate: f64) -> Option<f64> {
+    (rate > 0.0).then(|| 0.99 * n as f64 / rate * 1000.0)
+}
+
+/// Which of repeated runs stands for them: the one with the median of `key` (the lower one of an
+/// even count, so that a figure shown is a figure measured). `None` for no runs.
+pub fn median_index(key: &[f64]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..key.len()).collect();
+    order.sort_by(|&a, &b| key[a].total_cmp(&key[b]));
+    order.get(key.len().saturating_sub(1) / 2).copied()
+}
+
+/// The smallest and largest of a sample (the spread of repeated runs), `None` when empty.
+pub fn spread(v: &[f64]) -> Option<(f64, f64)> {
+    let s = sorted(v.to_vec());
+    Some((*s.first()?, *s.last()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bound_of_a_burst() {
+        // 1,000 runs at 842 patches/s: 1.18 s for 990 of them.
+        let b = bound_ms(1_000, 842.0).unwrap();
+        assert!((b - 1175.8).abs() < 0.1, "{b}");
+        assert_eq!(bound_ms(100, 0.0), None);
+    }
+
+    #[test]
+    fn the_median_run_and_the_spread() {
+        assert_eq!(median_index(&[30.0, 10.0, 20.0]), Some(2));
+        assert_eq!(median_index(&[30.0, 10.0]), Some(1));
+        assert_eq!(median_index(&[5.0]), Some(0));
+        assert_eq!(median_index(&[]), None);
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some((1.0, 3.0)));
+        assert_eq!(spread(&[]), None);
+    }
 
     #[test]
     fn nearest_rank() {
