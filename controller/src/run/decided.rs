@@ -95,12 +95,8 @@ pub(super) fn decide_without_job<'a>(
         let mut status = sj.status.clone().unwrap_or_default();
         status.pending_claim = None;
         status.last_result = Some(d.outcome);
-        if d.unsettled && status.unsettled_claims.len() < MAX_UNSETTLED {
-            status.unsettled_claims.push(crate::api::UnsettledClaim {
-                unknown: Default::default(),
-                period: claim.period.clone(),
-                token: claim.token,
-            });
+        if d.unsettled {
+            remember_unsettled(&mut status, claim);
         }
         if claim.resume_at.is_some() {
             let through = status.decided_through.as_ref().map(|t| t.0);
@@ -160,12 +156,8 @@ async fn give_back(
         status.pending_claim = None;
         status.run_count = status.run_count.saturating_sub(1);
     }
-    if d.unsettled && status.unsettled_claims.len() < MAX_UNSETTLED {
-        status.unsettled_claims.push(crate::api::UnsettledClaim {
-            unknown: Default::default(),
-            period: claim.period.clone(),
-            token: claim.token,
-        });
+    if d.unsettled {
+        remember_unsettled(&mut status, claim);
     }
     kube_io::write_status(ctx, sj, status, Lane::Background).await?;
     ctx.refuse_preparation(sj, claim.period.0);
@@ -183,6 +175,18 @@ async fn give_back(
         .publish(sj, EventType::Warning, "RunWithdrawn", "WithdrawRun", note)
         .await;
     Ok(())
+}
+
+/// Keeps `claim` in `status.unsettledClaims` (up to its bound), for [`settle`] to withdraw its
+/// row once the backstop answers: it may have committed while the backstop stopped answering.
+fn remember_unsettled(status: &mut crate::api::SingletonJobStatus, claim: &RunRef) {
+    if status.unsettled_claims.len() < MAX_UNSETTLED {
+        status.unsettled_claims.push(crate::api::UnsettledClaim {
+            unknown: Default::default(),
+            period: claim.period.clone(),
+            token: claim.token,
+        });
+    }
 }
 
 /// The most claims `status.unsettledClaims` holds (its schema's bound).
