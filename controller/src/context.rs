@@ -130,58 +130,90 @@ impl Context {
 /// it.
 const OWN_WRITES_TTL: Duration = Duration::from_secs(60);
 
-/// The highest token whose claim this process confirmed (step 7) and when, per SingletonJob uid
-/// (a re-created SingletonJob has a new uid, and without a backstop its tokens start again).
-/// Only needed until the watch delivers the confirm: entries expire.
+/// The highest token whose claim this process confirmed (step 7), and the highest whose prepared
+/// run it promoted (issue 33), and when, per SingletonJob uid (a re-created SingletonJob has a new
+/// uid, and without a backstop its tokens start again). Only needed until the watch delivers the
+/// write: entries expire.
 #[derive(Default)]
-pub struct OwnWrites(Mutex<HashMap<String, (u64, Instant)>>);
+pub struct OwnWrites {
+    confirmed: Mutex<HashMap<String, (u64, Instant)>>,
+    promoted: Mutex<HashMap<String, (u64, Instant)>>,
+}
 
 impl OwnWrites {
     /// Records that this process confirmed the claim with `token` (it is no longer pending).
     pub fn remember(&self, sj: &SingletonJob, token: u64) {
-        if let Some(uid) = sj.metadata.uid.clone() {
-            let now = Instant::now();
-            let mut m = lock(&self.0);
-            // Bounded by the claims of the last minute, whatever the churn of SingletonJobs.
-            if m.len() >= 1024 {
-                m.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITES_TTL);
-            }
-            let e = m.entry(uid).or_insert((token, now));
-            *e = (e.0.max(token), now);
-        }
+        note(&self.confirmed, sj, token);
     }
 
-    /// Whether `sj` (with `status`) is older than a claim this process confirmed. Tokens only
-    /// increase and the confirmed status carries its token, so a copy whose token is lower, or
-    /// whose pending claim has that token or a lower one, was read before the confirm.
+    /// Records that this process promoted the prepared run with `token` (it is active now).
+    pub fn remember_promoted(&self, sj: &SingletonJob, token: u64) {
+        note(&self.promoted, sj, token);
+    }
+
+    /// Whether `sj` (with `status`) is older than a write of this process: a claim it confirmed
+    /// (tokens only increase and the confirmed status carries its token, so a copy whose token
+    /// is lower, or whose pending claim has that token or a lower one, was read before the
+    /// confirm), or a prepared run it promoted (a copy that still names it as prepared; the
+    /// resume's Job event triggers a reconcile that may read it, and would promote again from an
+    /// old resourceVersion: a request and a 409 per run in a burst).
     ///
-    /// The first copy that is not older (the watch delivered the confirm, or something newer)
+    /// The first copy that is not older (the watch delivered the write, or something newer)
     /// ends the memory: the cache never goes back, so no older copy can come any more, and a
     /// status that later shows a lower token was wiped or restored, which must be seen (it is
     /// raised to the Jobs, [`crate::observe::behind`]), not skipped as a stale copy.
     pub fn predates(&self, sj: &SingletonJob, status: &SingletonJobStatus) -> bool {
-        let Some(uid) = sj.metadata.uid.as_ref() else {
-            return false;
-        };
-        let mut m = lock(&self.0);
-        let Some(&(t, at)) = m.get(uid) else {
-            return false;
-        };
-        let stale = at.elapsed() < OWN_WRITES_TTL
-            && (status.fencing_token < t
-                || status.pending_claim.as_ref().is_some_and(|c| c.token <= t));
-        if !stale {
-            m.remove(uid);
-        }
-        stale
+        let confirm = older(&self.confirmed, sj, |t| {
+            status.fencing_token < t || status.pending_claim.as_ref().is_some_and(|c| c.token <= t)
+        });
+        let promote = older(&self.promoted, sj, |t| {
+            status.prepared.as_ref().is_some_and(|p| p.token <= t)
+        });
+        confirm || promote
     }
 
     /// Forgets a deleted SingletonJob.
     pub fn forget(&self, sj: &SingletonJob) {
         if let Some(uid) = &sj.metadata.uid {
-            lock(&self.0).remove(uid);
+            lock(&self.confirmed).remove(uid);
+            lock(&self.promoted).remove(uid);
         }
     }
+}
+
+/// Records `token` in `map` for `sj`, now (the highest kept).
+fn note(map: &Mutex<HashMap<String, (u64, Instant)>>, sj: &SingletonJob, token: u64) {
+    if let Some(uid) = sj.metadata.uid.clone() {
+        let now = Instant::now();
+        let mut m = lock(map);
+        // Bounded by the writes of the last minute, whatever the churn of SingletonJobs.
+        if m.len() >= 1024 {
+            m.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITES_TTL);
+        }
+        let e = m.entry(uid).or_insert((token, now));
+        *e = (e.0.max(token), now);
+    }
+}
+
+/// Whether `sj`'s copy is older than the write `map` remembers for it (`is_older` of its
+/// token); the first copy that is not ends the memory (see [`OwnWrites::predates`]).
+fn older(
+    map: &Mutex<HashMap<String, (u64, Instant)>>,
+    sj: &SingletonJob,
+    is_older: impl FnOnce(u64) -> bool,
+) -> bool {
+    let Some(uid) = sj.metadata.uid.as_ref() else {
+        return false;
+    };
+    let mut m = lock(map);
+    let Some(&(t, at)) = m.get(uid) else {
+        return false;
+    };
+    let stale = at.elapsed() < OWN_WRITES_TTL && is_older(t);
+    if !stale {
+        m.remove(uid);
+    }
+    stale
 }
 
 /// Keys seen lately (at most `Recent::TTL` ago), bounded by what a minute can bring.
@@ -327,6 +359,60 @@ pub fn slim_sj(sj: &mut SingletonJob) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A SingletonJob with uid `u` and `status`.
+    fn with_status(status: SingletonJobStatus) -> SingletonJob {
+        let mut sj = SingletonJob::new("a", Default::default());
+        sj.metadata.uid = Some("u".into());
+        sj.status = Some(status);
+        sj
+    }
+
+    /// A status whose prepared run has `token`.
+    fn prepared(token: u64) -> SingletonJobStatus {
+        SingletonJobStatus {
+            fencing_token: token,
+            prepared: Some(crate::api::RunRef {
+                unknown: Default::default(),
+                late: false,
+                period: jiff::Timestamp::UNIX_EPOCH.into(),
+                token,
+                job_name: "a-0".into(),
+                claimed_at: None,
+                job_uid: None,
+                origin: None,
+                requested_by: None,
+                supersedes: None,
+                replaces: Vec::new(),
+                resume_at: None,
+                basis: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_copy_that_still_names_a_promoted_run_as_prepared_predates_the_promote() {
+        let writes = OwnWrites::default();
+        let before = with_status(prepared(7));
+        assert!(!writes.predates(&before, before.status.as_ref().unwrap()));
+        writes.remember_promoted(&before, 7);
+        // Read before the promote (the resume's Job event): it waits for the watch.
+        assert!(writes.predates(&before, before.status.as_ref().unwrap()));
+        assert!(writes.predates(&before, before.status.as_ref().unwrap()));
+        // The promote delivered: no longer prepared. That ends the memory...
+        let after = with_status(SingletonJobStatus {
+            fencing_token: 7,
+            ..Default::default()
+        });
+        assert!(!writes.predates(&after, after.status.as_ref().unwrap()));
+        // ... so a later copy naming it again (a restored status) is seen, not skipped.
+        assert!(!writes.predates(&before, before.status.as_ref().unwrap()));
+        // A newer preparation is never taken for the promoted one.
+        writes.remember_promoted(&before, 7);
+        let next = with_status(prepared(8));
+        assert!(!writes.predates(&next, next.status.as_ref().unwrap()));
+    }
 
     #[test]
     fn the_cache_keeps_only_the_operation_annotations() {

@@ -289,6 +289,8 @@ impl Settle<'_> {
         failpoint::hit(failpoint::PROMOTE);
         let status = sj.status.clone().unwrap_or_default();
         kube_io::write_status(self.ctx, sj, promoted(status, run), Lane::Background).await?;
+        // The resume's Job event may reconcile the copy from before this write: it waits.
+        self.ctx.own_writes.remember_promoted(sj, run.token);
         tracing::info!(sj = %sj.key(), job = %run.job_name, token = run.token, "prepared run resumed at its instant");
         Ok(Action::await_change())
     }
