@@ -153,11 +153,17 @@ chaos chaos-real-nodes CHAOS_SCOPE=real-nodes > "$LOGS/real.jobs"
   chaos chaos-second-cluster CHAOS_SCOPE=second-cluster
 } > "$LOGS/second.jobs"
 jobs=$LOGS/e2e.jobs
+# The two noisy-neighbour suites (tests/noisy.rs, tests/hostile.rs) compare a namespace's skew
+# beside a flood with its skew alone: one at a time, so that neither measures the other's flood
+# (warm `make test`, 2026-12-07: noisy's healthy namespace at 3x its control's p50 with hostile's
+# flood, the upgrade suite and prepared's 16 controllers beside it).
+FLOOD_LOCK=$LOGS/flood.lock
 {
-  awk -F'\t' -v th="$THREADS" '
-    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" && $1 != "upgrade" && $1 != "prepared" && $1 != "preparing" {
+  awk -F'\t' -v th="$THREADS" -v flood="$FLOOD_LOCK" '
+    $1 != "chaos" && $1 != "demo_dr" && $1 != "multicluster" && $1 != "hostile" && $1 != "version_skew" && $1 != "upgrade" && $1 != "prepared" && $1 != "preparing" && $1 != "noisy" {
       printf "%s\t%s --test-threads=%s\n", $1, $2, th
     }
+    $1 == "noisy" { printf "%s\tflock %s %s --test-threads=%s\n", $1, flood, $2, th }
     $1 == "demo_dr" { printf "%s\t%s --nocapture\n", $1, $2 }
     # Their tests wait for instants (minute boundaries, every 20 s), not for the CPU: all at once.
     $1 == "prepared" || $1 == "preparing" { printf "%s\t%s --test-threads=8\n", $1, $2 }' <<< "$list"
@@ -166,12 +172,13 @@ jobs=$LOGS/e2e.jobs
   done
   printf 'chaos-cluster\t%s/hack/own-cluster.sh run env CHAOS_REPORT=%s CHAOS_SCOPE=cluster %s --nocapture\n' \
     "$REPO" "$REPORT.chaos-cluster" "$chaos_bin"
-  awk -F'\t' -v repo="$REPO" -v th="$THREADS" '
+  awk -F'\t' -v repo="$REPO" -v th="$THREADS" -v flood="$FLOOD_LOCK" '
     $1 == "hostile" { own = "own2"; args = "--nocapture" }
     $1 == "version_skew" { own = "own3"; args = "--test-threads=" th }
     $1 == "upgrade" { own = "own4"; args = "--nocapture" }
     own != "" {
-      printf "%s\tenv SINGLETON_OWN_INSTANCE=%s %s/hack/own-cluster.sh run %s %s\n", $1, own, repo, $2, args
+      lock = ($1 == "hostile") ? "flock " flood " " : ""
+      printf "%s\t%senv SINGLETON_OWN_INSTANCE=%s %s/hack/own-cluster.sh run %s %s\n", $1, lock, own, repo, $2, args
       own = ""
     }' <<< "$list"
 } | awk -F'\t' -v times="$ORDER" '
