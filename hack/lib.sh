@@ -211,6 +211,18 @@ pid_alive() {
   [ "$now" = "$exe" ] || [ "$now" = "$exe (deleted)" ]
 }
 
+# pid_execing <pidfile>: the recorded PID is still start_daemon's subshell on its way to exec the
+# daemon (its program is this shell's): not dead yet. Under load the first health check came
+# before the exec, and a starting etcd was taken for one that had exited (2026-12-07).
+pid_execing() {
+  local pid exe now
+  [ -s "$1" ] || return 1
+  read -r pid exe < "$1" || true
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+  now=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+  [ "$now" = "$(readlink -f "$BASH")" ]
+}
+
 # close_inherited_fds: closes fds above 2 in the current (sub)shell, so a daemon forked from it
 # does not hold open a pipe that make or CI waits on.
 close_inherited_fds() {
@@ -280,7 +292,7 @@ wait_for() {
   local end=$((SECONDS + timeout)) out=""
   while :; do
     if out=$("$@" 2>&1); then return 0; fi
-    if [ -n "${WAIT_PIDFILE:-}" ] && ! pid_alive "$WAIT_PIDFILE"; then
+    if [ -n "${WAIT_PIDFILE:-}" ] && ! pid_alive "$WAIT_PIDFILE" && ! pid_execing "$WAIT_PIDFILE"; then
       log "$what: the process exited"; break
     fi
     [ $SECONDS -lt $end ] || { log "$what: not ready after ${timeout}s"; break; }
