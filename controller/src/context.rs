@@ -51,7 +51,8 @@ pub struct Context {
     pub rejections_seen: Mutex<HashMap<String, u64>>,
     /// The claims this process confirmed, until the watch delivers them.
     pub own_writes: OwnWrites,
-    /// The confirms and resumes (steps 7 and 8) running in tasks of their own.
+    /// The confirms and resumes (steps 7 and 8), and the promotes of prepared runs (step 4 of
+    /// run/prepared.rs), running in tasks of their own.
     pub confirming: InFlight,
     /// Job uids this process resumed lately (step 8): until the Job watch shows them resumed,
     /// the cache still says suspended, and resuming them again would cost a request each.
@@ -276,7 +277,8 @@ impl FreshReads {
     }
 }
 
-/// The confirms (steps 7 and 8) in flight, each in its own task, by SingletonJob uid.
+/// The confirms (steps 7 and 8) and prepared runs' promotes in flight, each in its own task, by
+/// SingletonJob uid.
 ///
 /// A reconcile of a SingletonJob whose confirm is in flight does nothing: the status it read is
 /// about to change, and acting on it would complete the claim a second time. When the confirm is
