@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
 use serde_json::{Value, json};
+use singleton::decide::prepare::lead;
 
 use crate::audit::{self, Request};
 use crate::{
@@ -104,8 +105,19 @@ impl Bench {
         let lead = SignedDuration::from_secs(side.lead);
         let due = minute_after(lead + SignedDuration::from_secs(25 + (n as i64) / 25))?;
         self.create_due(side.kind, &ns, n, &daily_at(due)).await?;
-        // The window measured opens 2 s before the first preparation (lead 0: the instant).
-        let from = due - lead - SignedDuration::from_secs(2);
+        // The window measured opens 2 s before the first preparation (lead 0: the instant): at
+        // the lead the controller gives a burst of n before it has measured the API server's
+        // rate (the adaptive lead, at most the default cap), if longer than the flag's. A burst
+        // of 10,000 is prepared from right after its creation: the window opened 32 s before
+        // the instant missed every preparation.
+        let adaptive = lead::adaptive_lead(
+            lead,
+            SignedDuration::from_secs(600),
+            n,
+            lead::REQUESTS_PER_PREPARATION,
+            None,
+        );
+        let from = due - adaptive - SignedDuration::from_secs(2);
         let max = (from - SignedDuration::from_secs(1))
             .duration_since(Timestamp::now())
             .max(SignedDuration::ZERO)

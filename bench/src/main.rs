@@ -533,9 +533,23 @@ impl Bench {
         Api::<Job>::namespaced(c.clone(), ns)
             .delete_collection(&dp, &lp)
             .await?;
-        Api::<Pod>::namespaced(c, ns)
-            .delete_collection(&DeleteParams::default().grace_period(0), &lp)
+        let pods = Api::<Pod>::namespaced(c.clone(), ns);
+        pods.delete_collection(&DeleteParams::default().grace_period(0), &lp)
             .await?;
+        // The next workload starts on a quiet cluster: after the burst of 10,000 the job
+        // controller and kwok took minutes over its Jobs and pods, and the failover row's runs
+        // (Forbid) waited for a pod kwok had not finished yet, so no run came after a handover.
+        let jobs = Api::<Job>::namespaced(c, ns);
+        let one = ListParams::default().limit(1);
+        let deadline = Timestamp::now() + SignedDuration::from_mins(15);
+        while !jobs.list_metadata(&one).await?.items.is_empty()
+            || !pods.list_metadata(&one).await?.items.is_empty()
+        {
+            if Timestamp::now() > deadline {
+                bail!("cleanup: the Jobs and pods of {ns} were not gone within 15 minutes");
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
         Ok(())
     }
 
