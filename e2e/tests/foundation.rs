@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use e2e::observer::released_at;
 use e2e::{Env, ensure, sj_yaml};
 use kube::ResourceExt;
 use singleton::api::Outcome;
@@ -75,17 +76,32 @@ async fn a_due_period_gets_one_job_that_completes() -> Result<()> {
         )
         .await?;
     }
-    // Never created before its scheduled instant (by the API server's clock).
-    let created = job.metadata.creation_timestamp.as_ref().unwrap().0;
+    // Never let run before its scheduled instant by the API server's clock (the time of the
+    // update that cleared spec.suspend): a prepared run's Job is created suspended ahead of it
+    // (issue 33).
+    let name = job.name_any();
+    let started = env
+        .wait_for(
+            "hello's first Job let run",
+            Duration::from_secs(60),
+            || async {
+                Ok(env
+                    .jobs()
+                    .get_opt(&name)
+                    .await?
+                    .as_ref()
+                    .and_then(released_at))
+            },
+        )
+        .await?;
     ensure(
         &env,
-        created.as_second() >= epoch,
-        ("created before period", created, &period),
+        started.as_second() >= epoch,
+        ("released before period", started, &period),
     )
     .await?;
 
     // The fake node completes it and the controller records the outcome.
-    let name = job.name_any();
     let sj = env
         .wait_for(
             "hello's first run recorded as Succeeded",
