@@ -211,7 +211,7 @@ fn defaults_render_a_restricted_two_replica_deployment_with_leader_election() ->
     ensure!(c["resources"]["requests"]["cpu"].is_string());
     ensure!(c["resources"]["requests"]["memory"].is_string());
     ensure!(
-        c["image"].as_str() == Some("singleton-controller:0.2.0"),
+        c["image"].as_str() == Some("singleton-controller:0.3.0"),
         "image: {:?}",
         c["image"]
     );
@@ -951,16 +951,16 @@ fn env_value(docs: &[Value], name: &str) -> Result<Option<String>> {
 }
 
 #[test]
-fn the_prepare_lead_becomes_its_variable_off_by_default_and_out_of_range_is_refused() -> Result<()>
+fn the_prepare_lead_becomes_its_variable_30_s_by_default_and_out_of_range_is_refused() -> Result<()>
 {
     let var = "SINGLETON_PREPARE_LEAD_SECONDS";
     let defaults = env_value(&render(&[])?, var)?;
     ensure!(
-        defaults.as_deref() == Some("0"),
-        "off by default: {defaults:?}"
+        defaults.as_deref() == Some("30"),
+        "30 s by default: {defaults:?}"
     );
-    let set = env_value(&render(&["controller.prepareLeadSeconds=30"])?, var)?;
-    ensure!(set.as_deref() == Some("30"), "{set:?}");
+    let set = env_value(&render(&["controller.prepareLeadSeconds=0"])?, var)?;
+    ensure!(set.as_deref() == Some("0"), "off: {set:?}");
     for bad in ["-1", "3601", "1.5"] {
         let err = render_err(&[&format!("controller.prepareLeadSeconds={bad}")])?;
         ensure!(err.contains("prepareLeadSeconds"), "{bad} accepted: {err}");

@@ -80,8 +80,9 @@ struct Args {
     /// Prepare each run this many seconds before its instant (0 to 3600; 0: never): claimed, its
     /// Job created suspended and confirmed ahead, then started at the instant by one request.
     /// A SingletonJob's `spec.prepareLeadSeconds` overrides it. Not used for SingletonJobs whose
-    /// backstop is shared by several clusters.
-    #[arg(long, env = "SINGLETON_PREPARE_LEAD_SECONDS", default_value_t = 0,
+    /// backstop is shared by several clusters. 30 s: a burst of a few hundred runs is prepared
+    /// in time at a local API server's rate (a larger burst raises its own lead).
+    #[arg(long, env = "SINGLETON_PREPARE_LEAD_SECONDS", default_value_t = 30,
           value_parser = clap::value_parser!(u32).range(0..=3600))]
     prepare_lead_seconds: u32,
     /// The longest lead a burst of runs due at one instant may get (0 to 3600, not below
