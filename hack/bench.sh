@@ -7,7 +7,7 @@
 # A cluster already running on these ports is used only if it was started by this script's flags;
 # otherwise the bench refuses (stop it with `make down`, or move the bench with SINGLETON_*_PORT).
 #
-# Env: BENCH=full|quick (default full, ~35 min; quick ~11 min, for iterating), BENCH_ONLY (some of
+# Env: BENCH=full|quick (default full, ~45 min with its burst of 10,000; quick ~11 min, for iterating), BENCH_ONLY (some of
 #      raw,idle,seconds,burst,failover,scale,scale-sj,scale-cj), BENCH_OUT (default
 #      bench/results; give a quick run another directory, so the committed full run stays),
 #      BENCH_REPEAT=k runs every burst row k times in one run (SingletonJob with and without

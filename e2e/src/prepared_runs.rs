@@ -48,13 +48,13 @@ pub enum Replicas {
     },
 }
 
-/// Starts the controllers of `replicas`; returns how many. With [`Replicas::Two`], once
-/// replica 0 leads, replica 1 (nothing armed) stands by; replica 0, armed to `stop`, runs one
-/// worker thread (see the comment inside).
-pub async fn start_replicas(env: &mut Env, replicas: Replicas) -> Result<usize> {
+/// Starts the controllers of `replicas`, each with the flags `args`; returns how many. With
+/// [`Replicas::Two`], once replica 0 leads, replica 1 (nothing armed) stands by; replica 0,
+/// armed to `stop`, runs one worker thread (see the comment inside).
+pub async fn start_replicas(env: &mut Env, replicas: Replicas, args: &[&str]) -> Result<usize> {
     let (point, action) = match replicas {
         Replicas::One => {
-            env.start_controller(&[]).await?;
+            env.start_controller(args).await?;
             return Ok(1);
         }
         Replicas::OneArmed { point, action } => {
@@ -62,12 +62,12 @@ pub async fn start_replicas(env: &mut Env, replicas: Replicas) -> Result<usize> 
                 "SINGLETON_FAILPOINTS".to_string(),
                 format!("{point}={action}"),
             )];
-            env.start_controller_with_env(&armed, &[]).await?;
+            env.start_controller_with_env(&armed, args).await?;
             return Ok(1);
         }
         Replicas::Two { point, action } => (point, action),
     };
-    let elect = [STEADY_ELECTION, &["--lease-name", LEASE]].concat();
+    let elect = [STEADY_ELECTION, &["--lease-name", LEASE], args].concat();
     let mut armed = vec![(
         "SINGLETON_FAILPOINTS".to_string(),
         format!("{point}={action}"),

@@ -491,7 +491,17 @@ pub async fn set_freezer(cgroup: &std::path::Path, state: &str) -> Result<()> {
         &format!("{file:?} to be {state}"),
         Duration::from_secs(20),
         &[],
-        || async { Ok((std::fs::read_to_string(&file)?.trim() == state).then_some(())) },
+        || async {
+            match std::fs::read_to_string(&file) {
+                Ok(now) => Ok((now.trim() == state).then_some(())),
+                // Thawed, its process may exit at once (a controller that finds its Lease lost
+                // does), and the container's cgroup goes with it: thawed, then gone.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && state == "THAWED" => {
+                    Ok(Some(()))
+                }
+                Err(e) => Err(e.into()),
+            }
+        },
     )
     .await
 }

@@ -1,6 +1,7 @@
 //! Prepared runs left behind by a newer release: the rollback floor of issue 33
-//! (docs/design/prepared-runs.md §1, §3, §4). This release prepares no run itself, but it must
-//! settle one it finds in `status.prepared`: keep it suspended until its `resumeAt` by the API
+//! (docs/design/prepared-runs.md §1, §3, §4). The controllers run with `--prepare-lead-seconds=0`,
+//! as the rollback floor (0.2.0) does by default: they prepare no run themselves, but must
+//! settle one they find in `status.prepared`: keep it suspended until its `resumeAt` by the API
 //! server's clock and then resume it with one guarded patch and promote it to `status.active`;
 //! or withdraw it (its Job marked `singleton.dev/released: withdrawn` with the reason, the
 //! status cleared and its `runCount` given back, a `RunWithdrawn` Event, the Job deleted) when
@@ -524,7 +525,10 @@ impl Scene {
     /// paused across the two writes: replica 1 stands by, and writes nothing).
     async fn prepare(name: &str, with_status: bool, replicas: Replicas) -> Result<Scene> {
         let mut env = Env::new(name).await?;
-        let count = start_replicas(&mut env, replicas).await?;
+        // The rollback floor as released (0.2.0's default): it settles a run a later release
+        // prepared, and prepares none itself, so the one prepared run is the crafted one (with
+        // the lead on, its own preparations met the armed failpoints first).
+        let count = start_replicas(&mut env, replicas, &["--prepare-lead-seconds=0"]).await?;
         let watch = JobWatch::start(env.client.clone(), &env.ns, Some(MANAGER)).await?;
         env.create_sj(&spec_yaml()).await?;
         for _ in 0..3 {

@@ -806,7 +806,7 @@ impl World {
     /// next instant when it is closer), so its first period is prepared with the whole lead.
     async fn start(name: &str, yaml: &str, replicas: Replicas, full_lead: bool) -> Result<World> {
         let mut env = Env::new(name).await?;
-        let count = start_replicas(&mut env, replicas).await?;
+        let count = start_replicas(&mut env, replicas, &[]).await?;
         let watch = JobWatch::start(env.client.clone(), &env.ns, None).await?;
         if full_lead {
             let next = next_instant(Timestamp::now());

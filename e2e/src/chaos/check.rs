@@ -710,7 +710,7 @@ fn evaluate_sj(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     check_duplicates(sj, &claims_by_period, &ran_by_period, row);
     check_claim_rows(sj, &claims_by_period, &ran_by_period, row);
     check_outside_starts(sj, row, ctx);
-    check_early(sj, row);
+    check_early(sj, row, ctx);
     check_withdrawn_ran(sj, row);
     check_token_order(sj, &claims_by_period, &ran_by_period, row, ctx);
     check_due(sj, &claims_by_period, &ran_by_period, row, ctx);
@@ -899,10 +899,19 @@ fn check_outside_starts(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
 /// second before). Judged by its release; a Job that is no prepared run's is judged by its
 /// creation too (its claim, and so its creation, follows the instant). A prepared run's Job is
 /// created ahead of its instant by design: only its release counts, and one that ran without a
-/// known release time is noted.
-fn check_early(sj: &SjObservation, row: &mut Row) {
+/// known release time is noted. G4 is the controller's promise: where the row's fault itself
+/// starts Jobs (queue-resumer), a Job started by someone else (its released mark still "false")
+/// is the fault's, judged by [`check_outside_starts`] (it must have been stopped); with runs
+/// prepared ahead, such a start may come before the instant.
+fn check_early(sj: &SjObservation, row: &mut Row, ctx: &Ctx) {
     let mut unknown = Vec::new();
-    for j in sj.jobs.iter().filter(|j| j.ran) {
+    let by_the_fault = |j: &&JobSeen| ctx.expect.outside_starts && j.unreleased;
+    for j in sj
+        .jobs
+        .iter()
+        .filter(|j| j.ran)
+        .filter(|j| !by_the_fault(j))
+    {
         let early = match (j.released, j.created) {
             (Some(r), _) if r < j.period => Some(format!("released {r}")),
             (_, Some(c)) if j.resume_at.is_none() && c < j.period => Some(format!("created {c}")),
@@ -1963,6 +1972,33 @@ mod tests {
         unrun.created = Some(t(6) - SignedDuration::from_secs(40));
         obs.sjs[0].jobs.push(unrun);
         assert_eq!(eval(&obs).early, 0);
+    }
+
+    #[test]
+    fn where_the_fault_starts_jobs_its_early_start_of_a_prepared_job_is_the_faults_not_g4s() {
+        // queue-resumer: something outside the controller cleared spec.suspend on a prepared
+        // Job 3 s before its instant (its released mark still "false"), and it was stopped.
+        let outside = Expect {
+            outside_starts: true,
+            ..expect()
+        };
+        let mut obs = healthy();
+        let j = &mut obs.sjs[0].jobs[3];
+        j.created = Some(t(6) - SignedDuration::from_secs(6));
+        j.resume_at = Some(t(6));
+        j.released = Some(t(6) - SignedDuration::from_secs(3));
+        j.unreleased = true;
+        let row = evaluate("test", Duration::from_secs(4), &outside, &obs);
+        assert_eq!(row.early, 0, "{:?}", row.details);
+        // The same start in a row whose fault starts nothing: early, and started outside.
+        let row = eval(&obs);
+        assert_eq!(row.early, 1);
+        fails_with(&row, expect(), "started early");
+        // Released early by the controller itself (its mark set): early in any row.
+        obs.sjs[0].jobs[3].unreleased = false;
+        let row = evaluate("test", Duration::from_secs(4), &outside, &obs);
+        assert_eq!(row.early, 1);
+        fails_with(&row, outside, "started early");
     }
 
     #[test]

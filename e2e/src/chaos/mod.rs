@@ -494,9 +494,12 @@ impl Fault {
                     .never_scheduled(),
             ],
             // `wipe` has the backstop and keeps no Job; `kept` has no backstop, so only the Jobs
-            // it keeps (default history limits) can tell the controller what ran.
+            // it keeps (default history limits) can tell the controller what ran. `wipe` is
+            // wiped when no Job of it is left to show a token or period: it prepares no run
+            // (a prepared run's Job, created at the previous instant, always shows the next
+            // token); `kept` prepares its runs (on by default), so a wipe meets them too.
             Fault::StatusWipe => vec![
-                SjDef::new("wipe", "*/5 * * * * *"),
+                SjDef::new("wipe", "*/5 * * * * *").extra("  prepareLeadSeconds: 0\n"),
                 SjDef::new("kept", "*/2 * * * * *")
                     .backstop(false)
                     .keep_history(),
