@@ -522,7 +522,11 @@ impl Bench {
     /// the restricted KCM, so each kind goes by its own delete-collection.
     async fn cleanup(&self, ns: &str) -> anyhow::Result<()> {
         let lp = ListParams::default();
-        let dp = DeleteParams::default();
+        // Background: a Job's default is to orphan its pods, through an `orphan` finalizer that
+        // only the garbage collector removes, and the bench's kube-controller-manager runs the
+        // cronjob and job controllers alone: such Jobs stayed, deleting, for the rest of the
+        // run (the controllers at rest cached them). The bench deletes the pods itself.
+        let dp = DeleteParams::background();
         let c = self.client.clone();
         Api::<SingletonJob>::namespaced(c.clone(), ns)
             .delete_collection(&dp, &lp)
