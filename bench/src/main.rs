@@ -537,24 +537,26 @@ impl Bench {
         Api::<Job>::namespaced(c.clone(), ns)
             .delete_collection(&dp, &lp)
             .await?;
+        // The next workload starts on a quiet cluster, its controller caching none of these.
+        // The pods are deleted again until none is left: the job controller may still create a
+        // pod for a Job being deleted, and nothing here collects orphans.
         let pods = Api::<Pod>::namespaced(c.clone(), ns);
-        pods.delete_collection(&DeleteParams::default().grace_period(0), &lp)
-            .await?;
-        // The next workload starts on a quiet cluster: after the burst of 10,000 the job
-        // controller and kwok took minutes over its Jobs and pods, and the failover row's runs
-        // (Forbid) waited for a pod kwok had not finished yet, so no run came after a handover.
         let jobs = Api::<Job>::namespaced(c, ns);
         let one = ListParams::default().limit(1);
         let deadline = Timestamp::now() + SignedDuration::from_mins(15);
-        while !jobs.list_metadata(&one).await?.items.is_empty()
-            || !pods.list_metadata(&one).await?.items.is_empty()
-        {
+        loop {
+            pods.delete_collection(&DeleteParams::default().grace_period(0), &lp)
+                .await?;
+            if jobs.list_metadata(&one).await?.items.is_empty()
+                && pods.list_metadata(&one).await?.items.is_empty()
+            {
+                return Ok(());
+            }
             if Timestamp::now() > deadline {
                 bail!("cleanup: the Jobs and pods of {ns} were not gone within 15 minutes");
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        Ok(())
     }
 
     /// Polls the audit log from `mark` until `n` Jobs `user` made in `ns` were allowed to run
