@@ -919,28 +919,15 @@ async fn a_resumed_prepared_run_is_promoted_apart_from_the_reconcile_that_resume
         confirming,
         ..context(kube::Client::new(svc, "ns"))
     });
-    let period = Timestamp::from_second(1_800_000_000).unwrap();
-    let mut sj = sj();
-    sj.metadata.uid = Some("sj-uid".into());
+    // claimed()'s run (token 7, its Job's uid known), prepared for its period.
+    let (mut sj, mut run) = claimed();
+    let period = run.period.0;
     sj.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         period - jiff::SignedDuration::from_hours(1),
     ));
     let schedule = ctx.schedule_of(&sj).unwrap();
-    let run = RunRef {
-        unknown: Default::default(),
-        late: false,
-        period: period.into(),
-        token: 7,
-        job_name: "hello-1800000000".into(),
-        claimed_at: None,
-        job_uid: Some("job-uid".into()),
-        origin: None,
-        requested_by: None,
-        supersedes: None,
-        replaces: Vec::new(),
-        resume_at: Some(period.into()),
-        basis: Some(crate::decide::prepare::basis(&sj.spec, &schedule)),
-    };
+    run.resume_at = Some(period.into());
+    run.basis = Some(crate::decide::prepare::basis(&sj.spec, &schedule));
     sj.status = Some(SingletonJobStatus {
         fencing_token: 7,
         run_count: 1,
